@@ -1,0 +1,5 @@
+"""`python -m kuberay_scaler` is the same as the `kuberay-scaler` command."""
+
+from kuberay_scaler.cli import main
+
+raise SystemExit(main())

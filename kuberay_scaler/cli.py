@@ -1,0 +1,85 @@
+"""Command line: run | plan | demo | check-config | version."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kuberay_scaler import __version__
+from kuberay_scaler.settings import ConfigError, load_settings
+
+EXIT_CONFIG = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as err:
+        print(f"kuberay-scaler: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kuberay-scaler",
+        description="Slice-aware autoscaler for Ray clusters on Kubernetes (KubeRay RayCluster).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the autoscaler daemon (configured by env vars)")
+    run.set_defaults(func=_run)
+    plan = sub.add_parser("plan", help="plan once from files and print the decision as JSON")
+    plan.add_argument("--raycluster", type=Path, required=True, help="RayCluster YAML or JSON")
+    plan.add_argument("--pods", type=Path, help="PodList JSON (kubectl get pods -o json)")
+    plan.add_argument(
+        "--ray-state",
+        type=Path,
+        required=True,
+        help="GetClusterResourceStateReply in proto3 JSON (MessageToJson)",
+    )
+    plan.set_defaults(func=_plan)
+    demo = sub.add_parser("demo", help="scale a TPU-style multi-host group on a local Ray cluster")
+    demo.add_argument("--slices", type=int, default=1, help="slices the workload reserves")
+    demo.add_argument("--hosts", type=int, default=4, help="hosts per slice (numOfHosts)")
+    demo.set_defaults(func=_demo)
+    check = sub.add_parser("check-config", help="validate env configuration and print it")
+    check.set_defaults(func=_check_config)
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=lambda _: print(__version__) or 0)
+    return parser
+
+
+def _check_config(_: argparse.Namespace) -> int:
+    settings = load_settings()
+    print(json.dumps(settings.masked(), indent=2, default=str))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from kuberay_scaler.offline import InputError, plan_files, print_plan
+    from kuberay_scaler.policy import policy_from_settings
+
+    policy = policy_from_settings(load_settings())
+    try:
+        document = plan_files(args.raycluster, args.pods, args.ray_state, policy)
+    except InputError as err:
+        print(f"kuberay-scaler plan: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(print_plan(document))
+    return 0
+
+
+def _run(_: argparse.Namespace) -> int:
+    settings = load_settings()
+    settings.require_cluster()
+    from kuberay_scaler.app import run_daemon
+
+    return run_daemon(settings)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    print("kuberay-scaler demo: not implemented yet (tracked by the demo issue)", file=sys.stderr)
+    return 1

@@ -1,0 +1,78 @@
+"""Prometheus metrics, all in one registry so tests and the web layer share them.
+
+Every adapter records what it did here; nothing reads these back for decisions.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+RECONCILE_SECONDS = Histogram(
+    "kuberay_scaler_reconcile_duration_seconds",
+    "Wall time of one reconcile (snapshot, plan, drain, patch).",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RECONCILES = Counter(
+    "kuberay_scaler_reconciles_total",
+    "Reconciles by outcome (ok, held, error).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+DECISIONS = Counter(
+    "kuberay_scaler_decisions_total",
+    "Scaling decisions by group, action and reason code.",
+    ["group", "action", "reason"],
+    registry=REGISTRY,
+)
+SLICES = Gauge(
+    "kuberay_scaler_slices",
+    "Slices per worker group by state.",
+    ["group", "state"],
+    registry=REGISTRY,
+)
+TARGET_REPLICAS = Gauge(
+    "kuberay_scaler_target_replicas",
+    "Replicas (slices) the last plan asked for, per group.",
+    ["group"],
+    registry=REGISTRY,
+)
+API_REQUESTS = Counter(
+    "kuberay_scaler_api_requests_total",
+    "Kubernetes API requests by verb, resource and HTTP code ('error' when no response).",
+    ["verb", "resource", "code"],
+    registry=REGISTRY,
+)
+WATCH_RESTARTS = Counter(
+    "kuberay_scaler_watch_restarts_total",
+    "Watch streams restarted, by resource and cause (closed, silent, gone, error).",
+    ["resource", "cause"],
+    registry=REGISTRY,
+)
+GCS_RTT_SECONDS = Histogram(
+    "kuberay_scaler_gcs_rpc_duration_seconds",
+    "Round-trip time of GCS RPCs by method.",
+    ["method"],
+    registry=REGISTRY,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+)
+GCS_ERRORS = Counter(
+    "kuberay_scaler_gcs_rpc_errors_total",
+    "GCS RPC failures by method and gRPC status code.",
+    ["method", "code"],
+    registry=REGISTRY,
+)
+DRAINS = Counter(
+    "kuberay_scaler_drains_total",
+    "DrainNode outcomes per host (accepted, rejected, error).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+PATCHES = Counter(
+    "kuberay_scaler_patches_total",
+    "RayCluster patch outcomes (applied, stale, invalid, forbidden, throttled, error).",
+    ["outcome"],
+    registry=REGISTRY,
+)

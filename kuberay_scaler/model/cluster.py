@@ -1,0 +1,105 @@
+"""The RayCluster as the planner sees it: worker groups with KubeRay's defaults applied."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+INT32_MAX = 2_147_483_647
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def frozen_map(items: Mapping[str, object] | None = None) -> Mapping[str, object]:
+    """A read-only copy, so frozen dataclasses really are immutable."""
+    return MappingProxyType(dict(items or {}))
+
+
+class UpscalingMode(StrEnum):
+    DEFAULT = "Default"
+    AGGRESSIVE = "Aggressive"
+    CONSERVATIVE = "Conservative"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something wrong with the input, attached to a group where one is to blame."""
+
+    message: str
+    group: str | None = None
+
+    def __str__(self) -> str:
+        return f"group {self.group!r}: {self.message}" if self.group else self.message
+
+
+@dataclass(frozen=True)
+class ContainerShape:
+    """Resources of a group's Ray container (limits win over requests, as Ray reads them)."""
+
+    name: str
+    cpu: float | None = None
+    memory_bytes: float | None = None
+    gpu: float | None = None
+    tpu: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    """One entry of spec.workerGroupSpecs, with KubeRay's defaults applied."""
+
+    name: str
+    index: int  # position in spec.workerGroupSpecs: JSON-patch paths point here
+    replicas: int  # as stored (default 0); KubeRay runs clamp(replicas) × num_of_hosts pods
+    replicas_present: bool  # False when the key is absent: patches must `add`, not `replace`
+    min_replicas: int
+    max_replicas: int
+    num_of_hosts: int
+    idle_timeout_s: float | None
+    priority: int
+    suspend: bool
+    ray_start_params: Mapping[str, str]
+    resources: Mapping[str, str]
+    labels: Mapping[str, str]
+    container: ContainerShape
+    node_selector: Mapping[str, str]
+    workers_to_delete: tuple[str, ...]
+    scale_strategy_present: bool
+
+    @property
+    def is_multi_host(self) -> bool:
+        return self.num_of_hosts > 1
+
+    @property
+    def effective_replicas(self) -> int:
+        """What KubeRay will run: replicas clamped into [min, max]; 0 when suspended."""
+        if self.suspend:
+            return 0
+        return max(self.min_replicas, min(self.replicas, self.max_replicas))
+
+
+@dataclass(frozen=True)
+class AutoscalerOptions:
+    idle_timeout_s: float | None = None
+    upscaling_mode: UpscalingMode = UpscalingMode.DEFAULT
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A parsed RayCluster: the groups that parsed, and a named problem for each that did not."""
+
+    name: str
+    namespace: str
+    uid: str
+    resource_version: str
+    in_tree_autoscaling: bool
+    suspended: bool
+    autoscaler: AutoscalerOptions
+    groups: tuple[WorkerGroup, ...]
+    problems: tuple[Problem, ...] = ()
+    head_container_name: str = "ray-head"
+    skipped_groups: tuple[str, ...] = field(default=())
+
+    def group(self, name: str) -> WorkerGroup | None:
+        return next((g for g in self.groups if g.name == name), None)

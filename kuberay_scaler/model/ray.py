@@ -1,0 +1,131 @@
+"""Ray's view of the cluster, parsed from GetClusterResourceStateReply."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+class NodeStatus(StrEnum):
+    RUNNING = "RUNNING"
+    IDLE = "IDLE"
+    DRAINING = "DRAINING"
+    DEAD = "DEAD"
+    UNKNOWN = "UNSPECIFIED"
+
+
+@dataclass(frozen=True)
+class LabelConstraint:
+    """`key in values` (or `not in` when negated)."""
+
+    key: str
+    values: frozenset[str]
+    negated: bool = False
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        present = labels.get(self.key)
+        inside = present is not None and present in self.values
+        return not inside if self.negated else inside
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    """All constraints must hold."""
+
+    constraints: tuple[LabelConstraint, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(c.matches(labels) for c in self.constraints)
+
+    def __str__(self) -> str:
+        parts = []
+        for c in self.constraints:
+            op = "notin" if c.negated else "in"
+            parts.append(f"{c.key} {op} ({','.join(sorted(c.values))})")
+        return ", ".join(parts)
+
+
+def selectors_match(selectors: tuple[LabelSelector, ...], labels: Mapping[str, str]) -> bool:
+    """Ray treats a list of selectors as alternatives: any one that matches will do."""
+    return not selectors or any(s.matches(labels) for s in selectors)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One unit of demand: resources that must fit on one host, with label selectors."""
+
+    resources: Mapping[str, float]
+    selectors: tuple[LabelSelector, ...] = ()
+
+    def describe(self) -> str:
+        res = ", ".join(f"{k}: {v:g}" for k, v in sorted(self.resources.items()))
+        sel = " | ".join(str(s) for s in self.selectors)
+        return "{" + res + "}" + (f" where {sel}" if sel else "")
+
+
+@dataclass(frozen=True)
+class TaskDemand:
+    """`count` identical task/actor requests."""
+
+    bundle: Bundle
+    count: int
+
+
+class GangStrategy(StrEnum):
+    STRICT_SPREAD = "STRICT_SPREAD"  # every bundle on a distinct host
+    STRICT_PACK = "STRICT_PACK"  # all bundles on one host
+    PACK = "PACK"  # best effort, as few hosts as possible
+    SPREAD = "SPREAD"  # best effort, spread
+
+
+@dataclass(frozen=True)
+class GangDemand:
+    """A placement group: all bundles or nothing."""
+
+    bundles: tuple[Bundle, ...]
+    strategy: GangStrategy
+    details: str = ""
+
+
+@dataclass(frozen=True)
+class RayNode:
+    node_id: str  # hex
+    instance_id: str  # pod name on KubeRay
+    node_type: str
+    status: NodeStatus
+    total: Mapping[str, float]
+    available: Mapping[str, float]
+    labels: Mapping[str, str]
+    idle_ms: int
+    ip: str
+    is_head: bool
+
+    @property
+    def alive(self) -> bool:
+        return self.status is not NodeStatus.DEAD
+
+    @property
+    def idle(self) -> bool:
+        return self.status is NodeStatus.IDLE
+
+
+@dataclass(frozen=True)
+class RayState:
+    """Known Ray state at one moment. Absence of a RayState means demand is unknown."""
+
+    nodes: tuple[RayNode, ...]
+    tasks: tuple[TaskDemand, ...]
+    gangs: tuple[GangDemand, ...]
+    constraint: tuple[TaskDemand, ...]  # the request_resources floor for the whole cluster
+    session_name: str = ""
+
+    def node_by_instance(self) -> dict[str, RayNode]:
+        """Alive nodes keyed by instance id (pod name); a DEAD entry never hides a live one."""
+        out: dict[str, RayNode] = {}
+        for node in self.nodes:
+            if node.alive and node.instance_id:
+                out[node.instance_id] = node
+        return out

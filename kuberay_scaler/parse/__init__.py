@@ -1,0 +1,1 @@
+"""Pure, tolerant parsing of raw API objects and GCS replies into the typed model."""

@@ -1,0 +1,157 @@
+"""Pod dicts → Hosts. Never raises: a pod we cannot use becomes a named Problem."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from kuberay_scaler.model.cluster import ClusterSpec, Problem, frozen_map
+from kuberay_scaler.model.hosts import Host, HostPhase
+
+LABEL_CLUSTER = "ray.io/cluster"
+LABEL_NODE_TYPE = "ray.io/node-type"
+LABEL_GROUP = "ray.io/group"
+LABEL_REPLICA_NAME = "ray.io/worker-group-replica-name"
+LABEL_REPLICA_INDEX = "ray.io/worker-group-replica-index"
+LABEL_HOST_INDEX = "ray.io/replica-host-index"
+LABEL_LEGACY_REPLICA = "replicaIndex"  # set by the GKE TPU webhook on older operators
+HEAD_GROUP = "headgroup"
+
+
+def pod_items(pod_list: object) -> list[Any]:
+    """Accept a PodList (`kubectl get pods -o json`), a bare list, or a name → pod mapping."""
+    if isinstance(pod_list, Mapping):
+        items = pod_list.get("items")
+        if isinstance(items, list):
+            return items
+        return list(pod_list.values()) if "kind" not in pod_list else []
+    return list(pod_list) if isinstance(pod_list, list | tuple) else []
+
+
+def parse_pods(pods: Iterable[object], spec: ClusterSpec) -> tuple[list[Host], list[Problem]]:
+    hosts: list[Host] = []
+    problems: list[Problem] = []
+    for index, pod in enumerate(pods):
+        parsed = parse_pod(pod, spec)
+        if isinstance(parsed, Problem):
+            problems.append(Problem(f"pod #{index}: {parsed.message}", parsed.group))
+        else:
+            hosts.append(parsed)
+    hosts.sort(key=lambda h: h.pod_name)
+    return hosts, problems
+
+
+def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
+    if not isinstance(pod, Mapping):
+        return Problem(f"not an object but {type(pod).__name__}")
+    meta = _map(pod.get("metadata"))
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return Problem("has no metadata.name")
+    labels = {k: v for k, v in _map(meta.get("labels")).items() if isinstance(v, str)}
+    cluster = labels.get(LABEL_CLUSTER)
+    if spec.name and cluster != spec.name:
+        return Problem(f"{name} belongs to cluster {cluster!r}, not {spec.name!r}; ignored")
+    group = labels.get(LABEL_GROUP)
+    is_head = labels.get(LABEL_NODE_TYPE) == "head"
+    if not group and not is_head:
+        return Problem(f"{name} has no {LABEL_GROUP} label; ignored")
+    group = group or HEAD_GROUP
+    phase, detail, started = _classify(pod, _ray_container_name(spec, group, is_head))
+    return Host(
+        pod_name=name,
+        group=group,
+        is_head=is_head,
+        phase=phase,
+        detail=detail,
+        labels=frozen_map(labels),  # type: ignore[arg-type]
+        node_name=_map(pod.get("spec")).get("nodeName") or None,
+        created_at=_time(meta.get("creationTimestamp")),
+        slice_key=_slice_key(name, labels),
+        replica_index=_int_label(labels.get(LABEL_REPLICA_INDEX)),
+        host_index=_host_index(pod, labels),
+        running_since=started,
+        uid=str(meta.get("uid") or ""),
+    )
+
+
+def _ray_container_name(spec: ClusterSpec, group: str, is_head: bool) -> str | None:
+    if is_head:
+        return spec.head_container_name
+    found = spec.group(group)
+    return found.container.name if found else None
+
+
+def _classify(
+    pod: Mapping[str, Any], container: str | None
+) -> tuple[HostPhase, str, datetime | None]:
+    meta, status = _map(pod.get("metadata")), _map(pod.get("status"))
+    if meta.get("deletionTimestamp"):
+        return HostPhase.TERMINATING, "deletionTimestamp set", None
+    phase = status.get("phase")
+    if phase in ("Failed", "Succeeded", "Unknown"):
+        reason = status.get("reason")
+        return HostPhase.FAILED, f"pod {phase}" + (f" ({reason})" if reason else ""), None
+    state = _container_state(status, container)
+    if "terminated" in state:
+        term = _map(state["terminated"])
+        return HostPhase.FAILED, f"Ray container terminated ({term.get('reason', 'unknown')})", None
+    if phase == "Running" and "running" in state:
+        return HostPhase.RUNNING, "running", _time(_map(state["running"]).get("startedAt"))
+    return HostPhase.PENDING, _pending_detail(status, state), None
+
+
+def _container_state(status: Mapping[str, Any], container: str | None) -> Mapping[str, Any]:
+    # Look the Ray container up by name: containerStatuses order is not guaranteed.
+    for entry in status.get("containerStatuses") or []:
+        if isinstance(entry, Mapping) and entry.get("name") == container:
+            return _map(entry.get("state"))
+    return {}
+
+
+def _pending_detail(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
+    waiting = _map(state.get("waiting"))
+    if waiting.get("reason"):
+        return str(waiting["reason"])
+    for cond in status.get("conditions") or []:
+        unscheduled = isinstance(cond, Mapping) and cond.get("type") == "PodScheduled"
+        if unscheduled and cond.get("status") == "False":
+            return str(cond.get("reason") or "not scheduled")
+    phase = status.get("phase")
+    return f"pod {phase}" if isinstance(phase, str) else "no status yet"
+
+
+def _slice_key(name: str, labels: Mapping[str, str]) -> str:
+    return labels.get(LABEL_REPLICA_NAME) or labels.get(LABEL_LEGACY_REPLICA) or name
+
+
+def _host_index(pod: Mapping[str, Any], labels: Mapping[str, str]) -> int | None:
+    index = _int_label(labels.get(LABEL_HOST_INDEX))
+    if index is not None:
+        return index
+    # Legacy clusters: the GKE webhook injects TPU_WORKER_ID into the Ray container's env.
+    for container in _map(pod.get("spec")).get("containers") or []:
+        for env in _map(container).get("env") or []:
+            if isinstance(env, Mapping) and env.get("name") == "TPU_WORKER_ID":
+                return _int_label(env.get("value"))
+    return None
+
+
+def _int_label(value: object) -> int | None:
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def _time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}

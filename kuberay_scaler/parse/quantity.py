@@ -1,0 +1,49 @@
+"""Kubernetes resource quantities ("500m", "40Gi", "200G", "1e3") as floats."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
+
+
+def parse_quantity(raw: object) -> float:
+    """Parse a quantity; raises ValueError naming the bad text."""
+    if isinstance(raw, bool):
+        raise ValueError(f"not a quantity: {raw!r}")
+    if isinstance(raw, int | float):
+        return float(raw)
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValueError(f"not a quantity: {raw!r}")
+    text = raw.strip()
+    number, factor = _split_suffix(text)
+    try:
+        value = Decimal(number) * factor
+    except InvalidOperation:
+        raise ValueError(f"not a quantity: {raw!r}") from None
+    if not value.is_finite() or value < 0:
+        raise ValueError(f"not a quantity: {raw!r}")
+    return float(value)
+
+
+def _split_suffix(text: str) -> tuple[str, Decimal]:
+    for suffix, binary in _BINARY.items():
+        if text.endswith(suffix):
+            return text[: -len(suffix)], Decimal(binary)
+    last = text[-1]
+    # A trailing letter is a suffix ("1E" is exa); "1e3" ends in a digit and is an exponent.
+    if last.isalpha() and last in _DECIMAL:
+        return text[:-1], _DECIMAL[last]
+    return text, Decimal(1)

@@ -1,0 +1,158 @@
+"""GetClusterResourceStateReply (protobuf or its proto3 JSON form) → RayState."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from google.protobuf import json_format
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.model.cluster import frozen_map
+from kuberay_scaler.model.ray import (
+    HEAD_RESOURCE,
+    Bundle,
+    GangDemand,
+    GangStrategy,
+    LabelConstraint,
+    LabelSelector,
+    NodeStatus,
+    RayNode,
+    RayState,
+    TaskDemand,
+)
+
+# Placement-group bookkeeping resources ("CPU_group_<pg>", "bundle_group_<i>_<pg>") mirror the
+# plain ones on the same host; counting them would double capacity.
+_PG_RESOURCE_MARK = "_group_"
+_OP_NOT_IN = 2  # LabelSelectorOperator.LABEL_OPERATOR_NOT_IN
+
+
+class RayStateError(ValueError):
+    """The input is not a GetClusterResourceStateReply in any form we know."""
+
+
+def parse_ray_state(reply: object) -> RayState:
+    """Accept the reply message, a ClusterResourceState, a proto3-JSON dict or JSON text."""
+    state = _as_state(reply)
+    return RayState(
+        nodes=tuple(_node(n) for n in state.node_states),
+        tasks=tuple(_task(r) for r in state.pending_resource_requests if r.count > 0),
+        gangs=tuple(g for g in (_gang(g) for g in state.pending_gang_resource_requests) if g),
+        constraint=_constraint(state.cluster_resource_constraints),
+        session_name=state.cluster_session_name,
+    )
+
+
+def _as_state(reply: object) -> Any:
+    if isinstance(reply, autoscaler_pb2.GetClusterResourceStateReply):
+        return reply.cluster_resource_state
+    if isinstance(reply, autoscaler_pb2.ClusterResourceState):
+        return reply
+    if isinstance(reply, str | bytes):
+        try:
+            reply = json.loads(reply)
+        except ValueError as err:
+            raise RayStateError(f"not JSON: {err}") from None
+    if not isinstance(reply, Mapping):
+        raise RayStateError(f"expected a GetClusterResourceStateReply, got {type(reply).__name__}")
+    message = autoscaler_pb2.GetClusterResourceStateReply()
+    try:
+        json_format.ParseDict(dict(reply), message, ignore_unknown_fields=True)
+    except json_format.ParseError as err:
+        raise RayStateError(f"not a GetClusterResourceStateReply: {err}") from None
+    return message.cluster_resource_state
+
+
+def _node(node: Any) -> RayNode:
+    total = _plain_resources(node.total_resources)
+    labels = {**dict(node.labels), **dict(node.dynamic_labels)}
+    return RayNode(
+        node_id=bytes(node.node_id).hex(),
+        instance_id=node.instance_id,
+        node_type=node.ray_node_type_name,
+        status=_status(node.status),
+        total=frozen_map(total),  # type: ignore[arg-type]
+        available=frozen_map(_plain_resources(node.available_resources)),  # type: ignore[arg-type]
+        labels=frozen_map(labels),  # type: ignore[arg-type]
+        idle_ms=int(node.idle_duration_ms),
+        ip=node.node_ip_address,
+        is_head=HEAD_RESOURCE in node.total_resources,
+    )
+
+
+def _status(value: int) -> NodeStatus:
+    name = (
+        autoscaler_pb2.NodeStatus.Name(value) if value in autoscaler_pb2.NodeStatus.values() else ""
+    )
+    try:
+        return NodeStatus(name)
+    except ValueError:
+        return NodeStatus.UNKNOWN
+
+
+def _plain_resources(resources: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in resources.items() if _PG_RESOURCE_MARK not in k}
+
+
+def _bundle(request: Any) -> Bundle:
+    return Bundle(
+        resources=frozen_map({k: float(v) for k, v in request.resources_bundle.items()}),  # type: ignore[arg-type]
+        selectors=tuple(_selector(s) for s in request.label_selectors if s.label_constraints),
+    )
+
+
+def _selector(selector: Any) -> LabelSelector:
+    return LabelSelector(
+        tuple(
+            LabelConstraint(
+                key=c.label_key,
+                values=frozenset(c.label_values),
+                negated=c.operator == _OP_NOT_IN,
+            )
+            for c in selector.label_constraints
+        )
+    )
+
+
+def _task(by_count: Any) -> TaskDemand:
+    return TaskDemand(bundle=_bundle(by_count.request), count=int(by_count.count))
+
+
+def _gang(gang: Any) -> GangDemand | None:
+    # Label selectors only appear under bundle_selectors; the first non-empty one is current.
+    requests: Iterable[Any] = next(
+        (s.resource_requests for s in gang.bundle_selectors if s.resource_requests),
+        gang.requests,
+    )
+    requests = list(requests)
+    if not requests:
+        return None
+    return GangDemand(
+        bundles=tuple(_bundle(r) for r in requests),
+        strategy=_strategy(requests, gang.details),
+        details=gang.details,
+    )
+
+
+def _strategy(requests: list[Any], details: str) -> GangStrategy:
+    constraints = [c for r in requests for c in r.placement_constraints]
+    if any(c.HasField("anti_affinity") for c in constraints):
+        return GangStrategy.STRICT_SPREAD
+    if any(c.HasField("affinity") for c in constraints):
+        return GangStrategy.STRICT_PACK
+    # details look like "<pg id>:PACK|PENDING".
+    token = details.partition(":")[2].partition("|")[0]
+    try:
+        return GangStrategy(token)
+    except ValueError:
+        return GangStrategy.PACK
+
+
+def _constraint(constraints: Any) -> tuple[TaskDemand, ...]:
+    # request_resources keeps at most one constraint; each call replaces the previous one.
+    out: list[TaskDemand] = []
+    for constraint in constraints:
+        out.extend(_task(r) for r in constraint.resource_requests if r.count > 0)
+    return tuple(out)

@@ -1,0 +1,117 @@
+"""Turn the slice map and Ray's nodes into bins: the capacity demand can use right now."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kuberay_scaler.model.hosts import HostPhase
+from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
+from kuberay_scaler.model.slices import SliceMap, SliceState
+from kuberay_scaler.planner.capacity import Bin, accelerators_of, bins_for_new_slice
+from kuberay_scaler.planner.shapes import SliceShape
+
+COUNTED = (SliceState.COMPLETE, SliceState.PENDING, SliceState.PARTIAL, SliceState.BROKEN)
+
+
+@dataclass
+class Capacity:
+    available: list[Bin] = field(default_factory=list)  # free resources now
+    total: list[Bin] = field(default_factory=list)  # whole hosts, for the request_resources floor
+    virtual: dict[str, int] = field(default_factory=dict)  # group → replicas without pods yet
+
+
+def build_capacity(
+    slice_map: SliceMap, ray: RayState, shapes: Mapping[str, SliceShape]
+) -> Capacity:
+    cap = Capacity()
+    owner = _slice_of_pod(slice_map)
+    for node in ray.nodes:
+        if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
+            continue
+        group, key, state = owner.get(node.instance_id, (None, None, None))
+        if state is not None and state not in (SliceState.COMPLETE, SliceState.PENDING):
+            continue  # broken, partial and terminating slices are never capacity
+        cap.available.append(_node_bin(node, group, key, node.available))
+        cap.total.append(_node_bin(node, group, key, node.total))
+    for name, gs in slice_map.groups.items():
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        for sl in gs.slices:
+            if sl.state in (SliceState.PENDING, SliceState.PARTIAL):
+                _launching_hosts(cap, sl.key, name, shape, sl.nodes, [h for h in sl.hosts])
+        counted = sum(1 for s in gs.slices if s.state in COUNTED)
+        virtual = max(0, gs.group.effective_replicas - counted)
+        cap.virtual[name] = virtual
+        for i in range(virtual):
+            key = f"launching:{name}:{i}"
+            for bins in (cap.available, cap.total):
+                bins.extend(_as_launching(bins_for_new_slice(name, key, shape.hosts)))
+    return cap
+
+
+def _slice_of_pod(slice_map: SliceMap) -> dict[str, tuple[str, str, SliceState]]:
+    return {
+        host.pod_name: (name, sl.key, sl.state)
+        for name, gs in slice_map.groups.items()
+        for sl in gs.slices
+        for host in sl.hosts
+    }
+
+
+def _node_bin(
+    node: RayNode, group: str | None, key: str | None, resources: Mapping[str, float]
+) -> Bin:
+    return Bin(
+        name=node.instance_id or node.node_id,
+        group=group,
+        slice_key=key,
+        free=dict(resources),
+        labels=node.labels,
+        accelerators=accelerators_of(node.total),
+        idle_ms=node.idle_ms if node.status is NodeStatus.IDLE else None,
+    )
+
+
+def _launching_hosts(
+    cap: Capacity,
+    key: str,
+    group: str,
+    shape: SliceShape,
+    joined: Mapping[str, RayNode],
+    hosts: list,  # type: ignore[type-arg]
+) -> None:
+    """Hosts of a slice still coming up count at full size until their Ray node joins."""
+    taken = {h.host_index for h in hosts if h.host_index is not None}
+    free_indices = [i for i in range(len(shape.hosts)) if i not in taken]
+    for position, host in enumerate(hosts):
+        if host.pod_name in joined or host.phase is HostPhase.TERMINATING:
+            continue
+        index = host.host_index if host.host_index is not None else position
+        _add_launching(cap, f"{key}/{host.pod_name}", group, key, shape, index)
+    for index in free_indices[: max(0, len(shape.hosts) - len(hosts))]:
+        _add_launching(cap, f"{key}/host-{index}", group, key, shape, index)
+
+
+def _add_launching(
+    cap: Capacity, name: str, group: str, key: str, shape: SliceShape, index: int
+) -> None:
+    host = shape.hosts[min(index, len(shape.hosts) - 1)]
+    for bins in (cap.available, cap.total):
+        bins.append(
+            Bin(
+                name=name,
+                group=group,
+                slice_key=key,
+                free=dict(host.resources),
+                labels=host.labels,
+                accelerators=host.accelerators,
+            )
+        )
+
+
+def _as_launching(bins: list[Bin]) -> list[Bin]:
+    for bin_ in bins:
+        bin_.planned = False
+    return bins

@@ -1,0 +1,18 @@
+"""Settings → the planner's Policy (kept apart so the planner never sees pydantic)."""
+
+from __future__ import annotations
+
+from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.settings import Settings
+from kuberay_scaler.slicemap import SliceTimeouts
+
+
+def policy_from_settings(settings: Settings) -> Policy:
+    return Policy(
+        idle_timeout_override_s=settings.idle_timeout_s,
+        timeouts=SliceTimeouts(
+            max_provision_s=settings.max_provision_time_s,
+            missing_node_grace_s=settings.missing_node_grace_s,
+        ),
+        replace_backoff_s=settings.replace_backoff_s,
+    )

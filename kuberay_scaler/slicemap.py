@@ -1,0 +1,216 @@
+"""Build the slice map from the parsed cluster, its pods and (optionally) Ray's nodes. Pure."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from kuberay_scaler.model.cluster import ClusterSpec, Problem, WorkerGroup, frozen_map
+from kuberay_scaler.model.hosts import Host, HostPhase
+from kuberay_scaler.model.ray import RayNode, RayState
+from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
+
+TPU_SLICE_LABEL = "ray.io/tpu-slice-name"
+TPU_WORKER_LABEL = "ray.io/tpu-worker-id"
+
+
+@dataclass(frozen=True)
+class SliceTimeouts:
+    """How long a slice may take to come up, and how long a joined pod may lack its Ray node."""
+
+    max_provision_s: float = 900.0
+    missing_node_grace_s: float = 180.0
+
+
+def build_slice_map(
+    spec: ClusterSpec,
+    hosts: Iterable[Host],
+    ray: RayState | None,
+    now: datetime,
+    timeouts: SliceTimeouts = SliceTimeouts(),
+) -> SliceMap:
+    """Group hosts into slices and judge each one. `ray` None means Ray's view is unknown."""
+    nodes = ray.node_by_instance() if ray else {}
+    by_group: dict[str, list[Host]] = defaultdict(list)
+    head: list[Host] = []
+    orphans: list[Host] = []
+    problems: list[Problem] = []
+    for host in hosts:
+        if host.is_head:
+            head.append(host)
+        elif spec.group(host.group) is None:
+            orphans.append(host)
+        else:
+            by_group[host.group].append(host)
+    for host in orphans:
+        if host.group not in spec.skipped_groups:
+            problems.append(Problem(f"pod {host.pod_name} is in no worker group of the spec"))
+    groups = {
+        g.name: _group_slices(g, by_group.get(g.name, []), nodes, ray is not None, now, timeouts)
+        for g in spec.groups
+    }
+    for gs in groups.values():
+        problems.extend(_label_problems(gs))
+    return SliceMap(
+        groups=frozen_map(groups),  # type: ignore[arg-type]
+        head=tuple(head),
+        orphans=tuple(orphans),
+        problems=tuple(problems),
+    )
+
+
+def _group_slices(
+    group: WorkerGroup,
+    hosts: list[Host],
+    nodes: Mapping[str, RayNode],
+    ray_known: bool,
+    now: datetime,
+    timeouts: SliceTimeouts,
+) -> GroupSlices:
+    members: dict[str, list[Host]] = defaultdict(list)
+    for host in hosts:
+        members[host.slice_key].append(host)
+    doomed = set(group.workers_to_delete)
+    slices = [
+        _judge(group, key, sorted(m, key=_host_order), nodes, ray_known, doomed, now, timeouts)
+        for key, m in members.items()
+    ]
+    slices.sort(key=lambda s: (s.created_at or now, s.key))
+    return GroupSlices(group=group, slices=tuple(slices))
+
+
+def _host_order(host: Host) -> tuple[int, str]:
+    return (host.host_index if host.host_index is not None else 1 << 30, host.pod_name)
+
+
+def _judge(
+    group: WorkerGroup,
+    key: str,
+    hosts: list[Host],
+    nodes: Mapping[str, RayNode],
+    ray_known: bool,
+    doomed: set[str],
+    now: datetime,
+    timeouts: SliceTimeouts,
+) -> Slice:
+    joined = {h.pod_name: nodes[h.pod_name] for h in hosts if h.pod_name in nodes}
+    marked = any(h.pod_name in doomed for h in hosts)
+    created = min((h.created_at for h in hosts if h.created_at), default=None)
+    state, reason = _state(group, hosts, joined, ray_known, marked, created, now, timeouts)
+    return Slice(
+        key=key,
+        group=group.name,
+        expected_hosts=group.num_of_hosts,
+        hosts=tuple(hosts),
+        nodes=frozen_map(joined),  # type: ignore[arg-type]
+        state=state,
+        reason=reason,
+        created_at=created,
+        marked_for_deletion=marked,
+    )
+
+
+def _state(
+    group: WorkerGroup,
+    hosts: list[Host],
+    joined: Mapping[str, RayNode],
+    ray_known: bool,
+    marked: bool,
+    created: datetime | None,
+    now: datetime,
+    timeouts: SliceTimeouts,
+) -> tuple[SliceState, str]:
+    want = group.num_of_hosts
+    terminating = [h for h in hosts if h.phase is HostPhase.TERMINATING]
+    if marked or terminating:
+        why = "named in workersToDelete" if marked else f"{len(terminating)} host(s) terminating"
+        return SliceState.TERMINATING, why
+    failed = [h for h in hosts if h.phase is HostPhase.FAILED]
+    if failed:
+        return SliceState.BROKEN, f"host {_label(failed[0])} {failed[0].detail}"
+    if len(hosts) > want:
+        return SliceState.BROKEN, f"{len(hosts)} hosts, more than numOfHosts {want}"
+    age = (now - created).total_seconds() if created else 0.0
+    if len(hosts) < want:
+        state = SliceState.BROKEN if age > timeouts.max_provision_s else SliceState.PARTIAL
+        return state, f"{len(hosts)} of {want} hosts"
+    missing = _missing_for(hosts, joined, now) if ray_known else {}
+    late = {p: s for p, s in missing.items() if s > timeouts.missing_node_grace_s}
+    if late:
+        pod, secs = max(late.items(), key=lambda kv: kv[1])
+        return SliceState.BROKEN, f"Ray node of {pod} missing for {_dur(secs)}"
+    not_running = [h for h in hosts if h.phase is not HostPhase.RUNNING]
+    if not_running or (ray_known and len(joined) < want):
+        why = (
+            f"{want - len(not_running)} of {want} hosts running ({not_running[0].detail})"
+            if not_running
+            else f"{len(joined)} of {want} hosts joined Ray"
+        )
+        if age > timeouts.max_provision_s:
+            return SliceState.BROKEN, f"not up after {_dur(age)}: {why}"
+        return SliceState.PENDING, why
+    return SliceState.COMPLETE, f"{want} of {want} hosts up"
+
+
+def _missing_for(
+    hosts: list[Host], joined: Mapping[str, RayNode], now: datetime
+) -> dict[str, float]:
+    """Seconds each running host has gone without a live Ray node."""
+    out: dict[str, float] = {}
+    for host in hosts:
+        if host.phase is HostPhase.RUNNING and host.pod_name not in joined and host.running_since:
+            out[host.pod_name] = max(0.0, (now - host.running_since).total_seconds())
+    return out
+
+
+def _label_problems(gs: GroupSlices) -> list[Problem]:
+    """Cross-check Ray's TPU labels against the slice the pods say they belong to."""
+    problems: list[Problem] = []
+    seen: dict[str, str] = {}
+    for sl in gs.slices:
+        names = {
+            n.labels[TPU_SLICE_LABEL] for n in sl.nodes.values() if TPU_SLICE_LABEL in n.labels
+        }
+        if len(names) > 1:
+            problems.append(
+                Problem(
+                    f"slice {sl.key}: hosts report different TPU slice names {sorted(names)}",
+                    gs.group.name,
+                )
+            )
+        for name in names:
+            if seen.setdefault(name, sl.key) != sl.key:
+                problems.append(
+                    Problem(
+                        f"TPU slice {name} spans slices {seen[name]} and {sl.key}", gs.group.name
+                    )
+                )
+        for host in sl.hosts:
+            worker = (
+                sl.nodes[host.pod_name].labels.get(TPU_WORKER_LABEL)
+                if host.pod_name in sl.nodes
+                else None
+            )
+            if (
+                worker is not None
+                and host.host_index is not None
+                and worker != str(host.host_index)
+            ):
+                problems.append(
+                    Problem(
+                        f"pod {host.pod_name} is host {host.host_index} "
+                        f"but Ray says TPU worker {worker}",
+                        gs.group.name,
+                    )
+                )
+    return problems
+
+
+def _label(host: Host) -> str:
+    return str(host.host_index) if host.host_index is not None else host.pod_name
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
