@@ -68,6 +68,9 @@ class Memory:
     backoff: Mapping[str, Backoff] = field(default_factory=lambda: MappingProxyType({}))
     # Groups with a write not yet observed (expectations, kept by the loop): plan nothing for them.
     awaiting_write: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Slices recorded on the RayCluster as being drained (group → slice keys): a restart in the
+    # middle of a scale-down finishes it instead of forgetting it.
+    draining: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

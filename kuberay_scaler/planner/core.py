@@ -23,6 +23,7 @@ from kuberay_scaler.model.plan import (
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
 from kuberay_scaler.planner.capacity import bins_for_new_slice
+from kuberay_scaler.planner.intent import finish_recorded_drains
 from kuberay_scaler.planner.pool import Capacity, build_capacity
 from kuberay_scaler.planner.scale_up import DemandFit, GroupRoom, Pool, fit_gangs, fit_tasks
 from kuberay_scaler.planner.shapes import ShapeError, SliceShape, slice_shape
@@ -82,7 +83,7 @@ def plan(
             f"{n}× {text} waits for an existing node (never launched for)"
             for text, n in fit.waiting_on_existing.items()
         ]
-    return Plan(
+    result = Plan(
         cluster=spec.name,
         uid=spec.uid,
         resource_version=spec.resource_version,
@@ -92,6 +93,7 @@ def plan(
         slice_map=slice_map,
         memory=replace(memory, backoff=MappingProxyType(_live_backoff(backoff, now))),
     )
+    return finish_recorded_drains(result, memory.draining)
 
 
 def _analyse(
@@ -141,7 +143,7 @@ def _room(
     room = GroupRoom(group=group, shape=g.shape, room=0)
     back = memory.backoff.get(group.name)
     if g.hold_all:
-        room.blocked = g.hold_all
+        room.blocked, room.holds_demand = g.hold_all, True
     elif group.suspend:
         room.blocked = "group is suspended"
     elif back is not None and back.until > now:
@@ -154,6 +156,7 @@ def _room(
             room.room = min(room.room, _conservative_limit(g, cap, ray))
         if room.room <= 0:
             room.blocked = "Conservative upscaling: waiting for launching slices"
+            room.holds_demand = True
     return room
 
 

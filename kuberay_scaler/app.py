@@ -1,0 +1,229 @@
+"""Composition root: build the adapters from settings and run them in one TaskGroup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from typing import Any
+
+import structlog
+
+from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
+from kuberay_scaler.control.trigger import Trigger
+from kuberay_scaler.kube.access import detect_access
+from kuberay_scaler.kube.events import EventRecorder
+from kuberay_scaler.kube.informer import Informer, Source
+from kuberay_scaler.kube.raycluster import RayClusterView
+from kuberay_scaler.kube.session import open_api
+from kuberay_scaler.kube.writer import RayClusterWriter
+from kuberay_scaler.logs import configure_logging
+from kuberay_scaler.patch.ops import build_patch
+from kuberay_scaler.policy import policy_from_settings
+from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
+from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+from kuberay_scaler.settings import Settings
+from kuberay_scaler.web.server import Probes, make_app, start_server
+
+log = structlog.get_logger(__name__)
+
+
+def run_daemon(settings: Settings) -> int:
+    configure_logging(
+        settings.log_format,
+        settings.log_level,
+        cluster=settings.cluster_name,
+        namespace=settings.cluster_namespace,
+    )
+    return asyncio.run(Daemon(settings).run())
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stop = asyncio.Event()
+        self.trigger = Trigger()
+        self.reconciler: Reconciler | None = None
+        self._pods: Informer | None = None
+        self._view: RayClusterView | None = None
+        self._poller: GcsPoller | None = None
+        self._started = time.monotonic()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_stop, sig.name)
+        runner = await self._serve_http()
+        try:
+            await self._run_tasks()
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+        log.info("stopped")
+        return 0
+
+    def _request_stop(self, why: str) -> None:
+        log.info("stopping", signal=why)
+        self.stop.set()
+        self.trigger.fire("stop")
+
+    async def _serve_http(self) -> Any:
+        if not self.settings.http_address:
+            return None
+        probes = Probes(healthy=self._healthy, ready=self._ready, plan=self._plan_document)
+        runner = await start_server(make_app(probes), self.settings.http_address)
+        log.info("http serving", address=self.settings.http_address)
+        return runner
+
+    async def _run_tasks(self) -> None:
+        s = self.settings
+        kubeconfig = str(s.kubeconfig) if s.kubeconfig else None
+        api = await open_api(kubeconfig, request_timeout=s.k8s_request_timeout_s)
+        gcs = GcsClient(
+            s.gcs_address,
+            token=s.ray_auth_token.get_secret_value() if s.ray_auth_token else None,
+            tls=self._tls(),
+            rpc_timeout_s=s.gcs_rpc_timeout_s,
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                access_task = group.create_task(detect_access(api, s.cluster_namespace))
+                await self._until_stopped(access_task)
+                if self.stop.is_set():
+                    return
+                self._build(api, gcs, access_task.result())
+                await self._supervise(group)
+        finally:
+            await gcs.close()
+            await api.close()
+
+    async def _until_stopped(self, task: asyncio.Task[Any]) -> None:
+        stopper = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+
+    def _build(self, api: Any, gcs: GcsClient, access: Any) -> None:
+        s = self.settings
+        self._pods = Informer(
+            api,
+            Source.pods(s.cluster_namespace, s.cluster_name),
+            silent_timeout=s.watch_silence_timeout_s,
+            on_change=lambda _changes: self._on_pods(),
+        )
+        self._view = RayClusterView(
+            api,
+            namespace=s.cluster_namespace,
+            name=s.cluster_name,
+            mode="watch" if access.watch_rayclusters else "poll",
+            refresh_interval=s.resync_interval_s,
+            silent_timeout=s.watch_silence_timeout_s,
+            on_change=lambda: self.trigger.fire("raycluster"),
+        )
+        self._poller = GcsPoller(gcs, interval_s=s.gcs_poll_interval_s, on_change=self._on_gcs)
+        events = EventRecorder(
+            api,
+            namespace=s.cluster_namespace,
+            enabled=access.create_events,
+            involved=self._view.current,
+        )
+        self.reconciler = Reconciler(
+            config=LoopConfig(
+                dry_run=s.dry_run,
+                gcs_stale_after_s=s.gcs_stale_after_s,
+                drain_deadline_s=s.drain_deadline_s,
+                expectation_timeout_s=s.write_expectation_timeout_s,
+            ),
+            policy=policy_from_settings(s),
+            pods=self._pods,
+            cluster=self._view,
+            poller=self._poller,
+            gcs=gcs,
+            writer=RayClusterWriter(api, namespace=s.cluster_namespace, name=s.cluster_name),
+            events=events,
+        )
+        if s.dry_run:
+            log.info("dry run: plans are logged and served, nothing is drained or patched")
+
+    async def _supervise(self, group: asyncio.TaskGroup) -> None:
+        assert self._pods and self._view and self._poller
+        workers = [
+            group.create_task(self._pods.run()),
+            group.create_task(self._view.run()),
+            group.create_task(self._poller.run()),
+        ]
+        loop_task = group.create_task(self._loop())
+        await self.stop.wait()
+        try:
+            # Let an in-flight reconcile (and its patch) finish, within a bound.
+            await asyncio.wait_for(asyncio.shield(loop_task), self.settings.shutdown_grace_s)
+        except TimeoutError:
+            log.warning("abandoning an in-flight reconcile at shutdown")
+        for task in (*workers, loop_task):
+            task.cancel()
+
+    async def _loop(self) -> None:
+        assert self.reconciler is not None
+        s = self.settings
+        while not self.stop.is_set():
+            reasons = await self.trigger.wait(max_wait=s.resync_interval_s, debounce=s.debounce_s)
+            if self.stop.is_set():
+                break
+            log.debug("reconcile", reasons=sorted(reasons))
+            await self.reconciler.reconcile()
+
+    def _on_pods(self) -> None:
+        if self._view is not None:
+            self._view.nudge()
+        self.trigger.fire("pods")
+
+    def _on_gcs(self, _: GcsObservation) -> None:
+        self.trigger.fire("gcs")
+
+    def _tls(self) -> TlsFiles | None:
+        s = self.settings
+        if not s.ray_use_tls:
+            return None
+        return TlsFiles(
+            ca_cert=s.ray_tls_ca_cert, cert=s.ray_tls_server_cert, key=s.ray_tls_server_key
+        )
+
+    # --- probes -------------------------------------------------------------------------------
+    def _healthy(self) -> tuple[bool, str]:
+        """Alive while the loop makes progress (a reconcile finished recently)."""
+        limit = max(60.0, 3 * self.settings.resync_interval_s)
+        if self.reconciler is None:
+            waited = time.monotonic() - self._started
+            return waited < 5 * limit, f"starting for {waited:.0f} s"
+        age = time.monotonic() - self.reconciler.status.last_progress
+        return age < limit, f"last reconcile {age:.1f} s ago"
+
+    def _ready(self) -> tuple[bool, str]:
+        if not (self._pods and self._view and self._poller):
+            return False, "starting"
+        if not self._pods.synced:
+            return False, "pod cache not synced"
+        if not self._view.synced:
+            return False, "RayCluster view not synced"
+        fresh = self._poller.latest.fresh(time.monotonic(), self.settings.gcs_stale_after_s)
+        if not fresh:
+            return False, f"GCS state not fresh ({self._poller.latest.error or 'stale'})"
+        return True, "synced and GCS fresh"
+
+    def _plan_document(self) -> dict[str, Any] | None:
+        if self.reconciler is None or self.reconciler.status.last_plan is None:
+            return None
+        status = self.reconciler.status
+        plan = status.last_plan
+        assert plan is not None
+        document = plan.summary()
+        raw = self._view.current() if self._view else None
+        with contextlib.suppress(Exception):
+            document["patch"] = build_patch(raw, plan) if raw else []
+        document["last_outcome"] = status.last_outcome
+        document["last_patch_sent"] = status.last_patch
+        document["reconciles"] = status.reconciles
+        return document
+

@@ -1,0 +1,1 @@
+"""The loop: wakeups, expectations, backoff, drains and writes. It decides nothing itself."""

@@ -1,0 +1,28 @@
+"""Folds bursts of "something changed" into one reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class Trigger:
+    """`fire(reason)` from any callback; `wait()` returns the reasons gathered since last time."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._reasons: set[str] = set()
+
+    def fire(self, reason: str) -> None:
+        self._reasons.add(reason)
+        self._event.set()
+
+    async def wait(self, max_wait: float, debounce: float) -> set[str]:
+        """Wait up to `max_wait` for a first reason, then `debounce` for more to pile up."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout=max(0.0, max_wait))
+        if self._event.is_set() and debounce > 0:
+            await asyncio.sleep(debounce)
+        reasons, self._reasons = self._reasons or {"timer"}, set()
+        self._event.clear()
+        return reasons

@@ -1,0 +1,1 @@
+"""HTTP: health, readiness, Prometheus metrics and the last plan."""
