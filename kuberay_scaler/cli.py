@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--slices", type=int, default=1, help="slices the workload reserves")
     demo.add_argument("--hosts", type=int, default=4, help="hosts per slice (numOfHosts)")
     demo.set_defaults(func=_demo)
-    check = sub.add_parser("check-config", help="validate env configuration and print it")
+    check = sub.add_parser(
+        "check-config", help="validate env configuration as `run` would, and print it"
+    )
     check.set_defaults(func=_check_config)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=lambda _: print(__version__) or 0)
@@ -53,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_config(_: argparse.Namespace) -> int:
+    """Accept exactly what `run` accepts, and show the effective values (secrets masked)."""
     settings = load_settings()
+    settings.require_cluster()
     print(json.dumps(settings.masked(), indent=2, default=str))
     return 0
 
@@ -81,5 +85,8 @@ def _run(_: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    print("kuberay-scaler demo: not implemented yet (tracked by the demo issue)", file=sys.stderr)
-    return 1
+    from kuberay_scaler.logs import configure_logging
+    from kuberay_scaler.sim.demo import main as demo_main
+
+    configure_logging("console", "warning")
+    return demo_main(slices=args.slices, hosts=args.hosts)

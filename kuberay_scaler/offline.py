@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,55 @@ class InputError(Exception):
     """A file cannot be used; the message names it."""
 
 
-def load_document(path: Path, what: str) -> Any:
+def load_documents(path: Path, what: str) -> list[Any]:
+    """Every document of a YAML (or JSON) file; `kubectl get -o yaml` samples may hold several."""
     try:
         text = path.read_text()
-    except OSError as err:
-        raise InputError(f"{what} {path}: {err.strerror}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{what} {path}: {_why(err)}") from None
     try:
-        return yaml.safe_load(text)  # YAML is a superset of JSON
+        return [d for d in yaml.safe_load_all(text) if d is not None]  # JSON is YAML too
     except yaml.YAMLError as err:
-        raise InputError(f"{what} {path}: not YAML or JSON ({err.__class__.__name__})") from None
+        raise InputError(f"{what} {path}: not YAML or JSON ({_first_line(err)})") from None
+
+
+def load_document(path: Path, what: str) -> Any:
+    """The one document of a file (None when it is empty)."""
+    docs = load_documents(path, what)
+    if len(docs) > 1:
+        raise InputError(f"{what} {path}: {len(docs)} documents, expected one")
+    return docs[0] if docs else None
+
+
+def load_raycluster(path: Path) -> dict[str, Any]:
+    """The RayCluster among the file's documents (samples ship a ConfigMap next to it)."""
+    docs = load_documents(path, "RayCluster")
+    found = [d for d in docs if isinstance(d, dict) and d.get("kind", "RayCluster") == "RayCluster"]
+    if len(found) != 1:
+        detail = "none" if not found else f"{len(found)}"
+        raise InputError(f"RayCluster {path}: expected one RayCluster object, found {detail}")
+    rc = found[0]
+    if not isinstance(rc.get("spec"), Mapping):
+        raise InputError(f"RayCluster {path}: the RayCluster has no spec")
+    return rc
+
+
+def load_pods(path: Path | None) -> list[Any]:
+    """A PodList, one Pod, a list of pods or a name → pod map; no file means no pods."""
+    if path is None:
+        return []
+    doc = load_document(path, "PodList")
+    if doc is None or isinstance(doc, list):
+        return doc or []
+    if isinstance(doc, Mapping):
+        kind = doc.get("kind")
+        if kind == "Pod":
+            return [doc]
+        if kind in ("PodList", "List") or (
+            kind is None and all(isinstance(v, Mapping) for v in doc.values())
+        ):
+            return pod_items(doc)
+    raise InputError(f"PodList {path}: expected a PodList, a Pod or a list of pods")
 
 
 def plan_files(
@@ -40,16 +81,13 @@ def plan_files(
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """Plan once from files and return the document the `plan` command prints."""
-    rc = load_document(raycluster, "RayCluster")
-    if not isinstance(rc, dict) or rc.get("kind", "RayCluster") != "RayCluster":
-        raise InputError(f"RayCluster {raycluster}: not a RayCluster object")
+    rc = load_raycluster(raycluster)
     spec = parse_raycluster(rc)
-    pod_list = load_document(pods, "PodList") if pods else []
-    hosts, pod_problems = parse_pods(pod_items(pod_list), spec)
+    hosts, pod_problems = parse_pods(load_pods(pods), spec)
     try:
         state = parse_ray_state(ray_state.read_text())
-    except OSError as err:
-        raise InputError(f"Ray state {ray_state}: {err.strerror}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"Ray state {ray_state}: {_why(err)}") from None
     except RayStateError as err:
         raise InputError(f"Ray state {ray_state}: {err}") from None
     snapshot = Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(map(str, pod_problems)))
@@ -63,6 +101,18 @@ def plan_files(
 
 def _without_cluster(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if k != "cluster"}
+
+
+def _why(err: OSError | UnicodeDecodeError) -> str:
+    if isinstance(err, UnicodeDecodeError):
+        return "not text (UTF-8)"
+    return err.strerror or str(err)
+
+
+def _first_line(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or err.__class__.__name__}{where}"
 
 
 def print_plan(document: dict[str, Any]) -> str:

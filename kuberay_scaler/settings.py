@@ -7,14 +7,28 @@ variable, and the CLI turns that into exit code 2.
 
 from __future__ import annotations
 
+import difflib
+import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PREFIX = "KUBERAY_SCALER_"
+# Kubernetes object names: RFC 1123 subdomain (RayCluster) and label (namespace).
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_API_VERSION = re.compile(r"v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?")
 
 
 class ConfigError(Exception):
@@ -26,9 +40,28 @@ def _ours(name: str) -> AliasChoices:
 
 
 class Settings(BaseSettings):
-    """Effective configuration of one kuberay-scaler process."""
+    """Effective configuration of one kuberay-scaler process.
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=False)
+    Build it with `load_settings`: that is the one reader of the environment, so variable names
+    match exactly and an explicit mapping is the whole environment. `Settings()` gives defaults.
+    """
+
+    # No inf/nan: every float here is a duration handed to asyncio.
+    model_config = SettingsConfigDict(
+        frozen=True, extra="ignore", populate_by_name=False, allow_inf_nan=False
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # pydantic-settings would read os.environ (in any case) even under model_validate.
+        return (init_settings,)
 
     # --- Injected by KubeRay into its autoscaler container -------------------------------------
     cluster_name: str = Field(
@@ -55,6 +88,11 @@ class Settings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("RAY_AUTH_TOKEN"),
         description="Token sent as 'authorization: Bearer' to the GCS (RAY_AUTH_TOKEN).",
+    )
+    ray_auth_mode: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("RAY_AUTH_MODE"),
+        description="Ray's auth mode (RAY_AUTH_MODE); 'token' requires RAY_AUTH_TOKEN.",
     )
     ray_use_tls: bool = Field(
         default=False,
@@ -198,12 +236,35 @@ class Settings(BaseSettings):
         description="On SIGTERM, how long an in-flight patch may take before we abandon it.",
     )
 
+    @field_validator("cluster_name")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        if value and not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError("not a valid Kubernetes object name")
+        return value
+
+    @field_validator("cluster_namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not _DNS_LABEL.fullmatch(value):
+            raise ValueError("not a valid Kubernetes namespace name")
+        return value
+
+    @field_validator("crd_version")
+    @classmethod
+    def _crd_version(cls, value: str) -> str:
+        if not _API_VERSION.fullmatch(value):
+            raise ValueError("expected an API version such as v1")
+        return value
+
     @field_validator("gcs_address")
     @classmethod
     def _host_port(cls, value: str) -> str:
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not port.isascii() or not port.isdigit() or len(port) > 5:
             raise ValueError("expected host:port")
+        if not 0 < int(port) < 65536:
+            raise ValueError("port must be between 1 and 65535")
         return value
 
     @field_validator("http_address")
@@ -211,11 +272,38 @@ class Settings(BaseSettings):
     def _optional_host_port(cls, value: str) -> str:
         return value if value == "" else cls._host_port(value)
 
+    @field_validator("ray_auth_token", mode="before")
+    @classmethod
+    def _token_text(cls, value: Any) -> Any:
+        # A Secret made from a file often ends in a newline; gRPC rejects it in metadata.
+        return value.strip() if isinstance(value, str) else value
+
     @field_validator("ray_use_tls", mode="before")
     @classmethod
     def _ray_bool(cls, value: Any) -> Any:
         # Ray writes RAY_USE_TLS=1/0; pydantic's bool parser already accepts those and true/false.
         return value.strip() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        # Caught here rather than at the first RPC: the GCS would only say UNAUTHENTICATED.
+        if self.ray_auth_mode == "token" and not self.ray_auth_token:
+            raise ValueError("RAY_AUTH_TOKEN: must be set when RAY_AUTH_MODE is token")
+        if self.ray_use_tls:
+            self._check_tls_files()
+        return self
+
+    def _check_tls_files(self) -> None:
+        # Ray's GCS TLS is mutual: the client needs all three files.
+        for env, path in (
+            ("RAY_TLS_CA_CERT", self.ray_tls_ca_cert),
+            ("RAY_TLS_SERVER_CERT", self.ray_tls_server_cert),
+            ("RAY_TLS_SERVER_KEY", self.ray_tls_server_key),
+        ):
+            if path is None:
+                raise ValueError(f"{env}: must be set when RAY_USE_TLS is on")
+            if not path.is_file():
+                raise ValueError(f"{env}: no such file {str(path)!r}")
 
     def require_cluster(self) -> None:
         """`run` needs to know which RayCluster it scales."""
@@ -241,36 +329,55 @@ class Settings(BaseSettings):
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Read settings from `environ` (default: the process environment)."""
+    env = os.environ if environ is None else environ
+    _reject_unknown(env)
     try:
-        if environ is None:
-            return Settings()
-        return _settings_from_mapping(environ)
+        return _settings_from_mapping(env)
     except ValidationError as err:
         raise ConfigError(_one_line(err)) from None
 
 
-def _settings_from_mapping(environ: Mapping[str, str]) -> Settings:
-    known = {
+def _known_names() -> set[str]:
+    return {
         str(choice)
         for info in Settings.model_fields.values()
         if isinstance(info.validation_alias, AliasChoices)
         for choice in info.validation_alias.choices
     }
+
+
+def _reject_unknown(environ: Mapping[str, str]) -> None:
+    # A misspelt knob (say KUBERAY_SCALER_DRYRUN) would otherwise be ignored without a word.
+    known = _known_names()
+    unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in known)
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise ConfigError(f"invalid configuration: {unknown[0]}: unknown setting{hint}")
+
+
+def _settings_from_mapping(environ: Mapping[str, str]) -> Settings:
+    known = _known_names()
     values = {k: v for k, v in environ.items() if k in known}
-    # An explicit mapping is the whole environment: the process's own is not consulted.
     return Settings.model_validate(values)
 
 
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
-    field = str(first["loc"][0]) if first["loc"] else "?"
-    env = _env_name(field)
     problem = str(first["msg"]).removeprefix("Value error, ")
-    raw = first.get("input")
-    shown = "" if "TOKEN" in env or isinstance(raw, dict) else f" (got {raw!r})"
     more = len(err.errors()) - 1
     tail = f"; and {more} more problem(s)" if more else ""
+    if not first["loc"]:  # a cross-field check: its message starts with the variable's name
+        return f"invalid configuration: {problem}{tail}"
+    env = _env_name(str(first["loc"][0]))
+    raw = first.get("input")
+    shown = f" (got {raw!r})" if isinstance(raw, str) and not _is_secret(env) else ""
     return f"invalid configuration: {env}: {problem}{shown}{tail}"
+
+
+def _is_secret(env: str) -> bool:
+    return "TOKEN" in env or "KEY" in env
 
 
 def _env_name(field: str) -> str:

@@ -11,6 +11,7 @@ from kuberay_scaler.model.cluster import ClusterSpec, Problem, WorkerGroup, froz
 from kuberay_scaler.model.hosts import Host, HostPhase
 from kuberay_scaler.model.ray import RayNode, RayState
 from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
+from kuberay_scaler.parse.pods import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
 
 TPU_SLICE_LABEL = "ray.io/tpu-slice-name"
 TPU_WORKER_LABEL = "ray.io/tpu-worker-id"
@@ -52,6 +53,7 @@ def build_slice_map(
         for g in spec.groups
     }
     for gs in groups.values():
+        problems.extend(_identity_problems(gs))
         problems.extend(_label_problems(gs))
     return SliceMap(
         groups=frozen_map(groups),  # type: ignore[arg-type]
@@ -127,6 +129,9 @@ def _state(
     if marked or terminating:
         why = "named in workersToDelete" if marked else f"{len(terminating)} host(s) terminating"
         return SliceState.TERMINATING, why
+    if want > 1 and not _identified(hosts[0]):
+        # Without a replica label we cannot tell its siblings: never judge it broken and replace.
+        return SliceState.PARTIAL, f"slice unknown: no replica label ({hosts[0].detail})"
     failed = [h for h in hosts if h.phase is HostPhase.FAILED]
     if failed:
         return SliceState.BROKEN, f"host {_label(failed[0])} {failed[0].detail}"
@@ -165,6 +170,25 @@ def _missing_for(
     return out
 
 
+def _identified(host: Host) -> bool:
+    return LABEL_REPLICA_NAME in host.labels or LABEL_LEGACY_REPLICA in host.labels
+
+
+def _identity_problems(gs: GroupSlices) -> list[Problem]:
+    if not gs.group.is_multi_host:
+        return []
+    unknown = [h.pod_name for s in gs.slices for h in s.hosts if not _identified(h)]
+    if not unknown:
+        return []
+    return [
+        Problem(
+            f"{len(unknown)} pod(s) carry neither {LABEL_REPLICA_NAME} nor {LABEL_LEGACY_REPLICA}"
+            f" (e.g. {unknown[0]}): their slices cannot be told apart, so they are left alone",
+            gs.group.name,
+        )
+    ]
+
+
 def _label_problems(gs: GroupSlices) -> list[Problem]:
     """Cross-check Ray's TPU labels against the slice the pods say they belong to."""
     problems: list[Problem] = []
@@ -187,6 +211,7 @@ def _label_problems(gs: GroupSlices) -> list[Problem]:
                         f"TPU slice {name} spans slices {seen[name]} and {sl.key}", gs.group.name
                     )
                 )
+        problems.extend(_node_type_problems(gs.group.name, sl))
         for host in sl.hosts:
             worker = (
                 sl.nodes[host.pod_name].labels.get(TPU_WORKER_LABEL)
@@ -206,6 +231,15 @@ def _label_problems(gs: GroupSlices) -> list[Problem]:
                     )
                 )
     return problems
+
+
+def _node_type_problems(group: str, sl: Slice) -> list[Problem]:
+    # KubeRay sets RAY_NODE_TYPE_NAME from the pod's group label; a mismatch means a wrong join.
+    return [
+        Problem(f"pod {pod} is in group {group} but its Ray node has type {n.node_type}", group)
+        for pod, n in sl.nodes.items()
+        if n.node_type and n.node_type != group
+    ]
 
 
 def _label(host: Host) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import yaml
 
 from kuberay_scaler.model.cluster import frozen_map
+from kuberay_scaler.model.plan import Memory, Plan, Snapshot
 from kuberay_scaler.model.ray import (
     HEAD_RESOURCE,
     Bundle,
@@ -22,14 +25,19 @@ from kuberay_scaler.model.ray import (
     RayState,
     TaskDemand,
 )
+from kuberay_scaler.parse.pods import parse_pods
+from kuberay_scaler.parse.raycluster import parse_raycluster
+from kuberay_scaler.planner.core import Policy, plan
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "kuberay" / "v1.7.0"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def sample(name: str) -> dict[str, Any]:
     """A RayCluster sample from shared/kuberay/v1.7.0, with metadata the API server would add."""
-    obj: dict[str, Any] = yaml.safe_load((SAMPLES / name).read_text())
+    docs = [d for d in yaml.safe_load_all((SAMPLES / name).read_text()) if d]
+    obj: dict[str, Any] = next(d for d in docs if d.get("kind") == "RayCluster")
     obj["metadata"].update(namespace="default", uid="uid-1", resourceVersion="100")
     return obj
 
@@ -61,7 +69,8 @@ def group(
     **extra: Any,
 ) -> dict[str, Any]:
     limits: dict[str, str] = {"cpu": cpu, "memory": "32Gi"}
-    pod_spec: dict[str, Any] = {"containers": [{"name": "ray-worker", "resources": {"limits": limits}}]}
+    container = {"name": "ray-worker", "resources": {"limits": limits}}
+    pod_spec: dict[str, Any] = {"containers": [container]}
     if tpu:
         limits["google.com/tpu"] = tpu
         pod_spec["nodeSelector"] = {
@@ -78,6 +87,15 @@ def group(
         "template": {"spec": pod_spec},
         **extra,
     }
+
+
+def tpu_group(name: str = "tpu", *, replicas: int = 0, **kw: Any) -> dict[str, Any]:
+    """A v6e-16 group: 4 hosts of 4 chips (topology 4x4), like the v6e-16 sample."""
+    kw.setdefault("hosts", 4)
+    kw.setdefault("tpu", "4")
+    kw.setdefault("topology", "4x4")
+    kw.setdefault("cpu", "24")
+    return group(name, replicas=replicas, **kw)
 
 
 def pod(
@@ -113,7 +131,12 @@ def pod(
         if phase == "Running"
         else {"waiting": {"reason": "ContainerCreating"}}
     )
-    meta: dict[str, Any] = {"name": name, "labels": labels, "creationTimestamp": _ts(created), "uid": f"u-{name}"}
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": labels,
+        "creationTimestamp": _ts(created),
+        "uid": f"u-{name}",
+    }
     if deleting:
         meta["deletionTimestamp"] = _ts(NOW)
     return {
@@ -130,11 +153,18 @@ def pod(
 
 
 def slice_pods(group_name: str, replica: str, hosts: int, **kw: Any) -> list[dict[str, Any]]:
-    return [pod(f"{replica}-{i}", group_name, replica=replica, host_index=i, **kw) for i in range(hosts)]
+    return [
+        pod(f"{replica}-{i}", group_name, replica=replica, host_index=i, **kw) for i in range(hosts)
+    ]
 
 
 def _ts(value: datetime) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_id_of(instance: str) -> str:
+    """A stable 28-byte hex node id (Python's str hash changes between processes)."""
+    return hashlib.sha256(instance.encode()).hexdigest()[:56]
 
 
 def node(
@@ -147,13 +177,20 @@ def node(
     idle_s: float | None = 0,
     head: bool = False,
     dead: bool = False,
+    draining: bool = False,
 ) -> RayNode:
+    """A Ray node; `idle_s=None` means busy (RUNNING without an idle duration)."""
     total = dict(resources or {"CPU": 8})
     if head:
         total[HEAD_RESOURCE] = 1
-    status = NodeStatus.DEAD if dead else (NodeStatus.IDLE if idle_s is not None else NodeStatus.RUNNING)
+    if dead:
+        status = NodeStatus.DEAD
+    elif draining:
+        status = NodeStatus.DRAINING
+    else:
+        status = NodeStatus.IDLE if idle_s is not None else NodeStatus.RUNNING
     return RayNode(
-        node_id=f"{abs(hash(instance)):056x}"[:56],
+        node_id=node_id_of(instance),
         instance_id=instance,
         node_type=group_name,
         status=status,
@@ -166,35 +203,97 @@ def node(
     )
 
 
-def tpu_slice_nodes(replica: str, hosts: int, *, pod_type: str = "v6e-16", chips: float = 4,
-                    idle_s: float | None = 0, busy_hosts: tuple[int, ...] = ()) -> list[RayNode]:
+def head_node(cpu: float = 0) -> RayNode:
+    return node("rc-head", group_name="headgroup", resources={"CPU": cpu}, head=True)
+
+
+def cpu_nodes(
+    pod_names: Iterable[str],
+    group_name: str = "cpu",
+    *,
+    cpu: float = 8,
+    idle_s: float | None = 0,
+    free_cpu: float | None = None,
+) -> list[RayNode]:
+    """Plain hosts; `free_cpu` below `cpu` makes them busy."""
     out = []
+    for name in pod_names:
+        total = {"CPU": cpu, "memory": 32 * 2**30}
+        avail = {**total, "CPU": cpu if free_cpu is None else free_cpu}
+        busy = free_cpu is not None and free_cpu < cpu
+        out.append(
+            node(
+                name,
+                group_name=group_name,
+                resources=total,
+                available=avail,
+                labels={"ray.io/node-group": group_name},
+                idle_s=None if busy else idle_s,
+            )
+        )
+    return out
+
+
+def tpu_slice_nodes(
+    replica: str,
+    hosts: int,
+    *,
+    pod_type: str = "v6e-16",
+    chips: float = 4,
+    idle_s: float | None = 0,
+    busy_hosts: tuple[int, ...] = (),
+    group_name: str = "tpu",
+    idle_per_host: Sequence[float] | None = None,
+) -> list[RayNode]:
+    """The Ray nodes of one TPU slice whose pods are `<replica>-<i>` (see slice_pods)."""
+    out = []
+    generation = pod_type.split("-")[0].upper()
     for i in range(hosts):
-        res = {"CPU": 24, "TPU": chips, replica: 1, f"accelerator_type:TPU-{pod_type.split('-')[0].upper()}": 1}
+        res = {"CPU": 24, "TPU": chips, replica: 1, f"accelerator_type:TPU-{generation}": 1}
         if i == 0:
             res[f"TPU-{pod_type}-head"] = 1
         labels = {
             "ray.io/tpu-slice-name": replica,
             "ray.io/tpu-worker-id": str(i),
             "ray.io/tpu-pod-type": pod_type,
+            "ray.io/node-group": group_name,
         }
         busy = i in busy_hosts
         avail = {**res, "TPU": 0} if busy else res
-        out.append(node(f"{replica}-{i}", resources=res, available=avail, labels=labels,
-                        idle_s=None if busy else idle_s))
+        host_idle = idle_per_host[i] if idle_per_host is not None else idle_s
+        out.append(
+            node(
+                f"{replica}-{i}",
+                group_name=group_name,
+                resources=res,
+                available=avail,
+                labels=labels,
+                idle_s=None if busy else host_idle,
+            )
+        )
     return out
 
 
-def state(nodes: list[RayNode] = (), tasks: list[TaskDemand] = (), gangs: list[GangDemand] = (),  # type: ignore[assignment]
-          constraint: list[TaskDemand] = ()) -> RayState:  # type: ignore[assignment]
-    return RayState(nodes=tuple(nodes), tasks=tuple(tasks), gangs=tuple(gangs), constraint=tuple(constraint))
+def state(
+    nodes: Sequence[RayNode] = (),
+    tasks: Sequence[TaskDemand] = (),
+    gangs: Sequence[GangDemand] = (),
+    constraint: Sequence[TaskDemand] = (),
+) -> RayState:
+    return RayState(
+        nodes=tuple(nodes), tasks=tuple(tasks), gangs=tuple(gangs), constraint=tuple(constraint)
+    )
 
 
 def bundle(resources: dict[str, float], **selectors: str) -> Bundle:
-    sel = ()
+    """`bundle({"CPU": 1}, ray__io__x="v")` → selector `ray.io/x in (v)`."""
+    sel: tuple[LabelSelector, ...] = ()
     if selectors:
-        sel = (LabelSelector(tuple(LabelConstraint(k.replace("__", "/").replace("_", "-"), frozenset([v]))
-                                   for k, v in selectors.items())),)
+        constraints = tuple(
+            LabelConstraint(k.replace("__", "/").replace("_", "-"), frozenset([v]))
+            for k, v in selectors.items()
+        )
+        sel = (LabelSelector(constraints),)
     return Bundle(resources=frozen_map(resources), selectors=sel)  # type: ignore[arg-type]
 
 
@@ -213,10 +312,52 @@ def gang(strategy: GangStrategy, *bundles: Bundle) -> GangDemand:
 
 def slice_reservation(pod_type: str = "v6e-16") -> GangDemand:
     """Step 1 of ray.util.tpu.SlicePlacementGroup: the head bundle of a new slice."""
-    head = selector_bundle({f"TPU-{pod_type}-head": 1},
-                           {"ray.io/tpu-worker-id": "0", "ray.io/tpu-pod-type": pod_type})
+    head = selector_bundle(
+        {f"TPU-{pod_type}-head": 1},
+        {"ray.io/tpu-worker-id": "0", "ray.io/tpu-pod-type": pod_type},
+    )
     return gang(GangStrategy.PACK, head)
+
+
+def pinned_slice_bundles(slice_name: str, hosts: int = 4, chips: float = 4) -> GangDemand:
+    """Step 2 of SlicePlacementGroup: one bundle per host, pinned to one existing slice."""
+    pinned = selector_bundle({"TPU": chips}, {"ray.io/tpu-slice-name": slice_name})
+    return gang(GangStrategy.SPREAD, *([pinned] * hosts))
 
 
 def deep(obj: Any) -> Any:
     return copy.deepcopy(obj)
+
+
+def snapshot_of(rc: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) -> Snapshot:
+    """Parse a RayCluster dict and pod dicts the way the daemon does."""
+    spec = parse_raycluster(rc)
+    hosts, problems = parse_pods(list(pods), spec)
+    return Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(map(str, problems)))
+
+
+def plan_of(
+    rc: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]] = (),
+    ray: RayState | None = None,
+    *,
+    memory: Memory | None = None,
+    policy: Policy | None = None,
+    now: datetime = NOW,
+    synced: bool = True,
+) -> Plan:
+    """One call of `plan` on API-shaped input (ray=None means demand unknown)."""
+    snap = snapshot_of(rc, pods)
+    if not synced:
+        snap = Snapshot(spec=snap.spec, hosts=snap.hosts, synced=False, problems=snap.problems)
+    return plan(snap, ray, memory or Memory(), policy or Policy(), now)
+
+
+def targets(result: Plan) -> dict[str, int]:
+    return {g.group: g.target for g in result.groups}
+
+
+def deleted_pods(result: Plan, group_name: str) -> list[str]:
+    decision = result.group(group_name)
+    assert decision is not None
+    return [p for d in decision.deletions for p in d.pods]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from kuberay_scaler.model.cluster import ClusterSpec, Problem, frozen_map
@@ -17,6 +18,7 @@ LABEL_REPLICA_INDEX = "ray.io/worker-group-replica-index"
 LABEL_HOST_INDEX = "ray.io/replica-host-index"
 LABEL_LEGACY_REPLICA = "replicaIndex"  # set by the GKE TPU webhook on older operators
 HEAD_GROUP = "headgroup"
+_SMALL_INT = re.compile(r"[0-9]{1,9}")
 
 
 def pod_items(pod_list: object) -> list[Any]:
@@ -51,6 +53,8 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
         return Problem("has no metadata.name")
     labels = {k: v for k, v in _map(meta.get("labels")).items() if isinstance(v, str)}
     cluster = labels.get(LABEL_CLUSTER)
+    if spec.name and cluster is None:
+        return Problem(f"{name} has no {LABEL_CLUSTER} label; ignored")
     if spec.name and cluster != spec.name:
         return Problem(f"{name} belongs to cluster {cluster!r}, not {spec.name!r}; ignored")
     group = labels.get(LABEL_GROUP)
@@ -58,7 +62,8 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
     if not group and not is_head:
         return Problem(f"{name} has no {LABEL_GROUP} label; ignored")
     group = group or HEAD_GROUP
-    phase, detail, started = _classify(pod, _ray_container_name(spec, group, is_head))
+    phase, detail, started = _classify(pod, _ray_container_name(spec, group, is_head, pod))
+    node_name = _map(pod.get("spec")).get("nodeName")
     return Host(
         pod_name=name,
         group=group,
@@ -66,7 +71,7 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
         phase=phase,
         detail=detail,
         labels=frozen_map(labels),  # type: ignore[arg-type]
-        node_name=_map(pod.get("spec")).get("nodeName") or None,
+        node_name=node_name if isinstance(node_name, str) and node_name else None,
         created_at=_time(meta.get("creationTimestamp")),
         slice_key=_slice_key(name, labels),
         replica_index=_int_label(labels.get(LABEL_REPLICA_INDEX)),
@@ -76,11 +81,18 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
     )
 
 
-def _ray_container_name(spec: ClusterSpec, group: str, is_head: bool) -> str | None:
+def _ray_container_name(
+    spec: ClusterSpec, group: str, is_head: bool, pod: Mapping[str, Any]
+) -> str | None:
     if is_head:
         return spec.head_container_name
     found = spec.group(group)
-    return found.container.name if found else None
+    if found:
+        return found.container.name
+    # Not in the spec (an orphan): KubeRay's rule, the pod's first container is the Ray one.
+    first = next(iter(_list(_map(pod.get("spec")).get("containers"))), None)
+    name = _map(first).get("name")
+    return name if isinstance(name, str) else None
 
 
 def _classify(
@@ -95,8 +107,11 @@ def _classify(
         return HostPhase.FAILED, f"pod {phase}" + (f" ({reason})" if reason else ""), None
     state = _container_state(status, container)
     if "terminated" in state:
-        term = _map(state["terminated"])
-        return HostPhase.FAILED, f"Ray container terminated ({term.get('reason', 'unknown')})", None
+        why = f"Ray container terminated ({_map(state['terminated']).get('reason', 'unknown')})"
+        # As KubeRay judges it: only under restartPolicy Never is a terminated container final.
+        if _map(pod.get("spec")).get("restartPolicy") == "Never":
+            return HostPhase.FAILED, why, None
+        return HostPhase.PENDING, f"{why}, restarting", None
     if phase == "Running" and "running" in state:
         return HostPhase.RUNNING, "running", _time(_map(state["running"]).get("startedAt"))
     return HostPhase.PENDING, _pending_detail(status, state), None
@@ -104,7 +119,7 @@ def _classify(
 
 def _container_state(status: Mapping[str, Any], container: str | None) -> Mapping[str, Any]:
     # Look the Ray container up by name: containerStatuses order is not guaranteed.
-    for entry in status.get("containerStatuses") or []:
+    for entry in _list(status.get("containerStatuses")):
         if isinstance(entry, Mapping) and entry.get("name") == container:
             return _map(entry.get("state"))
     return {}
@@ -114,7 +129,7 @@ def _pending_detail(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
     waiting = _map(state.get("waiting"))
     if waiting.get("reason"):
         return str(waiting["reason"])
-    for cond in status.get("conditions") or []:
+    for cond in _list(status.get("conditions")):
         unscheduled = isinstance(cond, Mapping) and cond.get("type") == "PodScheduled"
         if unscheduled and cond.get("status") == "False":
             return str(cond.get("reason") or "not scheduled")
@@ -131,15 +146,16 @@ def _host_index(pod: Mapping[str, Any], labels: Mapping[str, str]) -> int | None
     if index is not None:
         return index
     # Legacy clusters: the GKE webhook injects TPU_WORKER_ID into the Ray container's env.
-    for container in _map(pod.get("spec")).get("containers") or []:
-        for env in _map(container).get("env") or []:
+    for container in _list(_map(pod.get("spec")).get("containers")):
+        for env in _list(_map(container).get("env")):
             if isinstance(env, Mapping) and env.get("name") == "TPU_WORKER_ID":
                 return _int_label(env.get("value"))
     return None
 
 
 def _int_label(value: object) -> int | None:
-    if isinstance(value, str) and value.isdigit():
+    # ASCII digits only: str.isdigit() also takes "²", which int() rejects.
+    if isinstance(value, str) and _SMALL_INT.fullmatch(value):
         return int(value)
     return None
 
@@ -148,10 +164,16 @@ def _time(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+    # The API server writes UTC; a naive time would break comparisons with an aware `now`.
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _map(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []

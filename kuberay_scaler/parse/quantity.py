@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+import math
+from decimal import Decimal
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -24,16 +25,17 @@ def parse_quantity(raw: object) -> float:
     if isinstance(raw, bool):
         raise ValueError(f"not a quantity: {raw!r}")
     if isinstance(raw, int | float):
-        return float(raw)
-    if not isinstance(raw, str) or not raw.strip():
+        value = Decimal(raw)
+    elif isinstance(raw, str) and raw.strip():
+        number, factor = _split_suffix(raw.strip())
+        try:
+            value = Decimal(number) * factor
+        except ArithmeticError:  # InvalidOperation, and Overflow for exponents like 1e99999999999
+            raise ValueError(f"not a quantity: {raw!r}") from None
+    else:
         raise ValueError(f"not a quantity: {raw!r}")
-    text = raw.strip()
-    number, factor = _split_suffix(text)
-    try:
-        value = Decimal(number) * factor
-    except InvalidOperation:
-        raise ValueError(f"not a quantity: {raw!r}") from None
-    if not value.is_finite() or value < 0:
+    # Same rule for YAML numbers and strings: a quantity is finite and not negative.
+    if not value.is_finite() or value < 0 or math.isinf(float(value)):
         raise ValueError(f"not a quantity: {raw!r}")
     return float(value)
 

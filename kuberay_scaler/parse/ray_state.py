@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,6 +28,9 @@ from kuberay_scaler.model.ray import (
 # plain ones on the same host; counting them would double capacity.
 _PG_RESOURCE_MARK = "_group_"
 _OP_NOT_IN = 2  # LabelSelectorOperator.LABEL_OPERATOR_NOT_IN
+# proto3 JSON uses lowerCamelCase; ParseDict also takes the proto's own snake_case names.
+_REPLY_KEYS = ("clusterResourceState", "cluster_resource_state")
+_STATE_KEYS = ("nodeStates", "node_states")
 
 
 class RayStateError(ValueError):
@@ -34,7 +38,12 @@ class RayStateError(ValueError):
 
 
 def parse_ray_state(reply: object) -> RayState:
-    """Accept the reply message, a ClusterResourceState, a proto3-JSON dict or JSON text."""
+    """Accept the reply message, a ClusterResourceState, or either in proto3 JSON (dict or text).
+
+    Raises RayStateError, and nothing else, when the input is not one of those. There is no
+    tolerant fallback on purpose: an empty RayState would read as "no demand", and unknown demand
+    must never look like zero (the caller holds instead).
+    """
     state = _as_state(reply)
     return RayState(
         nodes=tuple(_node(n) for n in state.node_states),
@@ -57,12 +66,25 @@ def _as_state(reply: object) -> Any:
             raise RayStateError(f"not JSON: {err}") from None
     if not isinstance(reply, Mapping):
         raise RayStateError(f"expected a GetClusterResourceStateReply, got {type(reply).__name__}")
-    message = autoscaler_pb2.GetClusterResourceStateReply()
+    return _state_from_json(reply)
+
+
+def _state_from_json(reply: Mapping[Any, Any]) -> Any:
+    # Unknown fields are ignored (newer Ray versions add some), so insist on the one field that
+    # makes this a reply: otherwise any JSON object, a RayCluster say, would parse as empty.
+    if any(k in reply for k in _REPLY_KEYS):
+        message: Any = autoscaler_pb2.GetClusterResourceStateReply()
+    elif any(k in reply for k in _STATE_KEYS):
+        message = autoscaler_pb2.ClusterResourceState()
+    else:
+        raise RayStateError("not a GetClusterResourceStateReply: no clusterResourceState field")
     try:
         json_format.ParseDict(dict(reply), message, ignore_unknown_fields=True)
-    except json_format.ParseError as err:
+    except (json_format.ParseError, TypeError, ValueError) as err:
         raise RayStateError(f"not a GetClusterResourceStateReply: {err}") from None
-    return message.cluster_resource_state
+    if isinstance(message, autoscaler_pb2.GetClusterResourceStateReply):
+        return message.cluster_resource_state
+    return message
 
 
 def _node(node: Any) -> RayNode:
@@ -93,12 +115,17 @@ def _status(value: int) -> NodeStatus:
 
 
 def _plain_resources(resources: Mapping[str, float]) -> dict[str, float]:
-    return {k: float(v) for k, v in resources.items() if _PG_RESOURCE_MARK not in k}
+    return {k: v for k, v in _finite(resources).items() if _PG_RESOURCE_MARK not in k}
+
+
+def _finite(resources: Mapping[str, float]) -> dict[str, float]:
+    # NaN compares false with everything and would slip through every fit check.
+    return {k: float(v) for k, v in resources.items() if math.isfinite(v)}
 
 
 def _bundle(request: Any) -> Bundle:
     return Bundle(
-        resources=frozen_map({k: float(v) for k, v in request.resources_bundle.items()}),  # type: ignore[arg-type]
+        resources=frozen_map(_finite(request.resources_bundle)),  # type: ignore[arg-type]
         selectors=tuple(_selector(s) for s in request.label_selectors if s.label_constraints),
     )
 

@@ -30,6 +30,8 @@ def parse_raycluster(obj: object) -> ClusterSpec:
     meta = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
     problems: list[Problem] = []
+    if not isinstance(obj.get("spec"), Mapping):
+        problems.append(Problem("spec is missing or not an object"))
     autoscaler = _autoscaler_options(spec.get("autoscalerOptions"), problems)
     groups, skipped = _groups(spec.get("workerGroupSpecs"), problems)
     return ClusterSpec(
@@ -67,7 +69,7 @@ def _groups(raw: object, problems: list[Problem]) -> tuple[list[WorkerGroup], li
     if not isinstance(raw, list):
         problems.append(Problem("spec.workerGroupSpecs is not a list"))
         return [], []
-    names = Counter(g.get("groupName") for g in raw if isinstance(g, Mapping))
+    names = Counter(_group_label(item, index) for index, item in enumerate(raw))
     groups: list[WorkerGroup] = []
     skipped: list[str] = []
     for index, item in enumerate(raw):
@@ -213,6 +215,8 @@ def _workers_to_delete(raw: object) -> tuple[str, ...]:
 
 
 def _autoscaler_options(raw: object, problems: list[Problem]) -> AutoscalerOptions:
+    if raw is not None and not isinstance(raw, Mapping):
+        problems.append(Problem("spec.autoscalerOptions is not an object; defaults used"))
     opts = _mapping(raw)
     idle = opts.get("idleTimeoutSeconds")
     if idle is not None and (not _is_int(idle) or idle < 0):

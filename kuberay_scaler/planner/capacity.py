@@ -6,10 +6,17 @@ Bins are mutable scratch state inside one call of `plan`; nothing outside the pl
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kuberay_scaler.model.ray import Bundle, GangDemand, GangStrategy, selectors_match
+from kuberay_scaler.model.ray import (
+    Bundle,
+    GangDemand,
+    GangStrategy,
+    LabelConstraint,
+    LabelSelector,
+    selectors_match,
+)
 from kuberay_scaler.planner.shapes import ACCELERATORS, HostShape
 
 EPSILON = 1e-9
@@ -28,6 +35,7 @@ class Bin:
     accelerators: frozenset[str] = frozenset()  # from total resources, not what is free now
     idle_ms: int | None = None  # None: busy, launching or planned
     planned: bool = False  # part of a slice this plan adds
+    launching: bool = False  # asked for earlier, no Ray node yet (pending pod or no pod)
     used: bool = field(default=False)
 
 
@@ -54,6 +62,14 @@ def needs_accelerator(bundle: Bundle) -> bool:
     return any(bundle.resources.get(k, 0) > 0 for k in ACCELERATORS) or any(
         k.startswith(("TPU-", "accelerator_type:")) for k in bundle.resources
     )
+
+
+def signature(bundle: Bundle) -> str:
+    """Equal for bundles that fit exactly the same bins; a string, so its hash is cached."""
+    selectors = [
+        [(c.key, c.negated, sorted(c.values)) for c in s.constraints] for s in bundle.selectors
+    ]
+    return repr((sorted(bundle.resources.items()), selectors))
 
 
 def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[str, str]) -> int:
@@ -97,38 +113,25 @@ def place_copies(bundle: Bundle, count: int, bins: Iterable[Bin]) -> int:
     return count - left
 
 
-def place_gang(gang: GangDemand, bins: Sequence[Bin]) -> bool:
-    """All bundles or none, honouring the strategy; on failure every bin is as it was."""
+def gang_units(gang: GangDemand) -> list[Bundle]:
+    """What must each fit on one host: STRICT_PACK is one unit of all bundles together."""
     if gang.strategy is GangStrategy.STRICT_PACK:
-        merged = merge_bundles(gang.bundles)
-        for bin_ in bins:
-            if copies_that_fit(merged, bin_.free, bin_.labels):
-                take(bin_, merged)
-                return True
-        return False
-    distinct = gang.strategy is GangStrategy.STRICT_SPREAD
-    placed: list[tuple[Bin, Bundle]] = []
-    for bundle in sorted(gang.bundles, key=bundle_size, reverse=True):
-        taken = {id(b) for b, _ in placed} if distinct else set()
-        target = next(
-            (b for b in bins if id(b) not in taken and copies_that_fit(bundle, b.free, b.labels)),
-            None,
-        )
-        if target is None:
-            for bin_, done in placed:
-                give_back(bin_, done)
-            return False
-        take(target, bundle)
-        placed.append((target, bundle))
-    return True
+        return [merge_bundles(gang.bundles)]
+    return list(gang.bundles)
 
 
 def merge_bundles(bundles: Sequence[Bundle]) -> Bundle:
+    """One bundle asking for the sum, on a host matching every bundle's selectors."""
     total: dict[str, float] = {}
     for bundle in bundles:
         for resource, need in bundle.resources.items():
             total[resource] = total.get(resource, 0.0) + need
-    selectors = next((b.selectors for b in bundles if b.selectors), ())
+    # Each bundle's selectors are alternatives; all bundles must hold: AND of ORs, expanded.
+    alternatives: list[tuple[LabelConstraint, ...]] = [()]
+    for bundle in bundles:
+        if bundle.selectors:
+            alternatives = [a + s.constraints for a in alternatives for s in bundle.selectors]
+    selectors = tuple(LabelSelector(a) for a in alternatives if a)
     return Bundle(resources=total, selectors=selectors)
 
 
@@ -137,17 +140,19 @@ def bundle_size(bundle: Bundle) -> tuple[int, float]:
     return (int(needs_accelerator(bundle)), sum(bundle.resources.values()))
 
 
-def preference(bundle_wants_accelerator: bool) -> object:
-    """Order existing bins for one kind of demand.
+def preference(bundle_wants_accelerator: bool) -> Callable[[Bin], tuple[int, int, int, int, str]]:
+    """Order bins for one kind of demand.
 
-    Busy hosts first and idle ones least-idle first, so the longest-idle slices stay free to be
-    scaled down; accelerator hosts last for demand that needs no accelerator, so they are not
-    held up by CPU work a plain host can take.
+    Running hosts before launching ones (work that fits a running host must not keep a
+    launching replica alive while that host is scaled down), busy hosts first and idle ones
+    least-idle first, so the longest-idle slices stay free to be scaled down; accelerator hosts
+    last for demand that needs no accelerator, so they are not held up by CPU work a plain
+    host can take.
     """
 
-    def key(bin_: Bin) -> tuple[int, int, int, str]:
+    def key(bin_: Bin) -> tuple[int, int, int, int, str]:
         wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
         idle = bin_.idle_ms if bin_.idle_ms is not None else -1
-        return (int(bin_.planned), wasted, idle, bin_.name)
+        return (int(bin_.planned), wasted, int(bin_.launching), idle, bin_.name)
 
     return key

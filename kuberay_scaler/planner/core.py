@@ -23,9 +23,10 @@ from kuberay_scaler.model.plan import (
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
 from kuberay_scaler.planner.capacity import bins_for_new_slice
+from kuberay_scaler.planner.first_fit import Pool
 from kuberay_scaler.planner.intent import finish_recorded_drains
 from kuberay_scaler.planner.pool import Capacity, build_capacity
-from kuberay_scaler.planner.scale_up import DemandFit, GroupRoom, Pool, fit_gangs, fit_tasks
+from kuberay_scaler.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 from kuberay_scaler.planner.shapes import ShapeError, SliceShape, slice_shape
 from kuberay_scaler.slicemap import SliceTimeouts, build_slice_map
 
@@ -67,7 +68,8 @@ def plan(
     if ray is None:
         why = "Ray demand unknown (GCS unreachable, restarted or stale): holding"
         return _held_plan(spec, slice_map, memory, problems, why, groups)
-    capacity = build_capacity(slice_map, ray, {n: g.shape for n, g in groups.items() if g.shape})
+    shapes = {n: g.shape for n, g in groups.items() if g.shape}
+    capacity = build_capacity(slice_map, ray, shapes, _replacing(groups, memory, now))
     mode = spec.autoscaler.upscaling_mode
     rooms = {n: _room(g, capacity, ray, memory, mode, now) for n, g in groups.items()}
     fit = _fit_demand(ray, capacity, rooms)
@@ -112,6 +114,20 @@ def _analyse(
         _workers_to_delete_state(note)
         out[name] = note
     return out
+
+
+def _replacing(groups: Mapping[str, _Group], memory: Memory, now: datetime) -> set[str]:
+    """Groups whose broken slices this plan replaces (see `_replacements`)."""
+    return {
+        name
+        for name, g in groups.items()
+        if not g.hold_all and not g.hold_down and not _backing_off(memory.backoff, name, now)
+    }
+
+
+def _backing_off(backoff: Mapping[str, Backoff], name: str, now: datetime) -> bool:
+    current = backoff.get(name)
+    return current is not None and current.until > now
 
 
 def _workers_to_delete_state(note: _Group) -> None:
@@ -251,7 +267,7 @@ def _replacements(
         return []
     name = g.slices.group.name
     current = backoff.get(name)
-    if current is not None and current.until > now:
+    if current is not None and _backing_off(backoff, name, now):
         reasons.append(
             f"{len(broken)} broken slice(s) left for now: backing off ({current.reason})"
         )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from kuberay_scaler.model.hosts import HostPhase
+from kuberay_scaler.model.hosts import Host, HostPhase
 from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
 from kuberay_scaler.model.slices import SliceMap, SliceState
 from kuberay_scaler.planner.capacity import Bin, accelerators_of, bins_for_new_slice
@@ -22,8 +22,16 @@ class Capacity:
 
 
 def build_capacity(
-    slice_map: SliceMap, ray: RayState, shapes: Mapping[str, SliceShape]
+    slice_map: SliceMap,
+    ray: RayState,
+    shapes: Mapping[str, SliceShape],
+    replacing: Collection[str] = (),
 ) -> Capacity:
+    """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
+
+    `replacing` names the groups whose broken slices this plan replaces: KubeRay brings up a
+    fresh replica for each, so they count as launching capacity rather than nothing.
+    """
     cap = Capacity()
     owner = _slice_of_pod(slice_map)
     for node in ray.nodes:
@@ -31,7 +39,7 @@ def build_capacity(
             continue
         group, key, state = owner.get(node.instance_id, (None, None, None))
         if state is not None and state not in (SliceState.COMPLETE, SliceState.PENDING):
-            continue  # broken, partial and terminating slices are never capacity
+            continue  # broken, partial and terminating slices are never capacity as they are
         cap.available.append(_node_bin(node, group, key, node.available))
         cap.total.append(_node_bin(node, group, key, node.total))
     for name, gs in slice_map.groups.items():
@@ -39,16 +47,25 @@ def build_capacity(
         if shape is None:
             continue
         for sl in gs.slices:
-            if sl.state in (SliceState.PENDING, SliceState.PARTIAL):
-                _launching_hosts(cap, sl.key, name, shape, sl.nodes, [h for h in sl.hosts])
+            if sl.state is SliceState.PENDING:
+                _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
+            elif sl.state is SliceState.PARTIAL or (
+                sl.state is SliceState.BROKEN and name in replacing
+            ):
+                # KubeRay deletes a replica missing pods and recreates it whole; a replaced
+                # one is recreated too. Either way a complete fresh slice is on its way.
+                _add_fresh_slice(cap, name, sl.key, shape)
         counted = sum(1 for s in gs.slices if s.state in COUNTED)
         virtual = max(0, gs.group.effective_replicas - counted)
         cap.virtual[name] = virtual
         for i in range(virtual):
-            key = f"launching:{name}:{i}"
-            for bins in (cap.available, cap.total):
-                bins.extend(_as_launching(bins_for_new_slice(name, key, shape.hosts)))
+            _add_fresh_slice(cap, name, f"launching:{name}:{i}", shape)
     return cap
+
+
+def _add_fresh_slice(cap: Capacity, group: str, key: str, shape: SliceShape) -> None:
+    for bins in (cap.available, cap.total):
+        bins.extend(_as_launching(bins_for_new_slice(group, key, shape.hosts)))
 
 
 def _slice_of_pod(slice_map: SliceMap) -> dict[str, tuple[str, str, SliceState]]:
@@ -80,18 +97,14 @@ def _launching_hosts(
     group: str,
     shape: SliceShape,
     joined: Mapping[str, RayNode],
-    hosts: list,  # type: ignore[type-arg]
+    hosts: list[Host],
 ) -> None:
     """Hosts of a slice still coming up count at full size until their Ray node joins."""
-    taken = {h.host_index for h in hosts if h.host_index is not None}
-    free_indices = [i for i in range(len(shape.hosts)) if i not in taken]
     for position, host in enumerate(hosts):
         if host.pod_name in joined or host.phase is HostPhase.TERMINATING:
             continue
         index = host.host_index if host.host_index is not None else position
         _add_launching(cap, f"{key}/{host.pod_name}", group, key, shape, index)
-    for index in free_indices[: max(0, len(shape.hosts) - len(hosts))]:
-        _add_launching(cap, f"{key}/host-{index}", group, key, shape, index)
 
 
 def _add_launching(
@@ -107,11 +120,12 @@ def _add_launching(
                 free=dict(host.resources),
                 labels=host.labels,
                 accelerators=host.accelerators,
+                launching=True,
             )
         )
 
 
 def _as_launching(bins: list[Bin]) -> list[Bin]:
     for bin_ in bins:
-        bin_.planned = False
+        bin_.planned, bin_.launching = False, True
     return bins

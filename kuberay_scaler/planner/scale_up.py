@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from kuberay_scaler.model.cluster import WorkerGroup
 from kuberay_scaler.model.plan import Infeasible
@@ -14,12 +15,14 @@ from kuberay_scaler.planner.capacity import (
     bins_for_new_slice,
     bundle_size,
     copies_that_fit,
-    merge_bundles,
+    gang_units,
+    give_back,
     needs_accelerator,
     place_copies,
-    place_gang,
-    preference,
+    signature,
+    take,
 )
+from kuberay_scaler.planner.first_fit import Pool
 from kuberay_scaler.planner.shapes import SliceShape
 
 
@@ -31,20 +34,49 @@ class GroupRoom:
     shape: SliceShape | None
     room: int
     blocked: str | None = None  # why room is 0, for "waiting" reasons
+    # Blocked only for now (its own write in flight, rate limit): demand it would serve waits
+    # for it instead of launching a slice of another group (that would be counted twice).
+    holds_demand: bool = False
     added: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     waiting: Counter[str] = field(default_factory=Counter)
+    _hosts_shape: dict[str, bool] = field(default_factory=dict, repr=False)
 
-    def can_host(self, bundle: Bundle) -> bool:
-        hosts = self.shape.hosts if self.shape else ()
-        return any(copies_that_fit(bundle, h.resources, h.labels) for h in hosts)
+    @property
+    def has_accelerators(self) -> bool:
+        return bool(self.shape and self.shape.accelerators)
+
+    def can_host(self, bundle: Bundle, key: str | None = None) -> bool:
+        """Whether some host of a fresh slice fits `bundle` (`key`: its signature, if known)."""
+        key = signature(bundle) if key is None else key
+        if key not in self._hosts_shape:
+            hosts = self.shape.hosts if self.shape else ()
+            self._hosts_shape[key] = any(
+                copies_that_fit(bundle, h.resources, h.labels) for h in hosts
+            )
+        return self._hosts_shape[key]
+
+    @cached_property
+    def order(self) -> tuple[int, float, int]:
+        """Preference among groups: higher priority, then the smaller slice, then spec order."""
+        assert self.shape is not None
+        size = sum(sum(h.resources.values()) for h in self.shape.hosts)
+        return (-self.group.priority, size, self.group.index)
+
+    def next_key(self, offset: int = 0) -> str:
+        return f"new:{self.group.name}:{self.added + offset}"
 
     def new_slice(self) -> list[Bin]:
+        """The bins of one more slice of this group, counted against its room."""
         assert self.shape is not None
-        key = f"new:{self.group.name}:{self.added}"
+        bins = bins_for_new_slice(self.group.name, self.next_key(), self.shape.hosts)
+        self.adopt()
+        return bins
+
+    def adopt(self) -> None:
+        """Count a slice whose bins were built with `next_key()` (a gang's trial)."""
         self.added += 1
         self.room -= 1
-        return bins_for_new_slice(self.group.name, key, self.shape.hosts)
 
 
 @dataclass
@@ -53,40 +85,33 @@ class DemandFit:
     waiting_on_existing: Counter[str] = field(default_factory=Counter)
 
 
-class Pool:
-    """The bins demand may use, kept in preference order per kind of demand."""
-
-    def __init__(self, bins: Iterable[Bin]) -> None:
-        self.bins: list[Bin] = list(bins)
-        self._orders: dict[bool, list[Bin]] = {}
-
-    def add(self, bins: Sequence[Bin]) -> None:
-        self.bins.extend(bins)
-        for order in self._orders.values():
-            order.extend(bins)  # planned bins sort last anyway
-
-    def ordered(self, wants_accelerator: bool) -> list[Bin]:
-        if wants_accelerator not in self._orders:
-            key: Callable[[Bin], tuple[int, int, int, str]] = preference(wants_accelerator)  # type: ignore[assignment]
-            self._orders[wants_accelerator] = sorted(self.bins, key=key)
-        return self._orders[wants_accelerator]
-
-
 def candidates(bundle: Bundle, rooms: Iterable[GroupRoom]) -> list[GroupRoom]:
     """Groups whose fresh slice can host `bundle`, best first.
 
-    Accelerator slices come last for demand that needs no accelerator (never spend a TPU slice
-    on CPU work a plain group can take), then higher `priority`, then the smaller slice.
+    Demand that needs no accelerator never gets an accelerator group while some plain group can
+    host it, whatever that group's state (contract §6: accelerators are conserved). Then higher
+    `priority`, then the smaller slice, then spec order.
     """
-    wants = needs_accelerator(bundle)
+    key = signature(bundle)
+    able = [r for r in rooms if r.can_host(bundle, key)]
+    if not needs_accelerator(bundle) and any(not r.has_accelerators for r in able):
+        able = [r for r in able if not r.has_accelerators]
+    return sorted(able, key=lambda r: r.order)
 
-    def key(room: GroupRoom) -> tuple[int, int, float, int]:
-        assert room.shape is not None
-        wasted = int(not wants and bool(room.shape.accelerators))
-        size = sum(sum(h.resources.values()) for h in room.shape.hosts)
-        return (wasted, -room.group.priority, size, room.group.index)
 
-    return sorted((r for r in rooms if r.can_host(bundle)), key=key)
+def _first_with_room(options: Sequence[GroupRoom]) -> GroupRoom | None:
+    """The best group that may add a slice now; None when the demand must wait."""
+    for room in options:
+        if room.room > 0:
+            return room
+        if room.holds_demand:
+            return None
+    return None
+
+
+def _spares_accelerators(bundle: Bundle, options: Sequence[GroupRoom]) -> bool:
+    """Plain demand a plain group can host stays off accelerator slices this plan adds."""
+    return not needs_accelerator(bundle) and any(not r.has_accelerators for r in options)
 
 
 def fit_tasks(
@@ -98,16 +123,17 @@ def fit_tasks(
     what: str = "pending task/actor",
 ) -> None:
     for demand in sorted(tasks, key=lambda d: bundle_size(d.bundle), reverse=True):
-        wants = needs_accelerator(demand.bundle)
-        left = demand.count - place_copies(demand.bundle, demand.count, pool.ordered(wants))
+        options = candidates(demand.bundle, rooms.values())
+        spare = _spares_accelerators(demand.bundle, options)
+        left = demand.count - pool.place(demand.bundle, demand.count, spare)
         while left > 0:
-            room = _first_with_room(demand.bundle, rooms)
+            room = _first_with_room(options)
             if room is None:
-                _unserved(demand.bundle, left, rooms, nodes, fit, what)
+                _unserved(demand.bundle, left, options, nodes, fit, what)
                 break
-            bins = room.new_slice()
-            pool.add(bins)
-            placed = place_copies(demand.bundle, left, bins)
+            new_bins = room.new_slice()
+            pool.add(new_bins)
+            placed = place_copies(demand.bundle, left, new_bins)
             room.reasons[f"{what} {demand.bundle.describe()}"] += placed
             left -= placed
             if placed == 0:  # cannot happen for a candidate; guard against looping forever
@@ -122,41 +148,103 @@ def fit_gangs(
     fit: DemandFit,
 ) -> None:
     for gang in sorted(gangs, key=_gang_order, reverse=True):
-        merged = merge_bundles(gang.bundles)
-        wants = needs_accelerator(merged)
-        if place_gang(gang, pool.ordered(wants)):
+        if _place_gang_with_new_slices(gang, pool, rooms):
             continue
-        if not _gang_on_new_slices(gang, pool, rooms, wants):
-            _unserved_gang(gang, rooms, nodes, fit)
+        if _unserved_gang(gang, rooms, nodes, fit):
+            _keep_for_waiting_gang(gang, pool)
 
 
-def _gang_on_new_slices(
-    gang: GangDemand, pool: Pool, rooms: Mapping[str, GroupRoom], wants: bool
+def _keep_for_waiting_gang(gang: GangDemand, pool: Pool) -> None:
+    """Mark the existing bins a waiting gang would use as needed, without taking them.
+
+    The gang still needs them once the rest of its room appears; scaling them down meanwhile
+    would only bring them back later (and more demand elsewhere must never mean fewer replicas).
+    """
+    trial = _GangTrial()
+    distinct = gang.strategy is GangStrategy.STRICT_SPREAD
+    for unit in sorted(gang_units(gang), key=bundle_size, reverse=True):
+        used = {id(b) for b, _ in trial.taken} if distinct else set()
+        target = pool.first_fit(unit, False, used)
+        if target is not None:
+            take(target, unit)
+            trial.taken.append((target, unit))
+    trial.undo()  # resources go back; the `used` marks stay
+    pool.released()
+
+
+@dataclass
+class _GangTrial:
+    """Bins taken and slices opened while trying one gang; undone unless every unit fits."""
+
+    taken: list[tuple[Bin, Bundle]] = field(default_factory=list)
+    opened: list[tuple[GroupRoom, list[Bin]]] = field(default_factory=list)
+
+    def opened_by(self, room: GroupRoom) -> int:
+        return sum(1 for r, _ in self.opened if r is room)
+
+    def new_bins(self) -> list[Bin]:
+        return [b for _, bins in self.opened for b in bins]
+
+    def undo(self) -> None:
+        for bin_, unit in self.taken:
+            give_back(bin_, unit)
+
+
+def _place_gang_with_new_slices(
+    gang: GangDemand, pool: Pool, rooms: Mapping[str, GroupRoom]
 ) -> bool:
-    for room in _gang_candidates(gang, rooms.values()):
-        if room.room <= 0:
-            continue
-        assert room.shape is not None
-        for count in range(1, min(room.room, len(gang.bundles)) + 1):
-            trial = [
-                bins_for_new_slice(
-                    room.group.name, f"new:{room.group.name}:{room.added + i}", room.shape.hosts
-                )  # fmt: skip
-                for i in range(count)
-            ]
-            flat = [b for bins in trial for b in bins]
-            if place_gang(gang, [*pool.ordered(wants), *flat]):
-                for _ in range(count):
-                    room.new_slice()
-                pool.add(flat)
-                room.reasons[f"placement group ({gang.strategy.value}) {_gang_text(gang)}"] += 1
-                return True
-    return False
+    """All units on existing bins or on new slices (of any groups), or nothing at all.
+
+    Units go largest first; each takes the first bin that fits (a distinct one under
+    STRICT_SPREAD), and a unit that fits nowhere opens one slice of its best group.
+    """
+    trial = _GangTrial()
+    distinct = gang.strategy is GangStrategy.STRICT_SPREAD
+    for unit in sorted(gang_units(gang), key=bundle_size, reverse=True):
+        used = {id(b) for b, _ in trial.taken} if distinct else set()
+        options = candidates(unit, rooms.values())
+        target = pool.first_fit(unit, _spares_accelerators(unit, options), used)
+        if target is None:
+            target = _first_fit(unit, trial.new_bins(), used)
+        if target is None:
+            target = _open_slice_for(unit, options, trial, used)
+        if target is None:
+            trial.undo()
+            pool.released()
+            return False
+        take(target, unit)
+        trial.taken.append((target, unit))
+    _commit(gang, trial, pool)
+    return True
 
 
-def _gang_candidates(gang: GangDemand, rooms: Iterable[GroupRoom]) -> list[GroupRoom]:
-    eligible = [r for r in rooms if all(r.can_host(b) for b in gang.bundles)]
-    return candidates(merge_bundles(gang.bundles), eligible) if eligible else []
+def _first_fit(unit: Bundle, bins: Iterable[Bin], used: set[int]) -> Bin | None:
+    return next(
+        (b for b in bins if id(b) not in used and copies_that_fit(unit, b.free, b.labels)), None
+    )
+
+
+def _open_slice_for(
+    unit: Bundle, options: Sequence[GroupRoom], trial: _GangTrial, used: set[int]
+) -> Bin | None:
+    for room in options:
+        if room.room - trial.opened_by(room) > 0:
+            assert room.shape is not None
+            key = room.next_key(trial.opened_by(room))
+            bins = bins_for_new_slice(room.group.name, key, room.shape.hosts)
+            trial.opened.append((room, bins))
+            return _first_fit(unit, bins, used)
+        if room.holds_demand:
+            return None
+    return None
+
+
+def _commit(gang: GangDemand, trial: _GangTrial, pool: Pool) -> None:
+    text = f"placement group ({gang.strategy.value}) {_gang_text(gang)}"
+    for room, planned in trial.opened:
+        room.adopt()  # slices are adopted in the order their keys were given out
+        pool.add(planned)
+        room.reasons[text] += 1
 
 
 def _gang_order(gang: GangDemand) -> tuple[int, int]:
@@ -164,23 +252,19 @@ def _gang_order(gang: GangDemand) -> tuple[int, int]:
     return (int(strict), len(gang.bundles))
 
 
-def _first_with_room(bundle: Bundle, rooms: Mapping[str, GroupRoom]) -> GroupRoom | None:
-    return next((r for r in candidates(bundle, rooms.values()) if r.room > 0), None)
-
-
 def _unserved(
     bundle: Bundle,
     count: int,
-    rooms: Mapping[str, GroupRoom],
+    options: Sequence[GroupRoom],
     nodes: Sequence[RayNode],
     fit: DemandFit,
     what: str,
 ) -> None:
-    able = candidates(bundle, rooms.values())
     text = f"{what} {bundle.describe()}"
-    if able:
-        able[0].waiting[f"{text}: {able[0].blocked or 'no room'}"] += count
-    elif any(copies_that_fit(bundle, n.total, n.labels) for n in nodes if n.alive):
+    if options:
+        room = _blocking(options)
+        room.waiting[f"{text}: {room.blocked or 'no room'}"] += count
+    elif _fits_a_live_node(bundle, nodes):
         # Only an existing node (e.g. a bundle pinned to one TPU slice) can serve it: never launch.
         fit.waiting_on_existing[text] += count
     else:
@@ -189,20 +273,36 @@ def _unserved(
 
 def _unserved_gang(
     gang: GangDemand, rooms: Mapping[str, GroupRoom], nodes: Sequence[RayNode], fit: DemandFit
-) -> None:
+) -> bool:
+    """Record why the gang waits (True) or that it can never be placed (False)."""
     text = f"placement group ({gang.strategy.value}) {_gang_text(gang)}"
-    able = _gang_candidates(gang, rooms.values())
-    if able:
-        able[0].waiting[f"{text}: {able[0].blocked or 'needs more slices than allowed'}"] += 1
-    elif all(
-        any(copies_that_fit(b, n.total, n.labels) for n in nodes if n.alive) for b in gang.bundles
-    ):
+    units = gang_units(gang)
+    options = [candidates(u, rooms.values()) for u in units]
+    unservable = [
+        u for u, o in zip(units, options, strict=True) if not o and not _fits_a_live_node(u, nodes)
+    ]
+    missing = unservable[0] if unservable else None
+    if missing is not None:
+        what = "all bundles together" if gang.strategy is GangStrategy.STRICT_PACK else "bundle"
+        fit.infeasible.append(
+            Infeasible(text, f"no worker group's host offers {what} {missing.describe()}")
+        )
+        return False
+    if not any(options):
         fit.waiting_on_existing[text] += 1
     else:
-        missing = next(b for b in gang.bundles if not any(r.can_host(b) for r in rooms.values()))
-        fit.infeasible.append(
-            Infeasible(text, f"no worker group's host offers bundle {missing.describe()}")
-        )
+        room = _blocking([r for o in options for r in o])
+        room.waiting[f"{text}: {room.blocked or 'needs more slices than allowed'}"] += 1
+    return True
+
+
+def _blocking(options: Sequence[GroupRoom]) -> GroupRoom:
+    """The group to blame for demand left waiting: the first blocked one, else the best."""
+    return next((r for r in options if r.blocked), options[0])
+
+
+def _fits_a_live_node(bundle: Bundle, nodes: Sequence[RayNode]) -> bool:
+    return any(copies_that_fit(bundle, n.total, n.labels) for n in nodes if n.alive)
 
 
 def _gang_text(gang: GangDemand) -> str:

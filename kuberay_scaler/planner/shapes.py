@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from kuberay_scaler.model.cluster import WorkerGroup
 from kuberay_scaler.parse.quantity import parse_quantity
@@ -22,6 +23,8 @@ TPU_GENERATIONS = {
 }
 SINGLE_CORE_GENERATIONS = ("v5litepod", "v6e")
 STANDARD = ("CPU", "GPU", "TPU", "memory")
+# KubeRay sets RAY_NODE_TYPE_NAME=<groupName> on every Ray container; Ray turns it into this label.
+NODE_GROUP_LABEL = "ray.io/node-group"
 ACCELERATORS = ("GPU", "TPU")
 
 
@@ -36,7 +39,7 @@ class HostShape:
     resources: Mapping[str, float]
     labels: Mapping[str, str]
 
-    @property
+    @cached_property
     def accelerators(self) -> frozenset[str]:
         return frozenset(k for k in ACCELERATORS if self.resources.get(k, 0) > 0)
 
@@ -49,7 +52,7 @@ class SliceShape:
     hosts: tuple[HostShape, ...]
     tpu_pod_type: str | None
 
-    @property
+    @cached_property
     def accelerators(self) -> frozenset[str]:
         return frozenset().union(*(h.accelerators for h in self.hosts))
 
@@ -71,7 +74,7 @@ def tpu_pod_type(node_selector: Mapping[str, str]) -> str | None:
 def slice_shape(group: WorkerGroup) -> SliceShape:
     """Shape of a new replica of `group`; raises ShapeError when resources are unknowable."""
     base = host_resources(group)
-    labels = dict(group.labels)
+    labels = {NODE_GROUP_LABEL: group.name, **group.labels}
     pod_type = tpu_pod_type(group.node_selector) if base.get("TPU", 0) > 0 else None
     hosts = []
     for index in range(group.num_of_hosts):

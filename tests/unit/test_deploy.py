@@ -38,7 +38,9 @@ DOCS = _documents()
 def test_deploy_has_both_modes() -> None:
     kinds = {(p.relative_to(DEPLOY).parts[0], d["kind"]) for p, d in DOCS}
     assert ("drop-in", "RayCluster") in kinds
-    assert {("sidecar", k) for k in ("Role", "RoleBinding", "ServiceAccount", "Kustomization")} <= kinds
+    assert {
+        ("sidecar", k) for k in ("Role", "RoleBinding", "ServiceAccount", "Kustomization")
+    } <= kinds
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,91 @@
+"""Expectations: remember what we just wrote until the cache shows it (pure; time passed in).
+
+After a patch the cached RayCluster can lag behind (a watch event in flight, or poll mode's next
+GET). Planning from that stale copy would scale the same group up a second time. So after a
+write the loop calls `expect(...)`, and plans nothing for a group while `pending(...)` is True:
+until the observed group spec shows the written values, or `timeout` seconds pass (the write may
+have been overwritten by someone else; then the fresh state is the truth to plan from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """Values written to one worker group; None means "not written, don't check"."""
+
+    replicas: int | None
+    workers_to_delete: tuple[str, ...] | None
+    deadline: float
+
+    def met_by(self, group_spec: Mapping[str, Any]) -> bool:
+        if self.replicas is not None and group_spec.get("replicas") != self.replicas:
+            return False
+        if self.workers_to_delete is None:
+            return True
+        return sorted(_workers_to_delete(group_spec)) == sorted(self.workers_to_delete)
+
+
+@dataclass
+class Expectations:
+    """Per-group expectations; `timeout` in the same unit as `now` (monotonic seconds)."""
+
+    timeout: float = 30.0
+    _by_group: dict[str, Expectation] = field(default_factory=dict)
+
+    def expect(
+        self,
+        group: str,
+        *,
+        replicas: int | None = None,
+        workers_to_delete: Sequence[str] | None = None,
+        now: float,
+    ) -> None:
+        """Record a write to `group`; replaces any earlier expectation for it."""
+        self._by_group[group] = Expectation(
+            replicas=replicas,
+            workers_to_delete=None if workers_to_delete is None else tuple(workers_to_delete),
+            deadline=now + self.timeout,
+        )
+
+    def pending(
+        self, group: str, observed_group_spec: Mapping[str, Any] | None, now: float
+    ) -> bool:
+        """True while `group`'s last write is neither observed nor timed out.
+
+        A group missing from the observed RayCluster (`None`) cannot show our write: the
+        expectation is dropped and the group's absence is the new truth.
+        """
+        expectation = self._by_group.get(group)
+        if expectation is None:
+            return False
+        if observed_group_spec is None or now >= expectation.deadline:
+            del self._by_group[group]
+            return False
+        if expectation.met_by(observed_group_spec):
+            del self._by_group[group]
+            return False
+        return True
+
+    def forget(self, group: str | None = None) -> None:
+        """Drop one group's expectation, or all of them (e.g. the RayCluster's UID changed)."""
+        if group is None:
+            self._by_group.clear()
+        else:
+            self._by_group.pop(group, None)
+
+    def groups(self) -> frozenset[str]:
+        """Groups with an expectation still recorded (met or not yet checked)."""
+        return frozenset(self._by_group)
+
+
+def _workers_to_delete(group_spec: Mapping[str, Any]) -> list[str]:
+    strategy = group_spec.get("scaleStrategy")
+    if not isinstance(strategy, Mapping):
+        return []
+    names = strategy.get("workersToDelete")
+    return [str(n) for n in names] if isinstance(names, list) else []

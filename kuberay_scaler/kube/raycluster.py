@@ -1,0 +1,211 @@
+"""The current RayCluster, kept fresh by a watch or, under KubeRay's Role, by GETs.
+
+Mode is chosen once at start from `detect_access`: "watch" when the token may list+watch
+rayclusters (an informer with `fieldSelector=metadata.name=<name>`), else "poll": a GET after pod
+events (debounced: `nudge()` from the pod informer) and every `refresh_interval` seconds.
+
+Whatever the mode, a GET (`refresh()`) or a patch result (`observe()`) can bring a fresher copy;
+the view keeps the newest by resourceVersion. resourceVersions are officially opaque, but every
+API server stores etcd revisions (decimal integers); if one is not, the latest arrival wins.
+
+Deletion makes `current()` None (writes must stop). A RayCluster seen again with a different UID
+sets `uid_changed`: the loop drops its memory of the old one, then clears the event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import structlog
+from kubernetes_asyncio.client import ApiClient
+
+from kuberay_scaler.kube.backoff import Backoff
+from kuberay_scaler.kube.informer import Change, Informer, Source
+from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, request_json
+
+log = structlog.get_logger(__name__)
+
+Mode = Literal["watch", "poll"]
+RawObject = dict[str, Any]
+_GET = Target("get", "rayclusters")
+
+
+class RayClusterView:
+    """One RayCluster (`namespace`/`name`) as last seen; run `run()` as a task.
+
+    `synced` is False until the first answer (object or 404) and, in poll mode, after a failed
+    GET until the next successful one; in watch mode it is the informer's `synced`.
+    `on_change()` runs whenever `current()`, the UID or `synced` changes; it must not block.
+    """
+
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        namespace: str,
+        name: str,
+        mode: Mode,
+        refresh_interval: float = 30.0,
+        debounce: float = 0.2,
+        silent_timeout: float = 120.0,
+        backoff: Backoff | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self._api = api
+        self.mode: Mode = mode
+        self.namespace = namespace
+        self.name = name
+        self._path = f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/{name}"
+        self._refresh_interval = refresh_interval
+        self._debounce = debounce
+        self._backoff = backoff or Backoff()
+        self._on_change = on_change
+        self._current: RawObject | None = None
+        self._last_uid: str | None = None
+        self._polled_ok = False
+        self._nudged = asyncio.Event()
+        self.uid_changed = asyncio.Event()
+        self._log = log.bind(raycluster=f"{namespace}/{name}", mode=mode)
+        self._informer: Informer | None = None
+        if mode == "watch":
+            self._informer = Informer(
+                api,
+                Source.raycluster(namespace, name),
+                silent_timeout=silent_timeout,
+                backoff=self._backoff,
+                on_change=self._on_watch_change,
+            )
+
+    def current(self) -> RawObject | None:
+        """The RayCluster as last seen, or None (not seen yet, or deleted)."""
+        return self._current
+
+    @property
+    def uid(self) -> str | None:
+        """UID of the RayCluster last seen (kept after deletion, to notice a recreation)."""
+        return self._last_uid
+
+    @property
+    def synced(self) -> bool:
+        if self._informer is not None:
+            return self._informer.synced
+        return self._polled_ok
+
+    def nudge(self) -> None:
+        """Something changed (a pod event): GET soon, folding bursts. No-op in watch mode."""
+        self._nudged.set()
+
+    def observe(self, obj: RawObject) -> None:
+        """Take a copy fresher than the cache (e.g. the object a successful patch returned)."""
+        self._accept(obj)
+
+    async def refresh(self) -> RawObject | None:
+        """GET the RayCluster now (both modes; e.g. after a `stale` patch) and return it.
+
+        Raises `ApiError` / `NoResponse` when the GET fails; the view is then unchanged.
+        """
+        try:
+            obj = await request_json(self._api, _GET, "GET", self._path)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            self._set_deleted()
+            return None
+        self._accept(obj)
+        return self._current
+
+    async def run(self) -> None:
+        """Keep the view fresh until cancelled."""
+        if self._informer is not None:
+            await self._informer.run()
+        else:
+            await self._poll()
+
+    # --- poll mode --------------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        while True:
+            self._nudged.clear()
+            try:
+                await self.refresh()
+            except (ApiError, NoResponse) as error:
+                self._set_polled_ok(False)
+                delay = self._backoff.next_delay()
+                self._log.warning(
+                    "raycluster GET failed", error=str(error), delay_s=round(delay, 3)
+                )
+                await asyncio.sleep(delay)
+                continue
+            self._backoff.reset()
+            self._set_polled_ok(True)
+            await self._wait_for_nudge_or_refresh()
+
+    async def _wait_for_nudge_or_refresh(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._nudged.wait(), self._refresh_interval)
+            await asyncio.sleep(self._debounce)  # more pod events usually follow: one GET for all
+
+    def _set_polled_ok(self, ok: bool) -> None:
+        if ok != self._polled_ok:
+            self._polled_ok = ok
+            self._notify()
+
+    # --- watch mode -------------------------------------------------------------------------
+
+    def _on_watch_change(self, changes: Sequence[Change]) -> None:
+        for change in changes:
+            if change.name != self.name:
+                continue
+            if change.type == "DELETED":
+                self._set_deleted()
+            else:
+                self._accept(change.object)
+        if not changes:
+            self._notify()  # the informer's synced flag flipped
+
+    # --- shared -----------------------------------------------------------------------------
+
+    def _accept(self, obj: RawObject) -> None:
+        uid = _uid(obj)
+        same_cluster = self._current is not None and _uid(self._current) == uid
+        if same_cluster and not _newer_or_unknown(obj, self._current):
+            return
+        if self._last_uid is not None and uid != self._last_uid:
+            self._log.warning("raycluster recreated", old_uid=self._last_uid, new_uid=uid)
+            self.uid_changed.set()
+        elif self._current is None:
+            self._log.info("raycluster seen", uid=uid)
+        self._last_uid = uid
+        self._current = obj
+        self._notify()
+
+    def _set_deleted(self) -> None:
+        if self._current is None:
+            return
+        self._log.warning("raycluster deleted: writes stop", uid=self._last_uid)
+        self._current = None
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change()
+        except Exception:  # a consumer's bug must not stop the view
+            self._log.exception("on_change callback failed")
+
+
+def _uid(obj: RawObject) -> str | None:
+    uid = (obj.get("metadata") or {}).get("uid")
+    return str(uid) if uid else None
+
+
+def _newer_or_unknown(candidate: RawObject, current: RawObject | None) -> bool:
+    new = (candidate.get("metadata") or {}).get("resourceVersion")
+    old = ((current or {}).get("metadata") or {}).get("resourceVersion")
+    if isinstance(new, str) and isinstance(old, str) and new.isdigit() and old.isdigit():
+        return int(new) > int(old)
+    return True

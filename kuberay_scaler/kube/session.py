@@ -1,0 +1,143 @@
+"""Open an `ApiClient` from a kubeconfig or from the pod's service account.
+
+In-cluster: HTTPS to `KUBERNETES_SERVICE_HOST:PORT`, server certificate verified against the
+service-account CA, and the bearer token re-read whenever the projected token file changes
+(kubelet rotates it; the library's own hook only re-reads once a minute, so a freshly rotated
+token would give 401s for up to that long).
+
+Every request carries a timeout: `TimedApiClient` fills in `request_timeout` when the caller
+gives none. Watches pass their own timeout (no total, only connect), see `transport`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import structlog
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.config import ConfigException, load_kube_config
+from kubernetes_asyncio.config.incluster_config import (
+    SERVICE_CERT_FILENAME,
+    SERVICE_TOKEN_FILENAME,
+    InClusterConfigLoader,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class SessionError(Exception):
+    """Credentials or server address unusable; the message is one line for the user."""
+
+
+class TimedApiClient(ApiClient):
+    """`ApiClient` whose requests default to `request_timeout` seconds in total."""
+
+    def __init__(self, configuration: Configuration, *, request_timeout: float) -> None:
+        super().__init__(configuration)
+        self.request_timeout = request_timeout
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = self.request_timeout
+        return super().request(method, url, *args, **kwargs)
+
+
+@dataclass
+class RotatingToken:
+    """Re-reads a token file when it changes (inode, size or mtime), so rotation is seen at once.
+
+    Installed as `Configuration.refresh_api_key_hook`, which the client calls before every request.
+    A failed re-read keeps the previous token: a half-written file must not break requests.
+    """
+
+    path: Path
+    _seen: tuple[int, int, int] | None = None
+
+    def __call__(self, configuration: Configuration, *_: Any) -> None:
+        try:
+            stat = os.stat(self.path)
+            fingerprint = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if fingerprint == self._seen:
+                return
+            token = self.path.read_text().strip()
+        except OSError as error:
+            log.warning("token file unreadable, keeping previous token", error=str(error))
+            return
+        if not token:
+            return
+        configuration.api_key["BearerToken"] = "Bearer " + token
+        if self._seen is not None:
+            log.info("service-account token rotated, using the new one")
+        self._seen = fingerprint
+
+
+async def open_api(kubeconfig: str | None, *, request_timeout: float) -> TimedApiClient:
+    """An API client for `kubeconfig`, or for the in-cluster service account when it is None.
+
+    Raises `SessionError` (one line) when the credentials cannot be loaded or a plain-HTTP
+    server address is not loopback (a bearer token must never travel unencrypted).
+    """
+    configuration = Configuration()
+    if kubeconfig is None:
+        load_in_cluster(configuration)
+    else:
+        await _load_kubeconfig(configuration, kubeconfig)
+    _refuse_cleartext_remote(configuration.host or "")
+    return TimedApiClient(configuration, request_timeout=request_timeout)
+
+
+def load_in_cluster(
+    configuration: Configuration,
+    *,
+    token_path: str = SERVICE_TOKEN_FILENAME,
+    ca_path: str = SERVICE_CERT_FILENAME,
+    environ: Mapping[str, str] = os.environ,
+) -> None:
+    """Fill `configuration` from the service account (paths overridable for tests)."""
+    loader = InClusterConfigLoader(
+        token_filename=token_path,
+        cert_filename=ca_path,
+        try_refresh_token=False,
+        environ=dict(environ),
+    )
+    try:
+        loader.load_and_set(configuration)
+    except ConfigException as error:
+        raise SessionError(f"in-cluster Kubernetes credentials: {error}") from error
+    configuration.verify_ssl = True
+    hook = RotatingToken(Path(token_path))
+    hook(configuration)
+    configuration.refresh_api_key_hook = hook
+
+
+async def _load_kubeconfig(configuration: Configuration, kubeconfig: str) -> None:
+    try:
+        await load_kube_config(
+            config_file=kubeconfig, client_configuration=configuration, persist_config=False
+        )
+    except (ConfigException, OSError, ValueError, KeyError) as error:
+        raise SessionError(f"kubeconfig {kubeconfig}: {error}") from error
+
+
+def _refuse_cleartext_remote(host: str) -> None:
+    url = urlsplit(host)
+    if url.scheme == "https":
+        return
+    if url.scheme == "http" and _is_loopback(url.hostname or ""):
+        return
+    raise SessionError(f"refusing API server {host}: only HTTPS, or plain HTTP on loopback")
+
+
+def _is_loopback(hostname: str) -> bool:
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,138 @@
+"""Drain every host of a slice before the slice may be deleted.
+
+`DRAIN_NODE_REASON_IDLE_TERMINATION` is refused for a busy node and, when accepted, makes that
+raylet exit at once. A slice is deleted only if every host's drain was accepted; otherwise its
+deletion is cancelled, and the hosts that did accept are reported because they are gone from Ray
+(the slice is now broken and will need replacing, not reuse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import structlog
+
+from kuberay_scaler.metrics import DRAINS
+from kuberay_scaler.ray_gcs.errors import GcsError
+
+log = structlog.get_logger(__name__)
+
+DrainOutcome = Literal["accepted", "rejected", "error"]
+
+
+class DrainClient(Protocol):
+    """The one call `drain_slice` needs (`GcsClient` has it)."""
+
+    @property
+    def cluster_id(self) -> str | None: ...
+
+    async def drain_node(
+        self,
+        node_id: bytes,
+        *,
+        reason_message: str,
+        deadline_timestamp_ms: int,
+        cluster_id: str | None = None,
+    ) -> object: ...
+
+
+@dataclass(frozen=True)
+class HostDrain:
+    """How one host's drain went; `message` is the GCS's rejection reason or the error."""
+
+    node_id: bytes
+    outcome: DrainOutcome
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class SliceDrainResult:
+    hosts: tuple[HostDrain, ...]
+
+    @property
+    def may_delete(self) -> bool:
+        """True only when every host accepted (vacuously true for a slice with no Ray nodes)."""
+        return all(h.outcome == "accepted" for h in self.hosts)
+
+    @property
+    def drained_node_ids(self) -> tuple[bytes, ...]:
+        """Hosts whose raylets are exiting: in a cancelled slice these are lost anyway."""
+        return tuple(h.node_id for h in self.hosts if h.outcome == "accepted")
+
+    @property
+    def refused(self) -> tuple[HostDrain, ...]:
+        return tuple(h for h in self.hosts if h.outcome != "accepted")
+
+    @property
+    def reason(self) -> str:
+        """One line for decisions and logs: why deletion may or may not go ahead."""
+        if self.may_delete:
+            return f"all {len(self.hosts)} hosts drained"
+        details = "; ".join(
+            f"{h.node_id.hex()[:12]} {h.outcome}: {h.message}" for h in self.refused
+        )
+        return f"{len(self.refused)}/{len(self.hosts)} hosts refused: {details}"
+
+
+def deadline_in(seconds: float, *, now_s: float | None = None) -> int:
+    """`deadline_ms` for a drain that may take `seconds` (epoch milliseconds)."""
+    base = time.time() if now_s is None else now_s
+    return int((base + seconds) * 1000)
+
+
+async def drain_slice(
+    client: DrainClient,
+    node_ids: Sequence[bytes],
+    *,
+    reason_message: str,
+    deadline_ms: int,
+    cluster_id: str | None = None,
+) -> SliceDrainResult:
+    """Drain all hosts of one slice concurrently.
+
+    `deadline_ms` is the absolute deadline (epoch ms, `DrainNodeRequest.deadline_timestamp_ms`);
+    it must be positive (the GCS aborts on negative values). `cluster_id` should be the id of the
+    observation the node ids came from; by default the client's current one is pinned.
+    """
+    if deadline_ms <= 0:
+        raise ValueError(f"drain deadline must be a positive epoch-ms timestamp, got {deadline_ms}")
+    pinned = cluster_id or client.cluster_id
+    results = await asyncio.gather(
+        *(_drain_host(client, node_id, reason_message, deadline_ms, pinned) for node_id in node_ids)
+    )
+    result = SliceDrainResult(hosts=tuple(results))
+    log.info(
+        "slice_drained" if result.may_delete else "slice_drain_refused",
+        hosts=len(result.hosts),
+        drained=len(result.drained_node_ids),
+        reason=result.reason,
+    )
+    return result
+
+
+async def _drain_host(
+    client: DrainClient,
+    node_id: bytes,
+    reason_message: str,
+    deadline_ms: int,
+    cluster_id: str | None,
+) -> HostDrain:
+    try:
+        reply = await client.drain_node(
+            node_id,
+            reason_message=reason_message,
+            deadline_timestamp_ms=deadline_ms,
+            cluster_id=cluster_id,
+        )
+    except GcsError as err:
+        DRAINS.labels("error").inc()
+        return HostDrain(node_id, "error", str(err))
+    if getattr(reply, "is_accepted", False):
+        DRAINS.labels("accepted").inc()
+        return HostDrain(node_id, "accepted")
+    DRAINS.labels("rejected").inc()
+    return HostDrain(node_id, "rejected", str(getattr(reply, "rejection_reason_message", "")))

@@ -1,0 +1,182 @@
+"""Poll `GetClusterResourceState` and publish what the GCS said, or that we do not know.
+
+An observation with `reply=None` means "unknown": unreachable, restarted, replaced, refused. The
+planner must hold on unknown, never read it as "no demand". `gcs_epoch` counts the GCS
+incarnations we have seen: it grows when the cluster id changes (a new GCS) or when the
+`cluster_resource_state_version` counter, which only ever grows inside one GCS process, goes
+back (a GCS restarted with fault tolerance keeps its cluster id but loses that counter).
+After any unknown spell `needs_full_report` is raised, because a restarted GCS has forgotten our
+last `ReportAutoscalingState`; the caller clears it with `mark_reported` once it has reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from kuberay_scaler.ray_gcs.errors import GcsError
+
+log = structlog.get_logger(__name__)
+
+
+class StateSource(Protocol):
+    """What the poller needs from `GcsClient`."""
+
+    @property
+    def cluster_id(self) -> str | None: ...
+
+    async def get_cluster_resource_state(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class GcsObservation:
+    """One poll's result. `reply` is a `GetClusterResourceStateReply`, or None when unknown."""
+
+    reply: Any
+    observed_at: float  # monotonic seconds
+    cluster_id: str | None
+    error: str | None
+    gcs_epoch: int
+    needs_full_report: bool = False
+
+    @property
+    def known(self) -> bool:
+        return self.reply is not None
+
+    def fresh(self, now: float, max_age: float) -> bool:
+        """Known and no older than `max_age` seconds at monotonic time `now`."""
+        return self.known and now - self.observed_at <= max_age
+
+
+class GcsPoller:
+    """Polls every `interval_s`; `on_change` gets each observation whose content changed."""
+
+    def __init__(
+        self,
+        client: StateSource,
+        *,
+        interval_s: float,
+        on_change: Callable[[GcsObservation], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"poll interval must be positive, got {interval_s}")
+        self._client = client
+        self._interval_s = interval_s
+        self._on_change = on_change
+        self._monotonic = monotonic
+        self._epoch = 0
+        self._cluster_id: str | None = None
+        self._last_version = -1
+        self._needs_full_report = True  # nothing reported yet in this process
+        self._fingerprint: object = None
+        self._wake = asyncio.Event()
+        self.latest = GcsObservation(
+            reply=None,
+            observed_at=monotonic(),
+            cluster_id=None,
+            error="not polled yet",
+            gcs_epoch=0,
+            needs_full_report=True,
+        )
+
+    @property
+    def gcs_epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def needs_full_report(self) -> bool:
+        return self._needs_full_report
+
+    def mark_reported(self, epoch: int) -> None:
+        """A full report reached the GCS of `epoch`; a later epoch still needs its own."""
+        if epoch == self._epoch and self.latest.known:
+            self._needs_full_report = False
+
+    def poll_soon(self) -> None:
+        """Cut the current wait short (e.g. right after a drain or a patch)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        while True:
+            await self.poll_once()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._interval_s)
+
+    async def poll_once(self) -> GcsObservation:
+        try:
+            reply = await self._client.get_cluster_resource_state()
+        except GcsError as err:
+            return self._publish(self._unknown(str(err)))
+        return self._publish(self._known(reply))
+
+    def _unknown(self, error: str) -> GcsObservation:
+        if self.latest.known or self.latest.error != error:
+            log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
+        self._needs_full_report = True
+        return GcsObservation(
+            reply=None,
+            observed_at=self._monotonic(),
+            cluster_id=self._cluster_id,
+            error=error,
+            gcs_epoch=self._epoch,
+            needs_full_report=True,
+        )
+
+    def _known(self, reply: Any) -> GcsObservation:
+        cluster_id = self._client.cluster_id
+        version = int(reply.cluster_resource_state.cluster_resource_state_version)
+        replaced = self._cluster_id is not None and cluster_id != self._cluster_id
+        restarted = not replaced and version <= self._last_version
+        if replaced or restarted:
+            self._epoch += 1
+            self._needs_full_report = True
+            log.warning(
+                "gcs_new_epoch",
+                gcs_epoch=self._epoch,
+                cause="replaced" if replaced else "restarted",
+                cluster_id=cluster_id,
+            )
+        elif not self.latest.known:
+            log.info("gcs_state_known", gcs_epoch=self._epoch, cluster_id=cluster_id)
+        self._cluster_id = cluster_id
+        self._last_version = version
+        return GcsObservation(
+            reply=reply,
+            observed_at=self._monotonic(),
+            cluster_id=cluster_id,
+            error=None,
+            gcs_epoch=self._epoch,
+            needs_full_report=self._needs_full_report,
+        )
+
+    def _publish(self, observation: GcsObservation) -> GcsObservation:
+        self.latest = observation
+        fingerprint = _fingerprint(observation)
+        if fingerprint != self._fingerprint:
+            self._fingerprint = fingerprint
+            if self._on_change is not None:
+                self._on_change(observation)
+        return observation
+
+
+def _fingerprint(observation: GcsObservation) -> object:
+    """The observation minus what changes on every poll (counters, idle clocks)."""
+    if observation.reply is None:
+        return ("unknown", observation.error, observation.gcs_epoch)
+    state = type(observation.reply.cluster_resource_state)()
+    state.CopyFrom(observation.reply.cluster_resource_state)
+    state.cluster_resource_state_version = 0
+    state.last_seen_autoscaler_state_version = 0
+    for node in state.node_states:
+        node.node_state_version = 0
+        node.idle_duration_ms = 0
+    return ("known", observation.gcs_epoch, state.SerializeToString(deterministic=True))

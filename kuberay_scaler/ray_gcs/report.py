@@ -1,0 +1,133 @@
+"""What the autoscaler tells the GCS it is doing, in the shape `ray status` prints.
+
+`ray status` (v2 path) reads the last `AutoscalingState` we reported:
+
+- each `pending_instance_requests` entry is one line count in "<group>, N launching" — Ray counts
+  entries, not their `count` field — so we send one entry per host being launched;
+- each `pending_instances` entry prints "<instance_id>: <group>, <details lowercased>";
+- each `failed_instance_requests` entry prints "<group>: LaunchFailed (latest_attempt: HH:MM:SS)"
+  from `start_ts` (epoch seconds), with `reason` under `ray status -v`;
+- `infeasible_resource_requests` makes the GCS warn every driver (or, with
+  RAY_enable_infeasible_task_early_exit, fail their tasks), so it is sent only when asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ray.core.generated import autoscaler_pb2
+
+
+@dataclass(frozen=True)
+class LaunchingGroup:
+    """Hosts of one worker group we asked for whose pods do not exist yet."""
+
+    group: str
+    hosts: int
+    requested_at_s: int = 0  # epoch seconds
+    instance_type: str = ""  # defaults to the group name
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    """A pod that exists but has no Ray node yet (scheduling, pulling, starting Ray)."""
+
+    pod_name: str
+    group: str
+    detail: str
+    pod_ip: str = ""
+
+
+@dataclass(frozen=True)
+class FailedRequest:
+    """Hosts of a group that could not be created, with why."""
+
+    group: str
+    count: int
+    reason: str
+    started_at_s: int = 0  # epoch seconds
+    failed_at_s: int = 0
+
+
+@dataclass(frozen=True)
+class AutoscalingReport:
+    """Everything one report says. `infeasible` stays empty unless the policy wants drivers told."""
+
+    launching: tuple[LaunchingGroup, ...] = ()
+    pending_pods: tuple[PendingPod, ...] = ()
+    failed: tuple[FailedRequest, ...] = ()
+    infeasible: tuple[Mapping[str, float], ...] = ()
+    observed_state_version: int = 0  # cluster_resource_state_version the plan was made from
+
+
+def build_autoscaling_state(
+    report: AutoscalingReport, *, version: int = 0
+) -> autoscaler_pb2.AutoscalingState:
+    """The `AutoscalingState` message for `report`; `version` is usually set by `client.report`."""
+    state = autoscaler_pb2.AutoscalingState(
+        last_seen_cluster_resource_state_version=report.observed_state_version,
+        autoscaler_state_version=version,
+    )
+    for launch in report.launching:
+        for _ in range(launch.hosts):
+            state.pending_instance_requests.append(_launch_entry(launch))
+    for pod in report.pending_pods:
+        state.pending_instances.append(
+            autoscaler_pb2.PendingInstance(
+                instance_type_name=pod.group,
+                ray_node_type_name=pod.group,
+                instance_id=pod.pod_name,
+                ip_address=pod.pod_ip,
+                details=pod.detail,
+            )
+        )
+    for failure in report.failed:
+        state.failed_instance_requests.append(
+            autoscaler_pb2.FailedInstanceRequest(
+                instance_type_name=failure.group,
+                ray_node_type_name=failure.group,
+                count=failure.count,
+                reason=failure.reason,
+                start_ts=failure.started_at_s,
+                failed_ts=failure.failed_at_s,
+            )
+        )
+    for bundle in report.infeasible:
+        state.infeasible_resource_requests.append(
+            autoscaler_pb2.ResourceRequest(resources_bundle=dict(bundle))
+        )
+    return state
+
+
+def _launch_entry(launch: LaunchingGroup) -> autoscaler_pb2.PendingInstanceRequest:
+    return autoscaler_pb2.PendingInstanceRequest(
+        instance_type_name=launch.instance_type or launch.group,
+        ray_node_type_name=launch.group,
+        count=1,
+        request_ts=launch.requested_at_s,
+    )
+
+
+class StateVersionClock:
+    """`autoscaler_state_version` values: epoch milliseconds, never repeating, never going back.
+
+    The GCS silently drops a report whose version is lower than the last one it kept, so the
+    value must grow across our own restarts (wall clock) and across clock steps back (never below
+    the last value we sent or saw stored in the GCS).
+    """
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def next(self, now_ms: int) -> int:
+        self._last = max(now_ms, self._last + 1)
+        return self._last
+
+    def observe(self, stored_version: int) -> None:
+        """Raise the floor to a version the GCS already holds (e.g. from a previous run)."""
+        self._last = max(self._last, stored_version)
+
+    @property
+    def last(self) -> int:
+        return self._last

@@ -1,0 +1,328 @@
+"""`make demo`: watch kuberay-scaler scale a TPU-style multi-host group in whole slices.
+
+Everything runs on 127.0.0.1: the API-server and operator stand-ins, a real Ray head, one real
+Ray host per Running worker pod, the real daemon as a subprocess (env vars only) and a Ray driver
+that reserves whole slices, runs work on every host, adds CPU work, then goes idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from kuberay_scaler.sim.harness import DaemonProcess, LocalCluster, Moment
+from kuberay_scaler.sim.ray_local import RayDriver
+
+SAMPLE = "ray-cluster.tpu-v6e-16-multihost.yaml"
+IDLE_TIMEOUT_S = 15
+TOPOLOGIES = {4: "4x4", 2: "2x4", 1: "2x2", 8: "8x8"}  # v6e: 4 chips per host
+
+
+@dataclass(frozen=True)
+class Scenario:
+    slices: int = 1
+    hosts: int = 4
+    timeout_s: float = 600.0
+
+    @property
+    def topology(self) -> str:
+        return TOPOLOGIES[self.hosts]
+
+    @property
+    def pod_type(self) -> str:
+        dims = [int(d) for d in self.topology.split("x")]
+        return f"v6e-{math.prod(dims)}"
+
+
+def demo_raycluster(scenario: Scenario, samples: Path | None = None) -> dict[str, Any]:
+    """The v6e 4x4 multi-host sample, made small enough for one machine, plus a CPU group."""
+    base = _load_sample(samples)
+    tpu = base["spec"]["workerGroupSpecs"][0]
+    container = tpu["template"]["spec"]["containers"][0]
+    chips = "4"
+    container["resources"] = {
+        "limits": {"cpu": "1", "google.com/tpu": chips, "memory": "1G"},
+        "requests": {"cpu": "1", "google.com/tpu": chips, "memory": "1G"},
+    }
+    container.pop("env", None)
+    tpu.update(
+        replicas=0, minReplicas=0, maxReplicas=scenario.slices + 1, numOfHosts=scenario.hosts
+    )
+    tpu["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] = scenario.topology
+    cpu = json.loads(json.dumps(tpu))
+    cpu.update(groupName="cpu-group", numOfHosts=1, maxReplicas=2)
+    cpu["template"]["spec"].pop("nodeSelector")
+    cpu["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"cpu": "2", "memory": "1G"},
+        "requests": {"cpu": "2", "memory": "1G"},
+    }
+    base["metadata"] = {"name": "demo-tpu", "namespace": "default"}
+    base["spec"]["enableInTreeAutoscaling"] = True
+    base["spec"]["autoscalerOptions"] = {"version": "v2", "idleTimeoutSeconds": IDLE_TIMEOUT_S}
+    base["spec"]["headGroupSpec"]["rayStartParams"] = {"num-cpus": "0"}
+    base["spec"]["workerGroupSpecs"] = [tpu, cpu]
+    return base
+
+
+def _load_sample(samples: Path | None) -> dict[str, Any]:
+    here = Path(__file__).resolve()
+    candidates = [samples] if samples else []
+    candidates += [p / "shared" / "kuberay" / "v1.7.0" for p in here.parents]
+    for folder in candidates:
+        if folder is not None and (folder / SAMPLE).is_file():
+            loaded: dict[str, Any] = yaml.safe_load((folder / SAMPLE).read_text())
+            return loaded
+    return yaml.safe_load(_EMBEDDED_SAMPLE)  # type: ignore[no-any-return]
+
+
+def workload(scenario: Scenario) -> str:
+    """The driver: reserve slices, run on every host, add CPU work, release, go idle."""
+    return f"""
+import time
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import remove_placement_group
+from ray.util.tpu import SlicePlacementGroup
+
+print("DEMAND slice reservation: {scenario.slices} x v6e {scenario.topology}", flush=True)
+handle = SlicePlacementGroup(topology={scenario.topology!r}, accelerator_version="v6e",
+                             num_slices={scenario.slices}, head_reservation_timeout_s=600)
+pg = handle.placement_group
+ray.get(pg.ready(), timeout=600)
+print("SLICE_READY", flush=True)
+
+@ray.remote(num_cpus=0, resources={{"TPU": 4}})
+def on_host(rank):
+    import os, socket
+    time.sleep(1)
+    return (rank, os.environ.get("RAY_CLOUD_INSTANCE_ID", "?"))
+
+ranks = ray.get([on_host.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+    placement_group=pg)).remote(i) for i in range({scenario.slices * scenario.hosts})])
+print("WORK_DONE on " + ", ".join(sorted(p for _, p in ranks)), flush=True)
+
+@ray.remote(num_cpus=1)
+def cpu_work(i):
+    time.sleep(2)
+    return i
+
+print("DEMAND 3 CPU tasks", flush=True)
+ray.get([cpu_work.remote(i) for i in range(3)], timeout=600)
+print("CPU_DONE", flush=True)
+remove_placement_group(pg)
+print("IDLE", flush=True)
+"""
+
+
+class Printer:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def moment(self, m: Moment) -> None:
+        print(f"[{m.at:7.1f}s] {m.kind:<15} {m.text}", file=self.out, flush=True)
+
+
+async def run_demo(scenario: Scenario, out: TextIO = sys.stdout) -> int:
+    printer = Printer(out)
+    print(
+        f"kuberay-scaler demo: {scenario.slices} slice(s) of {scenario.hosts} hosts "
+        f"(v6e {scenario.topology}), everything on 127.0.0.1\n",
+        file=out,
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    cluster = LocalCluster(demo_raycluster(scenario), pod_start_delay=1.0)
+    cluster.timeline.listeners.append(printer.moment)
+    try:
+        async with cluster:
+            daemon = cluster.start_daemon(KUBERAY_SCALER_RESYNC_INTERVAL_S="5")
+            result = await _race(_scenario(cluster, daemon, scenario), stop)
+            code, took = await asyncio.to_thread(daemon.stop)
+            cluster.timeline.add(
+                "daemon_stopped", f"daemon exited {code} after SIGTERM in {took:.1f} s"
+            )
+            if result is None:
+                print("\ninterrupted: cleaning up", file=out)
+                return 130
+            return _summary(cluster, daemon, result, code, out)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _race(job: Any, stop: asyncio.Event) -> Any:
+    task = asyncio.ensure_future(job)
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    return None
+
+
+async def _scenario(cluster: LocalCluster, daemon: DaemonProcess, s: Scenario) -> dict[str, Any]:
+    t = cluster.timeline
+    assert cluster.head is not None
+    driver = await asyncio.to_thread(
+        RayDriver.start,
+        cluster.head.gcs_address,
+        workload(s),
+        node_ip=cluster.head.ip,
+        env=cluster.head.client_env(),
+        wait_ready=False,
+        hold=True,
+    )
+    echo = asyncio.create_task(_echo_driver(driver, cluster))
+    decisions = asyncio.create_task(_echo_daemon(daemon, cluster))
+    try:
+        await cluster.wait_for(lambda: "IDLE" in driver.output(), s.timeout_s, "the workload")
+        await cluster.wait_for(
+            lambda: not cluster.worker_pods("tpu-group"), s.timeout_s, "the idle slice(s) to go"
+        )
+        await cluster.wait_for(
+            lambda: not _workers_to_delete(cluster), 60, "workersToDelete to be cleared"
+        )
+        await asyncio.sleep(1)
+    finally:
+        echo.cancel()
+        decisions.cancel()
+        await asyncio.to_thread(driver.stop)
+    return {"driver": driver.output()}
+
+
+async def _echo_driver(driver: RayDriver, cluster: LocalCluster) -> None:
+    seen = 0
+    while True:
+        lines = driver.output().splitlines()
+        for line in lines[seen:]:
+            if line.startswith(("DEMAND", "SLICE_READY", "WORK_DONE", "CPU_DONE", "IDLE")):
+                kind = "work" if not line.startswith("DEMAND") else "demand"
+                cluster.timeline.add(kind, line)
+        seen = len(lines)
+        await asyncio.sleep(0.2)
+
+
+async def _echo_daemon(daemon: DaemonProcess, cluster: LocalCluster) -> None:
+    seen = 0
+    while True:
+        lines = daemon.lines()
+        for line in lines[seen:]:
+            event = line.get("event")
+            if event == "decision":
+                cluster.timeline.add(
+                    "plan",
+                    f"{line['group']}: {line['action']} {line['replicas']}: {line['reason']}",
+                )
+            elif event in ("slice_drained", "slice_drain_refused"):
+                cluster.timeline.add(
+                    "drain", f"{event}: {line.get('hosts')} hosts, {line.get('reason')}"
+                )
+            elif line.get("level") in ("error", "critical"):
+                cluster.timeline.add("daemon_error", str(line.get("event")))
+        seen = len(lines)
+        await asyncio.sleep(0.2)
+
+
+def _workers_to_delete(cluster: LocalCluster) -> list[str]:
+    groups = cluster.current()["spec"]["workerGroupSpecs"]
+    return [n for g in groups for n in (g.get("scaleStrategy") or {}).get("workersToDelete") or []]
+
+
+def _summary(
+    cluster: LocalCluster, daemon: DaemonProcess, result: dict[str, Any], code: int, out: TextIO
+) -> int:
+    t = cluster.timeline
+    demand = t.first("demand")
+    scaled = t.first("patch_replicas")
+    hosts_up = [m for m in t.moments if m.kind == "ray_host"]
+    created = {
+        m.text.split(" slice ")[1].split(" ")[0]
+        for m in t.moments
+        if m.kind == "pod_created" and " slice " in m.text
+    }
+    deleted_pods = [m for m in t.moments if m.kind == "pod_deleted" and "tpu-group" in m.text]
+    rows = [
+        ("demand → patch (replicas up)", _since(demand, scaled)),
+        (
+            "demand → all Ray hosts of the first slice up",
+            _since(demand, hosts_up[3] if len(hosts_up) > 3 else None),
+        ),
+        ("slices created (tpu-group)", str(len(created))),
+        ("TPU pods deleted", str(len(deleted_pods))),
+        ("partial slices ever requested", str(len(cluster.violations))),
+        ("daemon exit code after SIGTERM", str(code)),
+    ]
+    print("\nSummary", file=out)
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}", file=out)
+    ok = (
+        "WORK_DONE" in result["driver"]
+        and "CPU_DONE" in result["driver"]
+        and scaled is not None
+        and len(created) >= 1
+        and not cluster.violations
+        and code == 0
+    )
+    print("\nscenario " + ("completed" if ok else "FAILED"), file=out)
+    for v in cluster.violations:
+        print(f"  violation: {v}", file=out)
+    return 0 if ok else 1
+
+
+def _since(a: Moment | None, b: Moment | None) -> str:
+    return f"{b.at - a.at:.1f} s" if a and b else "n/a"
+
+
+def main(slices: int, hosts: int) -> int:
+    if hosts not in TOPOLOGIES:
+        print(f"--hosts must be one of {sorted(TOPOLOGIES)}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    code = asyncio.run(run_demo(Scenario(slices=slices, hosts=hosts)))
+    print(f"(demo took {time.monotonic() - started:.0f} s)")
+    return code
+
+
+_EMBEDDED_SAMPLE = """
+apiVersion: ray.io/v1
+kind: RayCluster
+metadata: {name: raycluster-tpu-v6e-multihost}
+spec:
+  headGroupSpec:
+    rayStartParams: {}
+    template:
+      spec:
+        containers:
+        - name: ray-head
+          image: rayproject/ray:2.52.0-py310
+          resources:
+            limits: {cpu: "8", memory: 40G}
+  workerGroupSpecs:
+  - groupName: tpu-group
+    replicas: 1
+    minReplicas: 0
+    maxReplicas: 1
+    numOfHosts: 4
+    rayStartParams: {}
+    template:
+      spec:
+        containers:
+        - name: ray-worker
+          image: rayproject/ray:2.52.0-py310
+          resources:
+            limits: {cpu: "24", google.com/tpu: "4", memory: 200G}
+        nodeSelector:
+          cloud.google.com/gke-tpu-accelerator: tpu-v6e-slice
+          cloud.google.com/gke-tpu-topology: 4x4
+"""

@@ -1,0 +1,360 @@
+"""A whole local cluster for the demo and the integration tests.
+
+API-server stand-in + KubeRay operator stand-in + a real Ray head; every worker pod the fake
+kubelet marks Running becomes a real Ray host on its own 127.0.0.N with that pod's resources,
+TPU env (slice name, worker id) and `RAY_CLOUD_INSTANCE_ID` = pod name; deleting the pod stops
+the host. The daemon runs as a real subprocess configured by env vars only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from kuberay_scaler.parse.raycluster import GroupError, parse_group
+from kuberay_scaler.planner.shapes import (
+    GKE_TPU_TOPOLOGY,
+    ShapeError,
+    host_resources,
+    tpu_pod_type,
+)
+from kuberay_scaler.sim._k8s_store import StoredEvent
+from kuberay_scaler.sim.apiserver import RESTRICTED_TOKEN, ApiServerStandIn
+from kuberay_scaler.sim.operator import OperatorStandIn
+from kuberay_scaler.sim.ray_local import RayHead, RayHost, free_port, tpu_host_env
+
+log = structlog.get_logger(__name__)
+
+REPLICA_NAME = "ray.io/worker-group-replica-name"
+HOST_INDEX = "ray.io/replica-host-index"
+GROUP = "ray.io/group"
+
+
+@dataclass
+class Moment:
+    """One line of the timeline."""
+
+    at: float  # seconds since the cluster started
+    kind: str
+    text: str
+
+
+@dataclass
+class Timeline:
+    started: float = field(default_factory=time.monotonic)
+    moments: list[Moment] = field(default_factory=list)
+    listeners: list[Callable[[Moment], None]] = field(default_factory=list)
+
+    def add(self, kind: str, text: str) -> Moment:
+        moment = Moment(time.monotonic() - self.started, kind, text)
+        self.moments.append(moment)
+        for listener in self.listeners:
+            listener(moment)
+        return moment
+
+    def first(self, kind: str, after: float = 0.0) -> Moment | None:
+        return next((m for m in self.moments if m.kind == kind and m.at >= after), None)
+
+
+class RayPodHooks:
+    """The fake kubelet's hooks: Running worker pod → real Ray host, deleted pod → stopped."""
+
+    def __init__(
+        self,
+        head: RayHead,
+        timeline: Timeline,
+        group_spec: Callable[[dict[str, Any]], dict[str, Any] | None],
+    ) -> None:
+        self._head = head
+        self._group_spec = group_spec
+        self._timeline = timeline
+        self._free_ips = [f"127.0.0.{n}" for n in range(11, 250)]
+        self.hosts: dict[str, RayHost] = {}
+
+    async def on_running(self, pod: dict[str, Any]) -> None:
+        labels = pod["metadata"].get("labels", {})
+        if labels.get("ray.io/node-type") != "worker":
+            return  # the head's Ray runs already: RayHead
+        name = pod["metadata"]["name"]
+        resources, env = _host_setup(pod, self._group_spec(pod))
+        ip = self._free_ips.pop(0)
+        num_cpus = int(resources.pop("CPU", 1))
+        host = await asyncio.to_thread(
+            lambda: RayHost.spawn(
+                self._head.gcs_address,
+                ip=ip,
+                resources=resources,
+                num_cpus=num_cpus,
+                env=env,
+                auth_token=self._head.auth_token,
+            ).wait_ready()
+        )
+        self.hosts[name] = host
+        self._timeline.add("ray_host", f"Ray host for pod {name} started on {ip}")
+
+    async def on_deleted(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        host = self.hosts.pop(name, None)
+        if host is None:
+            return
+        await asyncio.to_thread(host.stop)
+        self._free_ips.append(host.ip)
+        self._timeline.add("ray_host_gone", f"Ray host of pod {name} stopped")
+
+    async def stop_all(self) -> None:
+        hosts, self.hosts = list(self.hosts.values()), {}
+        await asyncio.gather(*(asyncio.to_thread(h.stop) for h in hosts))
+
+
+def _host_setup(
+    pod: dict[str, Any], spec: dict[str, Any] | None
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Ray resources and env of the host a pod stands for, derived from its group's spec."""
+    labels = pod["metadata"]["labels"]
+    env = {"RAY_CLOUD_INSTANCE_ID": pod["metadata"]["name"], "RAY_NODE_TYPE_NAME": labels[GROUP]}
+    resources: dict[str, float] = {"CPU": 1.0}
+    if spec is not None:
+        try:
+            resources = host_resources(parse_group(spec, 0))
+        except (GroupError, ShapeError) as err:
+            log.warning("harness cannot size pod", pod=pod["metadata"]["name"], error=str(err))
+    resources.pop("memory", None)
+    resources.pop("GPU", None)
+    selector = pod.get("spec", {}).get("nodeSelector") or {}
+    pod_type = tpu_pod_type(selector)
+    if resources.get("TPU") and pod_type:
+        env |= tpu_host_env(
+            labels.get(REPLICA_NAME, pod["metadata"]["name"]),
+            int(labels.get(HOST_INDEX, "0")),
+            pod_type,
+            selector.get(GKE_TPU_TOPOLOGY, ""),
+        )
+    else:
+        resources.pop("TPU", None)
+    return resources, env
+
+
+@dataclass
+class DaemonProcess:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    http: str
+
+    def lines(self) -> list[dict[str, Any]]:
+        out = []
+        with contextlib.suppress(OSError):
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def stop(self, timeout_s: float = 30.0) -> tuple[int, float]:
+        """SIGTERM and wait; returns (exit code, seconds it took)."""
+        started = time.monotonic()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        return code, time.monotonic() - started
+
+
+class LocalCluster:
+    """Everything `make demo` and the integration tests need, on loopback, cleaned up by PID."""
+
+    def __init__(
+        self,
+        raycluster: dict[str, Any],
+        *,
+        namespace: str = "default",
+        token: str = RESTRICTED_TOKEN,
+        pod_start_delay: float = 0.5,
+    ) -> None:
+        self.raycluster = raycluster
+        self.namespace = namespace
+        self.name = raycluster["metadata"]["name"]
+        self.token = token
+        self.timeline = Timeline()
+        self.api = ApiServerStandIn(bookmark_interval=5.0)
+        self.head: RayHead | None = None
+        self.hooks: RayPodHooks | None = None
+        self.operator: OperatorStandIn | None = None
+        self.daemons: list[DaemonProcess] = []
+        self.violations: list[str] = []
+        self.workdir = Path(tempfile.mkdtemp(prefix="krs-local-"))
+        self._pod_start_delay = pod_start_delay
+        self._tasks: list[asyncio.Task[None]] = []
+        self._unsubscribe: Callable[[], None] | None = None
+
+    async def __aenter__(self) -> LocalCluster:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self.api.start()
+        self._unsubscribe = self.api.subscribe(self._watch)
+        self.head = await asyncio.to_thread(RayHead.start)
+        self.timeline.add("ray_head", f"Ray head up, GCS at {self.head.gcs_address}")
+        self.hooks = RayPodHooks(self.head, self.timeline, self._group_spec)
+        self.operator = OperatorStandIn(
+            self.api, self.namespace, self.name, hooks=self.hooks, start_delay=self._pod_start_delay
+        )
+        self._tasks.append(asyncio.create_task(self.operator.run()))
+        self.api.create("rayclusters", self.namespace, self.raycluster)
+
+    def _group_spec(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        where = self.operator.slice_of(pod) if self.operator else None
+        return where.group_spec if where else None
+
+    def kubeconfig(self) -> Path:
+        path = self.workdir / f"kubeconfig-{self.token}"
+        self.api.write_kubeconfig(path, self.token, namespace=self.namespace)
+        return path
+
+    def daemon_env(self, **overrides: str) -> dict[str, str]:
+        assert self.head is not None
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "KUBERAY_SCALER_"))}
+        env |= {
+            "RAY_CLUSTER_NAME": self.name,
+            "RAY_CLUSTER_NAMESPACE": self.namespace,
+            "KUBERAY_SCALER_KUBECONFIG": str(self.kubeconfig()),
+            "KUBERAY_SCALER_GCS_ADDRESS": self.head.gcs_address,
+            "KUBERAY_SCALER_HTTP_ADDRESS": f"127.0.0.1:{free_port()}",
+            "KUBERAY_SCALER_LOG_FORMAT": "json",
+            "KUBERAY_SCALER_GCS_POLL_INTERVAL_S": "0.5",
+            "KUBERAY_SCALER_RESYNC_INTERVAL_S": "5",
+        }
+        if self.head.auth_token:
+            env["RAY_AUTH_TOKEN"] = self.head.auth_token
+        return env | overrides
+
+    def start_daemon(self, **overrides: str) -> DaemonProcess:
+        env = self.daemon_env(**overrides)
+        log_path = self.workdir / f"daemon-{len(self.daemons)}.log"
+        with log_path.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "kuberay_scaler", "run"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        daemon = DaemonProcess(process, log_path, env["KUBERAY_SCALER_HTTP_ADDRESS"])
+        self.daemons.append(daemon)
+        return daemon
+
+    def current(self) -> dict[str, Any]:
+        obj = self.api.get("rayclusters", self.namespace, self.name)
+        assert obj is not None
+        return obj
+
+    def worker_pods(self, group: str | None = None) -> list[dict[str, Any]]:
+        pods = self.api.list("pods", self.namespace, f"ray.io/cluster={self.name}")
+        return [
+            p
+            for p in pods
+            if p["metadata"]["labels"].get("ray.io/node-type") == "worker"
+            and (group is None or p["metadata"]["labels"].get(GROUP) == group)
+        ]
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], timeout_s: float, what: str, step: float = 0.25
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            await asyncio.sleep(step)
+        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+    async def close(self) -> None:
+        for daemon in self.daemons:
+            await asyncio.to_thread(daemon.stop)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        if self.hooks is not None:
+            await self.hooks.stop_all()
+        if self.head is not None:
+            await asyncio.to_thread(self.head.stop)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        await self.api.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # --- observation ------------------------------------------------------------------------
+    def _watch(self, event: StoredEvent) -> None:
+        if event.store == "rayclusters" and event.type == "MODIFIED" and event.prev is not None:
+            self._raycluster_changed(event.prev, event.obj)
+        elif event.store == "pods":
+            self._pod_changed(event)
+
+    def _raycluster_changed(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        old = {g["groupName"]: g for g in before["spec"].get("workerGroupSpecs", [])}
+        for group in after["spec"].get("workerGroupSpecs", []):
+            prev = old.get(group["groupName"], {})
+            name = group["groupName"]
+            before_n, after_n = prev.get("replicas"), group.get("replicas")
+            if before_n != after_n:
+                self.timeline.add(
+                    "patch_replicas", f"RayCluster patched: {name} replicas {before_n} → {after_n}"
+                )
+            doomed = (group.get("scaleStrategy") or {}).get("workersToDelete") or []
+            was = (prev.get("scaleStrategy") or {}).get("workersToDelete") or []
+            if doomed != was:
+                self.timeline.add(
+                    "patch_delete" if doomed else "patch_clear",
+                    f"RayCluster patched: {name} workersToDelete = {doomed or '[] (cleared)'}",
+                )
+                self._check_whole_slices(group, doomed)
+
+    def _check_whole_slices(self, group: dict[str, Any], doomed: list[str]) -> None:
+        if int(group.get("numOfHosts", 1)) <= 1 or not doomed:
+            return
+        pods = {p["metadata"]["name"]: p for p in self.worker_pods(group["groupName"])}
+        slices = {pods[n]["metadata"]["labels"].get(REPLICA_NAME) for n in doomed if n in pods}
+        for key in slices:
+            members = {
+                n for n, p in pods.items() if p["metadata"]["labels"].get(REPLICA_NAME) == key
+            }
+            if not members <= set(doomed):
+                self.violations.append(
+                    f"partial slice requested: {key}: {sorted(members - set(doomed))} left out"
+                )
+
+    def _pod_changed(self, event: StoredEvent) -> None:
+        meta = event.obj["metadata"]
+        labels = meta.get("labels", {})
+        if labels.get("ray.io/node-type") != "worker":
+            return
+        where = f"{labels.get(GROUP)}"
+        if labels.get(REPLICA_NAME):
+            where += f" slice {labels[REPLICA_NAME]} host {labels.get(HOST_INDEX)}"
+        if event.type == "ADDED":
+            self.timeline.add("pod_created", f"pod {meta['name']} created ({where})")
+        elif event.type == "DELETED":
+            self.timeline.add("pod_deleted", f"pod {meta['name']} deleted ({where})")

@@ -1,0 +1,644 @@
+"""Real Ray processes on loopback for tests, the demo and fixture capture.
+
+Every head and host is one `ray start --block` child in its own session, so stopping it signals
+the whole process group (raylet, gcs_server, agents, workers) and nothing outlives `stop()`.
+Each node needs its own loopback address 127.0.0.N: Ray silently swaps 127.0.0.1 for the
+machine's outside address, but keeps other loopback addresses.
+
+Everything here blocks (subprocesses, polling a log file); from async code wrap calls in
+`asyncio.to_thread(RayHead.start, ...)`. `start_hosts` overlaps the startup of several hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+_BIN_DIR = Path(sys.executable).parent
+RAY_CLI = str(_BIN_DIR / "ray")
+_STARTED_MARKER = "Ray runtime started."
+_MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray's floor; keeps /dev/shm use small per node.
+DEFAULT_STARTUP_TIMEOUT_S = 120.0
+DEFAULT_STOP_GRACE_S = 5.0
+# A head's gcs_server and raylet sit out SIGTERM for many seconds; nothing needs telling.
+HEAD_STOP_GRACE_S = 0.5
+
+# Set on every Ray process we start: no usage reports dialing out, the v2 autoscaler path on.
+# (Cloud metadata probes are avoided by `_refuse_tpu_without_env`, not by a variable.)
+_QUIET_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
+    "RAY_enable_autoscaler_v2": "1",
+}
+
+
+class RayStartError(RuntimeError):
+    """`ray start` exited or never reported readiness; the message carries its log tail."""
+
+
+def loopback_ip(n: int) -> str:
+    """127.0.0.N; N=1 is refused because Ray rewrites 127.0.0.1 to the outside address."""
+    if not 2 <= n <= 254:
+        raise ValueError(f"loopback host number must be in 2..254, got {n}")
+    return f"127.0.0.{n}"
+
+
+def free_port() -> int:
+    """A TCP port free on every address (Ray binds some listeners to 0.0.0.0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("0.0.0.0", 0))
+        return int(probe.getsockname()[1])
+
+
+def tpu_host_env(
+    slice_name: str, worker_id: int, accelerator_type: str = "v6e-16", topology: str = "4x4"
+) -> dict[str, str]:
+    """The variables the GKE TPU webhook injects into each host of a slice (contract §5)."""
+    return {
+        "TPU_NAME": slice_name,
+        "TPU_WORKER_ID": str(worker_id),
+        "TPU_ACCELERATOR_TYPE": accelerator_type,
+        "TPU_TOPOLOGY": topology,
+    }
+
+
+def tpu_chips_per_host(accelerator_type: str = "v6e-16", topology: str = "4x4") -> int:
+    """Chips on one host: 8 only for single-host v5e/v6e shapes, else 4 (Ray's own rule)."""
+    version = accelerator_type.split("-")[0].lower()
+    chips = 1
+    for dim in topology.lower().split("x"):
+        chips *= int(dim)
+    if version in ("v5litepod", "v6e") and topology.lower() in ("1x1", "2x2", "2x4"):
+        return chips
+    return min(chips, 4)
+
+
+@dataclass
+class _RayProcess:
+    """One `ray start --block` process group and its scratch directory."""
+
+    ip: str
+    temp_dir: Path
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str]
+    node_id: bytes = b""
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def node_id_hex(self) -> str:
+        return self.node_id.hex()
+
+    def group_pids(self) -> list[int]:
+        """Live members of our process group (zombies excluded)."""
+        return [pid for pid, _ in _group_members(self.process.pid)]
+
+    def pid_of(self, executable_name: str) -> int | None:
+        """PID of the first group member whose command name is `executable_name`."""
+        for pid, comm in _group_members(self.process.pid):
+            if comm == executable_name:
+                return pid
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return not self._stopped and self.process.poll() is None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> None:
+        """SIGTERM the group (raylets then tell the GCS they leave), SIGKILL what remains."""
+        if self._stopped:
+            return
+        self._stopped = True
+        _signal_group(self.process.pid, signal.SIGTERM)
+        _wait_group_gone(self.process, grace_s)
+        _signal_group(self.process.pid, signal.SIGKILL)
+        _wait_group_gone(self.process, 10.0)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        log.debug("ray_process_stopped", ip=self.ip, pid=self.process.pid)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RayStartError(f"ray start on {self.ip} exited:\n{self.log_tail()}")
+            if _STARTED_MARKER in self.log_path.read_text(errors="replace"):
+                self.node_id = self._raylet_node_id()
+                if self.node_id:
+                    return
+            time.sleep(0.1)
+        raise RayStartError(f"ray start on {self.ip} not ready in {timeout_s}s:\n{self.log_tail()}")
+
+    def _raylet_node_id(self) -> bytes:
+        # The raylet's own command line carries the id the GCS will know this node by.
+        pid = self.pid_of("raylet")
+        if pid is None:
+            return b""
+        with contextlib.suppress(OSError):
+            for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                if arg.startswith(b"--node_id="):
+                    return bytes.fromhex(arg.split(b"=", 1)[1].decode())
+        return b""
+
+
+@dataclass
+class RayHead(_RayProcess):
+    """A head node: GCS, head raylet (num_cpus 0 by default, so demand stays pending)."""
+
+    port: int = 0
+    auth_token: str | None = None
+    start_args: tuple[str, ...] = ()
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{self.ip}:{self.port}"
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        ip: str = "127.0.0.10",
+        port: int | None = None,
+        num_cpus: int = 0,
+        env: Mapping[str, str] | None = None,
+        auth_token: str | None = None,
+        resources: Mapping[str, float] | None = None,
+        labels: Mapping[str, str] | None = None,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    ) -> RayHead:
+        """Start `ray start --head --block` and return once its raylet runs."""
+        gcs_port = port or free_port()
+        args = (
+            "--head",
+            f"--port={gcs_port}",
+            f"--ray-client-server-port={free_port()}",
+            "--include-dashboard=false",
+            f"--dashboard-host={ip}",
+            f"--dashboard-port={free_port()}",
+            # KubeRay runs the head with --no-monitor when an external autoscaler is used;
+            # Ray's own v2 monitor would otherwise report over us.
+            "--no-monitor",
+            *_node_args(ip, num_cpus, resources, labels),
+        )
+        full_env = _node_env(env, auth_token)
+        proc = _spawn(ip, args, full_env)
+        head = cls(
+            ip=ip,
+            temp_dir=proc[0],
+            process=proc[1],
+            log_path=proc[2],
+            env=full_env,
+            port=gcs_port,
+            auth_token=auth_token,
+            start_args=args,
+        )
+        _ready_or_stop(head, startup_timeout_s)
+        log.info("ray_head_started", gcs_address=head.gcs_address, node_id=head.node_id_hex)
+        return head
+
+    def gcs_server_pid(self) -> int | None:
+        return self.pid_of("gcs_server")
+
+    def kill_gcs(self) -> None:
+        """SIGKILL the GCS alone, as a crash would; `ray start --block` then tears the head down."""
+        pid = self.gcs_server_pid()
+        if pid is None:
+            raise RuntimeError(f"no gcs_server in head {self.gcs_address}")
+        os.kill(pid, signal.SIGKILL)
+
+    def restart(self, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> RayHead:
+        """Stop this head and start a new one on the same address (a new cluster id)."""
+        self.stop()
+        _wait_port_free(self.ip, self.port, 30.0)
+        full_env = dict(self.env)
+        proc = _spawn(self.ip, self.start_args, full_env)
+        head = RayHead(
+            ip=self.ip,
+            temp_dir=proc[0],
+            process=proc[1],
+            log_path=proc[2],
+            env=full_env,
+            port=self.port,
+            auth_token=self.auth_token,
+            start_args=self.start_args,
+        )
+        _ready_or_stop(head, startup_timeout_s)
+        log.info("ray_head_restarted", gcs_address=head.gcs_address, node_id=head.node_id_hex)
+        return head
+
+    def stop(self, grace_s: float = HEAD_STOP_GRACE_S) -> None:
+        super().stop(grace_s)
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for a driver or the `ray` CLI talking to this head."""
+        return _client_env(self.auth_token)
+
+
+@dataclass
+class RayHost(_RayProcess):
+    """A worker node joined to a head: the stand-in for one pod of a worker group."""
+
+    gcs_address: str = ""
+    instance_id: str = ""
+    node_type: str = ""
+
+    @classmethod
+    def spawn(
+        cls,
+        gcs_address: str,
+        *,
+        ip: str,
+        resources: Mapping[str, float] | None = None,
+        num_cpus: int = 1,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        auth_token: str | None = None,
+    ) -> RayHost:
+        """Launch `ray start --address ... --block` without waiting (see `wait_ready`)."""
+        _refuse_tpu_without_env(resources, env)
+        full_env = _node_env(env, auth_token)
+        args = (f"--address={gcs_address}", *_node_args(ip, num_cpus, resources, labels))
+        temp_dir, process, log_path = _spawn(ip, args, full_env)
+        return cls(
+            ip=ip,
+            temp_dir=temp_dir,
+            process=process,
+            log_path=log_path,
+            env=full_env,
+            gcs_address=gcs_address,
+            instance_id=full_env.get("RAY_CLOUD_INSTANCE_ID", ""),
+            node_type=full_env.get("RAY_NODE_TYPE_NAME", ""),
+        )
+
+    def wait_ready(self, timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> RayHost:
+        _ready_or_stop(self, timeout_s)
+        log.info("ray_host_started", ip=self.ip, instance_id=self.instance_id)
+        return self
+
+    @classmethod
+    def start(
+        cls,
+        gcs_address: str,
+        *,
+        ip: str,
+        resources: Mapping[str, float] | None = None,
+        num_cpus: int = 1,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        auth_token: str | None = None,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    ) -> RayHost:
+        host = cls.spawn(
+            gcs_address,
+            ip=ip,
+            resources=resources,
+            num_cpus=num_cpus,
+            labels=labels,
+            env=env,
+            auth_token=auth_token,
+        )
+        return host.wait_ready(startup_timeout_s)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What one host should look like; `start_hosts` launches several at once."""
+
+    ip: str
+    resources: Mapping[str, float] = field(default_factory=dict)
+    num_cpus: int = 1
+    labels: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def start_hosts(
+    gcs_address: str,
+    specs: Sequence[HostSpec],
+    *,
+    auth_token: str | None = None,
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+) -> list[RayHost]:
+    """Spawn every host first, then wait for all: startup overlaps instead of adding up."""
+    hosts: list[RayHost] = []
+    try:
+        for spec in specs:
+            hosts.append(
+                RayHost.spawn(
+                    gcs_address,
+                    ip=spec.ip,
+                    resources=spec.resources,
+                    num_cpus=spec.num_cpus,
+                    labels=spec.labels,
+                    env=spec.env,
+                    auth_token=auth_token,
+                )
+            )
+        for host in hosts:
+            host.wait_ready(startup_timeout_s)
+    except BaseException:
+        stop_all(hosts)
+        raise
+    return hosts
+
+
+def tpu_slice_specs(
+    slice_name: str,
+    ips: Sequence[str],
+    *,
+    group: str = "tpu-group",
+    accelerator_type: str = "v6e-16",
+    topology: str = "4x4",
+    num_cpus: int = 1,
+    instance_ids: Sequence[str] | None = None,
+) -> list[HostSpec]:
+    """One HostSpec per host of a TPU slice, worker ids 0..len(ips)-1.
+
+    `TPU` chips are passed as an explicit resource: without /dev/accel* devices Ray counts zero
+    chips and then ignores the TPU env entirely. With the chips given, Ray itself derives the
+    head resource, `<TPU_NAME>`, `accelerator_type:TPU-V6E` and the `ray.io/tpu-*` labels.
+    """
+    chips = tpu_chips_per_host(accelerator_type, topology)
+    names = list(instance_ids) if instance_ids else [f"{slice_name}-{i}" for i in range(len(ips))]
+    return [
+        HostSpec(
+            ip=ip,
+            resources={"TPU": chips},
+            num_cpus=num_cpus,
+            env={
+                **tpu_host_env(slice_name, worker_id, accelerator_type, topology),
+                "RAY_CLOUD_INSTANCE_ID": names[worker_id],
+                "RAY_NODE_TYPE_NAME": group,
+            },
+        )
+        for worker_id, ip in enumerate(ips)
+    ]
+
+
+def stop_all(processes: Iterable[_RayProcess], grace_s: float = DEFAULT_STOP_GRACE_S) -> None:
+    """Stop hosts (signals first, so grace periods overlap), then heads."""
+    procs = [p for p in processes if not p.stopped]
+    hosts = [p for p in procs if not isinstance(p, RayHead)]
+    for host in hosts:
+        _signal_group(host.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for host in hosts:
+        _wait_group_gone(host.process, max(0.0, deadline - time.monotonic()))
+    for proc in hosts:
+        proc.stop(grace_s=0.0)
+    for head in procs:
+        if isinstance(head, RayHead):
+            head.stop()
+
+
+@dataclass
+class RayDriver:
+    """A Ray driver in its own process: creates demand, prints a marker, then holds it.
+
+    Running drivers out of process keeps `ray.init` state out of the test process, and killing
+    the driver releases everything it owned (tasks, actors, placement groups).
+    """
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _stopped: bool = field(default=False, repr=False)
+
+    READY = "KRS_DRIVER_READY"
+
+    @classmethod
+    def start(
+        cls,
+        gcs_address: str,
+        body: str,
+        *,
+        node_ip: str,
+        env: Mapping[str, str] | None = None,
+        wait_ready: bool = True,
+        timeout_s: float = 120.0,
+        hold: bool = True,
+    ) -> RayDriver:
+        """Run `body` after `ray.init(address=gcs_address)`; `print(READY)` ends it or holds it.
+
+        `body` may use `ray` and is followed by the ready marker; with `hold` the driver then
+        sleeps until stopped so its demand stays in the GCS.
+        """
+        script = _driver_script(gcs_address, node_ip, body, hold)
+        fd, log_name = tempfile.mkstemp(prefix="krs-driver-", suffix=".log")
+        with os.fdopen(fd, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-c", script],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**_clean_parent_env(), **_client_env(None), **(env or {})},
+                start_new_session=True,
+            )
+        driver = cls(process=process, log_path=Path(log_name))
+        if wait_ready:
+            driver.wait_for(cls.READY, timeout_s)
+        return driver
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_for(self, marker: str, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if marker in self.output():
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        tail = self.output()[-4000:]
+        self.stop()
+        raise RayStartError(f"driver never printed {marker!r}:\n{tail}")
+
+    def exit_code(self, timeout_s: float = 120.0) -> int:
+        return self.process.wait(timeout=timeout_s)
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        _signal_group(self.process.pid, signal.SIGKILL)
+        _wait_group_gone(self.process, 10.0)
+        with contextlib.suppress(OSError):
+            self.log_path.unlink()
+
+
+def _driver_script(gcs_address: str, node_ip: str, body: str, hold: bool) -> str:
+    lines = [
+        "import sys, time",
+        "import ray",
+        f"ray.init(address={gcs_address!r}, _node_ip_address={node_ip!r},"
+        " log_to_driver=False, logging_level='warning')",
+        body,
+        f"print({RayDriver.READY!r}, flush=True)",
+    ]
+    if hold:
+        lines.append("while True:\n    time.sleep(3600)")
+    return "\n".join(lines)
+
+
+def _client_env(auth_token: str | None) -> dict[str, str]:
+    env = dict(_QUIET_ENV)
+    env.pop("RAY_enable_autoscaler_v2")  # clients must find v2 through the head's KV flag
+    if auth_token:
+        env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token}
+    return env
+
+
+def _clean_parent_env() -> dict[str, str]:
+    # The parent's RAY_* settings (e.g. a developer's RAY_ADDRESS) must not leak into Ray.
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TPU_"))}
+
+
+def _node_env(env: Mapping[str, str] | None, auth_token: str | None) -> dict[str, str]:
+    full = {**_clean_parent_env(), **_QUIET_ENV, **(env or {})}
+    if auth_token:
+        full |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token}
+    return full
+
+
+def _node_args(
+    ip: str,
+    num_cpus: int,
+    resources: Mapping[str, float] | None,
+    labels: Mapping[str, str] | None,
+) -> tuple[str, ...]:
+    args = [
+        f"--node-ip-address={ip}",
+        f"--num-cpus={num_cpus}",
+        "--num-gpus=0",
+        f"--object-store-memory={_MIN_OBJECT_STORE_BYTES}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        "--min-worker-port=0",
+        "--max-worker-port=0",
+        "--disable-usage-stats",
+        "--block",
+    ]
+    if resources:
+        args.append(f"--resources={json.dumps(dict(resources))}")
+    if labels:
+        args.append("--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
+    return tuple(args)
+
+
+def _refuse_tpu_without_env(
+    resources: Mapping[str, float] | None, env: Mapping[str, str] | None
+) -> None:
+    # Without TPU_ACCELERATOR_TYPE/TPU_NAME/TPU_WORKER_ID Ray asks the GCE metadata server
+    # (169.254.169.254) instead; tests must never dial out.
+    if resources and resources.get("TPU"):
+        missing = [
+            k
+            for k in ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
+            if not (env or {}).get(k)
+        ]
+        if missing:
+            raise ValueError(f"a TPU host needs {missing} in env (see tpu_host_env)")
+
+
+def _spawn(
+    ip: str, args: Sequence[str], env: Mapping[str, str]
+) -> tuple[Path, subprocess.Popen[bytes], Path]:
+    # Short temp path: Ray's unix sockets live under it and paths are limited to 107 bytes.
+    temp_dir = Path(tempfile.mkdtemp(prefix="krs-", dir="/tmp"))
+    log_path = temp_dir / "ray-start.log"
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(
+            [RAY_CLI, "start", *args, f"--temp-dir={temp_dir}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
+        )
+    log.debug("ray_start_spawned", ip=ip, pid=process.pid, temp_dir=str(temp_dir))
+    return temp_dir, process, log_path
+
+
+def _ready_or_stop(node: _RayProcess, timeout_s: float) -> None:
+    try:
+        node._wait_ready(timeout_s)
+    except BaseException:
+        node.stop(grace_s=0.0)
+        raise
+
+
+def _group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, command name) of live processes in process group `pgid`, read from /proc."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        # comm may contain spaces and parentheses: split at the last ')'.
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, process_group = fields[0], int(fields[2])
+        if process_group == pgid and state != "Z":
+            members.append((int(entry.name), comm))
+    return members
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _wait_group_gone(leader: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leader.poll()  # reap the leader so it does not linger as a zombie
+        if not _group_members(leader.pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _wait_port_free(ip: str, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((ip, port))
+                return
+            except OSError:
+                pass
+        time.sleep(0.1)
+    raise RayStartError(f"port {ip}:{port} still busy after {timeout_s}s")

@@ -1,0 +1,155 @@
+"""Pure parts of the Kubernetes adapter: expectations, backoff, error classification."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kuberay_scaler.kube.access import Access
+from kuberay_scaler.kube.backoff import Backoff
+from kuberay_scaler.kube.expectations import Expectations
+from kuberay_scaler.kube.transport import ApiError, Target, parse_retry_after
+from kuberay_scaler.kube.writer import classify
+
+ACTION = "patch rayclusters.ray.io default/rc"
+
+
+def group(replicas: Any, workers_to_delete: list[str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"groupName": "tpu", "replicas": replicas}
+    if workers_to_delete is not None:
+        spec["scaleStrategy"] = {"workersToDelete": workers_to_delete}
+    return spec
+
+
+# --- expectations ---------------------------------------------------------------------------
+
+
+def test_expectation_pending_until_observed() -> None:
+    expectations = Expectations(timeout=30)
+    expectations.expect("tpu", replicas=2, now=100)
+    assert expectations.pending("tpu", group(1), now=101)
+    assert not expectations.pending("tpu", group(2), now=102)
+    assert expectations.groups() == frozenset()
+
+
+def test_expectation_checks_workers_to_delete_regardless_of_order() -> None:
+    expectations = Expectations(timeout=30)
+    expectations.expect("tpu", replicas=1, workers_to_delete=["b", "a"], now=0)
+    assert expectations.pending("tpu", group(1), now=1)
+    assert expectations.pending("tpu", group(1, ["a"]), now=1)
+    assert not expectations.pending("tpu", group(1, ["a", "b"]), now=1)
+
+
+def test_expectation_cleared_list_is_met_by_missing_scale_strategy() -> None:
+    expectations = Expectations(timeout=30)
+    expectations.expect("tpu", workers_to_delete=[], now=0)
+    assert expectations.pending("tpu", group(3, ["x"]), now=1)
+    assert not expectations.pending("tpu", group(3), now=1)
+
+
+def test_expectation_times_out() -> None:
+    expectations = Expectations(timeout=30)
+    expectations.expect("tpu", replicas=5, now=0)
+    assert expectations.pending("tpu", group(1), now=29.9)
+    assert not expectations.pending("tpu", group(1), now=30)
+    assert not expectations.pending("tpu", group(1), now=31)  # dropped, not re-armed
+
+
+def test_expectation_for_vanished_group_is_dropped() -> None:
+    expectations = Expectations(timeout=30)
+    expectations.expect("tpu", replicas=5, now=0)
+    assert not expectations.pending("tpu", None, now=1)
+    assert "tpu" not in expectations.groups()
+
+
+def test_unknown_group_is_not_pending_and_forget_clears() -> None:
+    expectations = Expectations(timeout=30)
+    assert not expectations.pending("cpu", group(1), now=0)
+    expectations.expect("a", replicas=1, now=0)
+    expectations.expect("b", replicas=1, now=0)
+    expectations.forget("a")
+    assert expectations.groups() == frozenset({"b"})
+    expectations.forget()
+    assert expectations.groups() == frozenset()
+
+
+# --- backoff --------------------------------------------------------------------------------
+
+
+def test_backoff_grows_caps_and_resets() -> None:
+    backoff = Backoff(initial=1, cap=8, uniform=lambda low, high: high)
+    assert [backoff.next_delay() for _ in range(6)] == [1, 2, 4, 8, 8, 8]
+    backoff.reset()
+    assert backoff.next_delay() == 1
+
+
+def test_backoff_jitter_stays_within_half_to_full_step() -> None:
+    low = Backoff(initial=4, cap=30, uniform=lambda low, high: low)
+    assert low.next_delay() == 2
+    real = Backoff(initial=4, cap=30)
+    assert all(2 <= real.next_delay() <= 30 for _ in range(50))
+
+
+def test_backoff_survives_a_very_long_outage() -> None:
+    backoff = Backoff(initial=1, cap=30, uniform=lambda low, high: high)
+    for _ in range(5000):
+        delay = backoff.next_delay()
+    assert delay == 30
+
+
+# --- Retry-After and classification ------------------------------------------------------------
+
+
+def test_retry_after_forms() -> None:
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    when = "Wed, 21 Oct 2015 07:28:10 GMT"
+    assert parse_retry_after(when, now=1445412480.0) == pytest.approx(10.0)
+
+
+def error(status: int, message: str = "", reason: str = "", retry: float | None = None) -> ApiError:
+    return ApiError(status, reason, message, Target("patch", "rayclusters"), retry_after=retry)
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "kind"),
+    [
+        (409, "the object has been modified", "stale"),
+        (422, "testing value /spec/workerGroupSpecs/0/groupName failed: test failed", "stale"),
+        (422, "Testing value /metadata/uid failed", "stale"),
+        (422, "test operation does not apply: is missing path: /spec/x", "stale"),
+        (422, "spec.workerGroupSpecs[0].replicas: Invalid value: -1", "invalid"),
+        (400, "json: cannot unmarshal", "invalid"),
+        (403, "rayclusters is forbidden", "forbidden"),
+        (404, "not found", "gone"),
+        (429, "slow down", "throttled"),
+        (500, "etcd leader changed", "transient"),
+        (503, "", "transient"),
+        (401, "Unauthorized", "transient"),
+    ],
+)
+def test_classify(status: int, message: str, kind: str) -> None:
+    assert classify(error(status, message), ACTION).kind == kind
+
+
+def test_classify_forbidden_names_verb_and_resource() -> None:
+    outcome = classify(error(403, "denied", "Forbidden"), ACTION)
+    assert "patch" in outcome.message
+    assert "rayclusters" in outcome.message
+
+
+def test_classify_throttled_carries_retry_after_with_default() -> None:
+    assert classify(error(429, retry=3), ACTION).retry_after == 3
+    assert classify(error(429), ACTION).retry_after == 1.0
+
+
+def test_access_description_is_one_line_naming_modes() -> None:
+    restricted = Access(watch_rayclusters=False, create_events=False)
+    sidecar = Access(watch_rayclusters=True, create_events=True, missing=("patch rayclusters",))
+    assert "GET" in restricted.description
+    assert "Events off" in restricted.description
+    assert "by watch" in sidecar.description
+    assert "MISSING: patch rayclusters" in sidecar.description
+    assert "\n" not in restricted.description + sidecar.description

@@ -1,0 +1,78 @@
+"""Helpers for the Ray tier (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.ray_gcs.client import GcsClient
+from kuberay_scaler.sim.ray_local import RAY_CLI, RayHead
+
+DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")
+STATE_TIMEOUT_S = 90.0
+
+
+def fast_client(address: str, **kwargs: Any) -> GcsClient:
+    """A client that retries quickly: tests wait for recovery, not for production backoff."""
+    return GcsClient(
+        address, rpc_timeout_s=10.0, backoff_initial_s=0.1, backoff_max_s=0.5, **kwargs
+    )
+
+
+async def wait_for_state(
+    client: GcsClient,
+    predicate: Callable[[Any], bool],
+    *,
+    timeout_s: float = STATE_TIMEOUT_S,
+    what: str = "condition",
+) -> Any:
+    """Poll GetClusterResourceState until `predicate(cluster_resource_state)` holds."""
+    last: Any = None
+
+    async def poll() -> Any:
+        nonlocal last
+        while True:
+            last = (await client.get_cluster_resource_state()).cluster_resource_state
+            if predicate(last):
+                return last
+            await asyncio.sleep(0.2)
+
+    try:
+        return await asyncio.wait_for(poll(), timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"GCS never showed {what}; last state:\n{last}") from None
+
+
+def node_by_instance(state: Any, instance_id: str) -> Any:
+    """The live node state for a pod name (instance id), or None."""
+    for node in state.node_states:
+        if node.instance_id == instance_id and node.status != DEAD:
+            return node
+    return None
+
+
+def node_by_id(state: Any, node_id: bytes) -> Any:
+    for node in state.node_states:
+        if node.node_id == node_id:
+            return node
+    return None
+
+
+def gangs(state: Any) -> list[Any]:
+    """Pending placement groups; the GCS also emits empty entries for placed ones."""
+    return [g for g in state.pending_gang_resource_requests if g.requests]
+
+
+def run_ray_status(head: RayHead, *, verbose: bool = False) -> str:
+    """`ray status --address` as a user would run it, without RAY_enable_autoscaler_v2 set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env |= head.client_env()
+    args = [RAY_CLI, "status", "--address", head.gcs_address, *(["-v"] if verbose else [])]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout

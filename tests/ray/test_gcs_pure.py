@@ -1,0 +1,362 @@
+"""Pure parts of the GCS adapter: report building, versions, drain verdicts, poller epochs.
+
+No Ray processes here; fakes stand in only for our own small interfaces (`DrainClient`,
+`StateSource`). One test dials a closed loopback port to see the client's failure path.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.ray_gcs.client import GcsClient, _classify
+from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.ray_gcs.errors import (
+    GcsAuthError,
+    GcsCallError,
+    GcsError,
+    GcsReplaced,
+    GcsUnavailable,
+)
+from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+from kuberay_scaler.ray_gcs.report import (
+    AutoscalingReport,
+    FailedRequest,
+    LaunchingGroup,
+    PendingPod,
+    StateVersionClock,
+    build_autoscaling_state,
+)
+
+IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
+RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def test_launching_hosts_become_one_request_entry_each() -> None:
+    report = AutoscalingReport(
+        launching=(
+            LaunchingGroup("tpu-group", hosts=4, requested_at_s=1_700_000_000),
+            LaunchingGroup("cpu-group", hosts=1, instance_type="n2-standard-8"),
+        )
+    )
+    state = build_autoscaling_state(report, version=42)
+    entries = [
+        (r.ray_node_type_name, r.instance_type_name, r.count, r.request_ts)
+        for r in state.pending_instance_requests
+    ]
+    assert entries == [("tpu-group", "tpu-group", 1, 1_700_000_000)] * 4 + [
+        ("cpu-group", "n2-standard-8", 1, 0)
+    ]
+    assert state.autoscaler_state_version == 42
+
+
+def test_pending_pods_and_failures_carry_their_details() -> None:
+    report = AutoscalingReport(
+        pending_pods=(PendingPod("tpu-group-abcde-worker-1", "tpu-group", "ContainerCreating"),),
+        failed=(FailedRequest("cpu-group", 2, "quota", started_at_s=10, failed_at_s=20),),
+        observed_state_version=7,
+    )
+    state = build_autoscaling_state(report)
+    (pending,) = state.pending_instances
+    assert (pending.instance_id, pending.ray_node_type_name, pending.details) == (
+        "tpu-group-abcde-worker-1",
+        "tpu-group",
+        "ContainerCreating",
+    )
+    (failed,) = state.failed_instance_requests
+    assert (failed.ray_node_type_name, failed.count, failed.reason) == ("cpu-group", 2, "quota")
+    assert (failed.start_ts, failed.failed_ts) == (10, 20)
+    assert state.last_seen_cluster_resource_state_version == 7
+
+
+def test_infeasible_requests_are_sent_only_when_given() -> None:
+    assert not build_autoscaling_state(AutoscalingReport()).infeasible_resource_requests
+    told = AutoscalingReport(infeasible=({"GPU": 8.0},))
+    (request,) = build_autoscaling_state(told).infeasible_resource_requests
+    assert dict(request.resources_bundle) == {"GPU": 8.0}
+
+
+def test_versions_grow_within_a_millisecond_and_across_clock_steps_back() -> None:
+    clock = StateVersionClock()
+    first = clock.next(1_000)
+    same_ms = clock.next(1_000)
+    stepped_back = clock.next(500)
+    assert first < same_ms < stepped_back
+    clock.observe(10_000)  # the GCS already holds a later version
+    assert clock.next(2_000) == 10_001
+    assert clock.next(20_000) == 20_000
+
+
+# --- drain --------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeDrainClient:
+    """Answers per node id: "accept", "reject" or an exception to raise."""
+
+    answers: dict[bytes, Any]
+    cluster_id: str | None = "c0ffee"
+    calls: list[tuple[bytes, str | None, int]] = field(default_factory=list)
+
+    async def drain_node(
+        self,
+        node_id: bytes,
+        *,
+        reason_message: str,
+        deadline_timestamp_ms: int,
+        cluster_id: str | None = None,
+    ) -> object:
+        self.calls.append((node_id, cluster_id, deadline_timestamp_ms))
+        answer = self.answers[node_id]
+        if isinstance(answer, Exception):
+            raise answer
+        return autoscaler_pb2.DrainNodeReply(
+            is_accepted=answer == "accept",
+            rejection_reason_message="" if answer == "accept" else "The node is no longer idle.",
+        )
+
+
+def _drains(outcome: str) -> float:
+    return REGISTRY.get_sample_value("kuberay_scaler_drains_total", {"outcome": outcome}) or 0.0
+
+
+async def test_slice_may_be_deleted_only_when_every_host_accepts() -> None:
+    hosts = [b"a", b"b", b"c", b"d"]
+    client = FakeDrainClient({h: "accept" for h in hosts})
+    before = _drains("accepted")
+    result = await drain_slice(client, hosts, reason_message="idle", deadline_ms=deadline_in(30))
+    assert result.may_delete
+    assert result.drained_node_ids == tuple(hosts)
+    assert result.reason == "all 4 hosts drained"
+    assert _drains("accepted") - before == 4
+    assert {c[1] for c in client.calls} == {"c0ffee"}  # the current id is pinned
+
+
+async def test_one_rejection_cancels_the_slice_and_lists_drained_hosts() -> None:
+    client = FakeDrainClient({b"a": "accept", b"b": "reject", b"c": "accept"})
+    result = await drain_slice(client, [b"a", b"b", b"c"], reason_message="idle", deadline_ms=1)
+    assert not result.may_delete
+    assert result.drained_node_ids == (b"a", b"c")
+    assert [(h.node_id, h.outcome) for h in result.refused] == [(b"b", "rejected")]
+    assert "no longer idle" in result.reason
+
+
+async def test_an_error_on_one_host_cancels_the_slice() -> None:
+    unreachable = GcsUnavailable("DrainNode", "UNAVAILABLE", "down")
+    client = FakeDrainClient({b"a": "accept", b"b": unreachable})
+    result = await drain_slice(
+        client, [b"a", b"b"], reason_message="idle", deadline_ms=5, cluster_id="feed"
+    )
+    assert not result.may_delete
+    assert [h.outcome for h in result.hosts] == ["accepted", "error"]
+    assert {c[1] for c in client.calls} == {"feed"}
+
+
+async def test_a_slice_without_ray_nodes_may_go() -> None:
+    result = await drain_slice(FakeDrainClient({}), [], reason_message="idle", deadline_ms=5)
+    assert result.may_delete
+    assert result.hosts == ()
+
+
+@pytest.mark.parametrize("deadline_ms", [0, -1])
+async def test_non_positive_deadline_is_refused(deadline_ms: int) -> None:
+    client = FakeDrainClient({b"a": "accept"})
+    with pytest.raises(ValueError, match="positive"):
+        await drain_slice(client, [b"a"], reason_message="idle", deadline_ms=deadline_ms)
+    assert client.calls == []
+
+
+def test_deadline_in_is_epoch_milliseconds() -> None:
+    assert deadline_in(30, now_s=1_000.0) == 1_030_000
+
+
+# --- poller -------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeSource:
+    """Replays scripted answers: a reply or an exception; `cluster_id` is set per answer."""
+
+    script: Iterator[tuple[str | None, Any]]
+    cluster_id: str | None = None
+
+    async def get_cluster_resource_state(self) -> Any:
+        self.cluster_id, answer = next(self.script)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _reply(version: int, *, status: int = IDLE, idle_ms: int = 0) -> Any:
+    node = autoscaler_pb2.NodeState(
+        node_id=b"n1", instance_id="pod-1", status=status, idle_duration_ms=idle_ms
+    )
+    state = autoscaler_pb2.ClusterResourceState(
+        cluster_resource_state_version=version, node_states=[node]
+    )
+    return autoscaler_pb2.GetClusterResourceStateReply(cluster_resource_state=state)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _poll_all(poller: GcsPoller, times: int) -> list[GcsObservation]:
+    return [await poller.poll_once() for _ in range(times)]
+
+
+async def test_epochs_count_replacements_and_counter_resets() -> None:
+    down = GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")
+    script = iter(
+        [
+            ("A", _reply(5)),
+            ("A", _reply(6)),
+            ("A", down),
+            ("B", _reply(1)),  # new cluster id: replaced
+            ("B", _reply(3)),
+            ("B", _reply(2)),  # same id, counter went back: restarted (GCS FT)
+        ]
+    )
+    poller = GcsPoller(FakeSource(script), interval_s=1.0)
+    observations = await _poll_all(poller, 6)
+    assert [o.gcs_epoch for o in observations] == [0, 0, 0, 1, 1, 2]
+    assert [o.known for o in observations] == [True, True, False, True, True, True]
+    assert [o.cluster_id for o in observations] == ["A", "A", "A", "B", "B", "B"]
+    assert observations[2].error is not None
+    assert "UNAVAILABLE" in observations[2].error
+
+
+async def test_full_report_is_needed_after_any_unknown_spell() -> None:
+    down = GcsUnavailable("GetClusterResourceState", "DEADLINE_EXCEEDED", "slow")
+    script = iter([("A", _reply(1)), ("A", _reply(2)), ("A", down), ("A", _reply(9))])
+    poller = GcsPoller(FakeSource(script), interval_s=1.0)
+    first = await poller.poll_once()
+    assert first.needs_full_report  # nothing reported yet
+    poller.mark_reported(first.gcs_epoch)
+    assert not (await poller.poll_once()).needs_full_report
+    assert (await poller.poll_once()).needs_full_report
+    back = await poller.poll_once()
+    assert back.gcs_epoch == 0  # a blip, not a new GCS
+    assert back.needs_full_report
+
+
+async def test_mark_reported_is_ignored_while_unknown() -> None:
+    refused = GcsReplaced("GetClusterResourceState", "UNAUTHENTICATED", "WrongClusterID")
+    poller = GcsPoller(FakeSource(iter([("A", refused)])), interval_s=1.0)
+    observation = await poller.poll_once()
+    poller.mark_reported(observation.gcs_epoch)
+    assert poller.needs_full_report
+
+
+async def test_on_change_ignores_counters_and_idle_clocks() -> None:
+    script = iter(
+        [
+            ("A", _reply(1, idle_ms=100)),
+            ("A", _reply(2, idle_ms=600)),  # only volatile fields moved
+            ("A", _reply(3, status=RUNNING)),
+            ("A", GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")),
+            ("A", GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")),
+        ]
+    )
+    seen: list[GcsObservation] = []
+    poller = GcsPoller(FakeSource(script), interval_s=1.0, on_change=seen.append)
+    observations = await _poll_all(poller, 5)
+    assert seen == [observations[0], observations[2], observations[3]]
+    assert poller.latest is observations[4]
+
+
+async def test_fresh_means_known_and_young_enough() -> None:
+    clock = Clock()
+    down = GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")
+    poller = GcsPoller(
+        FakeSource(iter([("A", _reply(1)), ("A", down)])), interval_s=1.0, monotonic=clock
+    )
+    assert not poller.latest.fresh(clock.now, max_age=10)  # never polled
+    known = await poller.poll_once()
+    assert known.fresh(clock.now + 10, max_age=10)
+    assert not known.fresh(clock.now + 10.5, max_age=10)
+    unknown = await poller.poll_once()
+    assert not unknown.fresh(clock.now, max_age=10)
+
+
+def test_poll_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        GcsPoller(FakeSource(iter([])), interval_s=0)
+
+
+# --- client -------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeRpcError:
+    status: grpc.StatusCode
+    text: str
+
+    def code(self) -> grpc.StatusCode:
+        return self.status
+
+    def details(self) -> str:
+        return self.text
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "kind"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "Connection reset", GcsUnavailable),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", GcsUnavailable),
+        (grpc.StatusCode.UNAUTHENTICATED, "WrongClusterID: Perhaps ...", GcsReplaced),
+        (grpc.StatusCode.UNAUTHENTICATED, "Invalid token", GcsAuthError),
+        (grpc.StatusCode.ABORTED, "deadline is negative", GcsCallError),
+    ],
+)
+def test_grpc_failures_are_sorted_by_what_to_do(
+    status: grpc.StatusCode, text: str, kind: type[GcsError]
+) -> None:
+    error = _classify("DrainNode", FakeRpcError(status, text))
+    assert type(error) is kind
+    assert error.code == status.name
+    assert error.method == "DrainNode"
+
+
+def _closed_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> None:
+    address = f"127.0.0.1:{_closed_loopback_port()}"
+    errors_before = (
+        REGISTRY.get_sample_value(
+            "kuberay_scaler_gcs_rpc_errors_total",
+            {"method": "GetClusterId", "code": "UNAVAILABLE"},
+        )
+        or 0.0
+    )
+    async with GcsClient(address, backoff_initial_s=60, backoff_max_s=60) as client:
+        with pytest.raises(GcsUnavailable) as first:
+            await client.get_cluster_resource_state()
+        with pytest.raises(GcsUnavailable) as second:
+            await client.get_cluster_resource_state()
+    assert first.value.code == "UNAVAILABLE"
+    assert second.value.code == "BACKOFF"
+    assert not client.connected
+    assert client.cluster_id is None
+    errors_after = REGISTRY.get_sample_value(
+        "kuberay_scaler_gcs_rpc_errors_total", {"method": "GetClusterId", "code": "UNAVAILABLE"}
+    )
+    assert errors_after == errors_before + 1

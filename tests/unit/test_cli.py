@@ -1,0 +1,102 @@
+"""The command line as a user runs it: a real subprocess, a real environment, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kuberay_scaler import __version__
+from kuberay_scaler.cli import EXIT_CONFIG, main
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "tok-do-not-print-0123456789"
+GOOD_ENV = {
+    "RAY_CLUSTER_NAME": "raycluster-tpu",
+    "RAY_CLUSTER_NAMESPACE": "ml",
+    "RAY_AUTH_MODE": "token",
+    "RAY_AUTH_TOKEN": TOKEN,
+    "KUBERAY_SCALER_DRY_RUN": "1",
+}
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # Only PATH from our own environment: no stray RAY_* or KUBERAY_SCALER_* leaks in.
+    clean = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run(
+        [sys.executable, "-m", "kuberay_scaler", *args],
+        env=clean,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_check_config_prints_effective_settings_with_the_token_masked() -> None:
+    done = run_cli("check-config", env=GOOD_ENV)
+
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["RAY_CLUSTER_NAME"] == "raycluster-tpu"
+    assert shown["RAY_CLUSTER_NAMESPACE"] == "ml"
+    assert shown["KUBERAY_SCALER_DRY_RUN"] is True
+    assert shown["RAY_AUTH_TOKEN"] == "********"
+    assert TOKEN not in done.stdout + done.stderr
+
+
+def test_check_config_exits_2_with_one_clear_line_on_a_bad_value() -> None:
+    done = run_cli("check-config", env={**GOOD_ENV, "KUBERAY_SCALER_GCS_POLL_INTERVAL_S": "-3"})
+
+    assert done.returncode == EXIT_CONFIG == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "kuberay-scaler: invalid configuration: KUBERAY_SCALER_GCS_POLL_INTERVAL_S: "
+        "Input should be greater than 0 (got '-3')"
+    ]
+    assert TOKEN not in done.stderr
+
+
+def test_check_config_requires_what_run_requires() -> None:
+    env = {k: v for k, v in GOOD_ENV.items() if k != "RAY_CLUSTER_NAME"}
+
+    done = run_cli("check-config", env=env)
+
+    assert done.returncode == 2
+    assert "RAY_CLUSTER_NAME" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_run_refuses_bad_configuration_before_doing_anything() -> None:
+    done = run_cli("run", env={**GOOD_ENV, "KUBERAY_SCALER_LOG_LEVEL": "loud"})
+
+    assert done.returncode == 2
+    assert "KUBERAY_SCALER_LOG_LEVEL" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_version_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == __version__
+
+
+def test_config_error_in_process_returns_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERAY_SCALER_TYPO", "1")
+
+    assert main(["check-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kuberay-scaler: invalid configuration: KUBERAY_SCALER_TYPO")
+
+
+def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["frobnicate"])
+    assert caught.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

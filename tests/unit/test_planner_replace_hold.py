@@ -1,0 +1,238 @@
+"""Broken slices are replaced as a unit with backoff; unsure views hold instead of acting."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from kuberay_scaler.model.plan import Backoff, DeleteKind, Memory
+from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.slicemap import SliceTimeouts
+from tests.factories import (
+    NOW,
+    cluster,
+    cpu_nodes,
+    deleted_pods,
+    group,
+    head_node,
+    plan_of,
+    pod,
+    slice_pods,
+    state,
+    targets,
+    tasks,
+    tpu_group,
+    tpu_slice_nodes,
+)
+
+POLICY = Policy(timeouts=SliceTimeouts(max_provision_s=600, missing_node_grace_s=120))
+
+
+def _failed_host_slice() -> tuple[list[dict[str, Any]], list[Any]]:
+    pods = slice_pods("tpu", "tpu-a", 4)
+    pods[2]["status"]["phase"] = "Failed"
+    pods[2]["status"]["reason"] = "Evicted"
+    nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=5)]
+    return pods, nodes
+
+
+def test_slice_with_a_failed_host_is_replaced_whole() -> None:
+    pods, nodes = _failed_host_slice()
+    result = plan_of(cluster(tpu_group(replicas=1)), pods, state(nodes), policy=POLICY)
+    decision = result.group("tpu")
+    assert decision is not None
+    assert decision.target == 1  # KubeRay creates the fresh replica
+    (deletion,) = decision.deletions
+    assert deletion.kind is DeleteKind.REPLACE
+    assert sorted(deletion.pods) == [f"tpu-a-{i}" for i in range(4)]
+    assert "Failed" in deletion.reason and "Evicted" in deletion.reason
+    backoff = result.memory.backoff["tpu"]
+    assert backoff.failures == 1
+    assert backoff.until == NOW + timedelta(seconds=POLICY.replace_backoff_s)
+
+
+def test_slice_whose_ray_node_is_missing_past_the_grace_is_replaced() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4, age_s=900, running_for_s=300)
+    nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=5)[:3]]  # host 3 never joined
+    result = plan_of(cluster(tpu_group(replicas=1)), pods, state(nodes), policy=POLICY)
+    decision = result.group("tpu")
+    assert decision is not None
+    (deletion,) = decision.deletions
+    assert deletion.kind is DeleteKind.REPLACE
+    assert "tpu-a-3" in deletion.reason and "missing" in deletion.reason
+    assert len(deletion.pods) == 4
+
+
+def test_ray_node_missing_within_the_grace_is_waited_for() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4, age_s=300, running_for_s=60)
+    nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=5)[:3]]
+    result = plan_of(cluster(tpu_group(replicas=1)), pods, state(nodes), policy=POLICY)
+    assert deleted_pods(result, "tpu") == []
+
+
+def test_slice_pending_past_max_provision_time_is_replaced() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4, phase="Pending", age_s=700)
+    result = plan_of(
+        cluster(tpu_group(replicas=1)),
+        pods,
+        state([head_node()], [tasks({"TPU": 4}, 4)]),
+        policy=POLICY,
+    )
+    decision = result.group("tpu")
+    assert decision is not None
+    (deletion,) = decision.deletions
+    assert deletion.kind is DeleteKind.REPLACE
+    assert "not up after" in deletion.reason
+    assert any("replace slice tpu-a" in r for r in decision.reasons)
+
+
+def test_replacement_serves_the_demand_no_extra_slice_is_launched() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4, phase="Pending", age_s=700)
+    result = plan_of(
+        cluster(tpu_group(replicas=1)),
+        pods,
+        state([head_node()], [tasks({"TPU": 4}, 4)]),
+        policy=POLICY,
+    )
+    assert targets(result) == {"tpu": 1}
+
+
+def test_partial_slice_past_max_provision_time_is_replaced_as_a_unit() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4, age_s=700)[:3]
+    result = plan_of(cluster(tpu_group(replicas=1)), pods, state([head_node()]), policy=POLICY)
+    decision = result.group("tpu")
+    assert decision is not None
+    assert [sorted(d.pods) for d in decision.deletions] == [["tpu-a-0", "tpu-a-1", "tpu-a-2"]]
+
+
+def test_replacement_waits_out_the_groups_backoff() -> None:
+    pods, nodes = _failed_host_slice()
+    memory = Memory(backoff={"tpu": Backoff(NOW + timedelta(seconds=30), 1, "replaced 1")})
+    result = plan_of(
+        cluster(tpu_group(replicas=1)), pods, state(nodes), memory=memory, policy=POLICY
+    )
+    decision = result.group("tpu")
+    assert decision is not None
+    assert decision.deletions == ()
+    assert any("backing off" in r for r in decision.reasons)
+
+
+def test_backoff_doubles_with_each_failure_up_to_the_cap() -> None:
+    pods, nodes = _failed_host_slice()
+    memory = Memory(backoff={"tpu": Backoff(NOW - timedelta(seconds=1), 3, "replaced 1")})
+    result = plan_of(
+        cluster(tpu_group(replicas=1)), pods, state(nodes), memory=memory, policy=POLICY
+    )
+    backoff = result.memory.backoff["tpu"]
+    assert backoff.failures == 4
+    assert backoff.until == NOW + timedelta(seconds=min(300 * 8, POLICY.max_backoff_s))
+
+
+def test_backoff_of_one_group_does_not_stop_another() -> None:
+    pods, nodes = _failed_host_slice()
+    pods += [pod("cpu-a", "cpu")]
+    nodes += cpu_nodes(["cpu-a"], idle_s=600)
+    memory = Memory(backoff={"tpu": Backoff(NOW + timedelta(seconds=30), 1, "replaced 1")})
+    rc = cluster(tpu_group(replicas=1), group("cpu", replicas=1))
+    result = plan_of(rc, pods, state(nodes), memory=memory, policy=POLICY)
+    assert deleted_pods(result, "tpu") == []
+    assert deleted_pods(result, "cpu") == ["cpu-a"]
+
+
+def test_unknown_demand_holds_everything() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4)
+    result = plan_of(cluster(tpu_group(replicas=1)), pods, ray=None)
+    assert result.held is not None and "demand unknown" in result.held
+    assert not result.changes
+    assert all(g.held for g in result.groups)
+
+
+def test_unsynced_view_holds_everything() -> None:
+    pods, nodes = _failed_host_slice()
+    result = plan_of(cluster(tpu_group(replicas=1)), pods, state(nodes), synced=False)
+    assert result.held is not None and "not synced" in result.held
+    assert not result.changes
+
+
+def test_pending_workers_to_delete_block_scale_down_of_that_group_only() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
+    nodes = [
+        head_node(),
+        *tpu_slice_nodes("tpu-a", 4, idle_s=900),
+        *tpu_slice_nodes("tpu-b", 4, idle_s=900),
+    ]
+    pods += [pod("cpu-a", "cpu")]
+    nodes += cpu_nodes(["cpu-a"], idle_s=900)
+    wtd = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
+    rc = cluster(tpu_group(replicas=1, **wtd), group("cpu", replicas=1))
+    result = plan_of(rc, pods, state(nodes))
+    tpu = result.group("tpu")
+    assert tpu is not None
+    assert tpu.deletions == ()  # tpu-b is idle too, but nothing is stacked on a pending delete
+    assert tpu.target == 1
+    assert tpu.held is not None and "workersToDelete" in tpu.held
+    assert deleted_pods(result, "cpu") == ["cpu-a"]
+
+
+def test_pending_workers_to_delete_still_allow_scale_up() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4)
+    nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]
+    wtd = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
+    rc = cluster(tpu_group(replicas=0, **wtd))
+    result = plan_of(rc, pods, state(nodes, [tasks({"TPU": 4}, 4)]))
+    assert targets(result) == {"tpu": 1}
+
+
+def test_workers_to_delete_all_gone_is_cleared() -> None:
+    pods = slice_pods("tpu", "tpu-b", 4)
+    nodes = [head_node(), *tpu_slice_nodes("tpu-b", 4, busy_hosts=(0,))]
+    wtd = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
+    result = plan_of(cluster(tpu_group(replicas=1, **wtd)), pods, state(nodes))
+    decision = result.group("tpu")
+    assert decision is not None
+    assert decision.clear_workers_to_delete
+    assert decision.target == 1
+    assert result.changes
+
+
+def test_workers_to_delete_is_cleared_even_while_demand_is_unknown() -> None:
+    wtd = {"scaleStrategy": {"workersToDelete": ["gone-0"]}}
+    result = plan_of(cluster(tpu_group(replicas=0, **wtd)), [], ray=None)
+    decision = result.group("tpu")
+    assert decision is not None
+    assert decision.clear_workers_to_delete
+    assert decision.target == decision.current
+
+
+def test_group_awaiting_its_write_is_held_entirely_and_others_go_on() -> None:
+    pods, nodes = _failed_host_slice()
+    pods += [pod("cpu-a", "cpu")]
+    nodes += cpu_nodes(["cpu-a"], idle_s=900)
+    memory = Memory(awaiting_write={"tpu": "replicas 1 → 2 not yet observed"})
+    rc = cluster(tpu_group(replicas=1), group("cpu", replicas=1))
+    result = plan_of(rc, pods, state(nodes, [tasks({"TPU": 4}, 8)]), memory=memory, policy=POLICY)
+    tpu = result.group("tpu")
+    assert tpu is not None
+    assert (tpu.target, tpu.deletions, tpu.held) == (1, (), "replicas 1 → 2 not yet observed")
+    assert deleted_pods(result, "cpu") == ["cpu-a"]
+
+
+def test_multi_host_pods_without_slice_labels_are_left_alone() -> None:
+    pods = [pod(f"tpu-{i}", "tpu", age_s=3600) for i in range(4)]
+    nodes = [head_node(), *tpu_slice_nodes("tpu", 4, idle_s=900)]
+    nodes = [n for n in nodes]
+    result = plan_of(cluster(tpu_group(replicas=1)), pods, state(nodes), policy=POLICY)
+    assert deleted_pods(result, "tpu") == []
+    assert any("cannot be told apart" in p for p in result.problems)
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded", "Unknown"])
+def test_single_host_failed_pod_is_replaced(phase: str) -> None:
+    pods = [pod("cpu-a", "cpu", phase=phase)]
+    result = plan_of(cluster(group("cpu", replicas=1)), pods, state([head_node()]), policy=POLICY)
+    decision = result.group("cpu")
+    assert decision is not None
+    assert [(d.kind, d.pods) for d in decision.deletions] == [(DeleteKind.REPLACE, ("cpu-a",))]
+    assert decision.target == 1
