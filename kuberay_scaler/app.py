@@ -18,7 +18,7 @@ from kuberay_scaler.kube.informer import Informer, Source
 from kuberay_scaler.kube.raycluster import RayClusterView
 from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
-from kuberay_scaler.logs import configure_logging
+from kuberay_scaler.logs import configure_logging, register_secret
 from kuberay_scaler.patch.ops import build_patch
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
@@ -36,6 +36,8 @@ def run_daemon(settings: Settings) -> int:
         cluster=settings.cluster_name,
         namespace=settings.cluster_namespace,
     )
+    if settings.ray_auth_token is not None:
+        register_secret(settings.ray_auth_token.get_secret_value())
     return asyncio.run(Daemon(settings).run())
 
 
@@ -120,6 +122,7 @@ class Daemon:
             mode="watch" if access.watch_rayclusters else "poll",
             refresh_interval=s.resync_interval_s,
             silent_timeout=s.watch_silence_timeout_s,
+            debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),
         )
         self._poller = GcsPoller(gcs, interval_s=s.gcs_poll_interval_s, on_change=self._on_gcs)
@@ -128,6 +131,7 @@ class Daemon:
             namespace=s.cluster_namespace,
             enabled=access.create_events,
             involved=self._view.current,
+            instance=s.head_pod_name,
         )
         self.reconciler = Reconciler(
             config=LoopConfig(

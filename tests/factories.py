@@ -285,7 +285,7 @@ def state(
     )
 
 
-def bundle(resources: dict[str, float], **selectors: str) -> Bundle:
+def bundle(resources: Mapping[str, float], **selectors: str) -> Bundle:
     """`bundle({"CPU": 1}, ray__io__x="v")` → selector `ray.io/x in (v)`."""
     sel: tuple[LabelSelector, ...] = ()
     if selectors:
@@ -297,12 +297,12 @@ def bundle(resources: dict[str, float], **selectors: str) -> Bundle:
     return Bundle(resources=frozen_map(resources), selectors=sel)  # type: ignore[arg-type]
 
 
-def selector_bundle(resources: dict[str, float], labels: dict[str, str]) -> Bundle:
+def selector_bundle(resources: Mapping[str, float], labels: Mapping[str, str]) -> Bundle:
     sel = (LabelSelector(tuple(LabelConstraint(k, frozenset([v])) for k, v in labels.items())),)
     return Bundle(resources=frozen_map(resources), selectors=sel)  # type: ignore[arg-type]
 
 
-def tasks(resources: dict[str, float], count: int) -> TaskDemand:
+def tasks(resources: Mapping[str, float], count: int) -> TaskDemand:
     return TaskDemand(bundle=bundle(resources), count=count)
 
 

@@ -209,12 +209,15 @@ class Reconciler:
 
     async def _drain(self, result: Plan) -> Plan:
         deadline = deadline_in(self._config.drain_deadline_s)
+        # Pin the GCS the plan was made from: a replaced GCS accepts drains of unknown nodes.
+        cluster_id = self._poller.latest.cluster_id
         jobs = {
             (d.group, x.slice_key): drain_slice(
                 self._gcs,
                 [bytes.fromhex(n) for n in x.node_ids],
                 reason_message=f"kuberay-scaler: slice {x.slice_key} idle",
                 deadline_ms=deadline,
+                cluster_id=cluster_id,
             )
             for d in result.groups
             for x in d.deletions

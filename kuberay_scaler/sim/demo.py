@@ -89,7 +89,6 @@ def workload(scenario: Scenario) -> str:
     return f"""
 import time
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from ray.util.placement_group import remove_placement_group
 from ray.util.tpu import SlicePlacementGroup
 
 print("DEMAND slice reservation: {scenario.slices} x v6e {scenario.topology}", flush=True)
@@ -117,7 +116,7 @@ def cpu_work(i):
 print("DEMAND 3 CPU tasks", flush=True)
 ray.get([cpu_work.remote(i) for i in range(3)], timeout=600)
 print("CPU_DONE", flush=True)
-remove_placement_group(pg)
+handle.shutdown()  # the worker PG and the internal head reservation
 print("IDLE", flush=True)
 """
 
@@ -171,7 +170,6 @@ async def _race(job: Any, stop: asyncio.Event) -> Any:
 
 
 async def _scenario(cluster: LocalCluster, daemon: DaemonProcess, s: Scenario) -> dict[str, Any]:
-    t = cluster.timeline
     assert cluster.head is not None
     driver = await asyncio.to_thread(
         RayDriver.start,
@@ -193,11 +191,12 @@ async def _scenario(cluster: LocalCluster, daemon: DaemonProcess, s: Scenario) -
             lambda: not _workers_to_delete(cluster), 60, "workersToDelete to be cleared"
         )
         await asyncio.sleep(1)
+        output = driver.output()  # read before stop(): stopping removes the driver's log
     finally:
         echo.cancel()
         decisions.cancel()
         await asyncio.to_thread(driver.stop)
-    return {"driver": driver.output()}
+    return {"driver": output}
 
 
 async def _echo_driver(driver: RayDriver, cluster: LocalCluster) -> None:

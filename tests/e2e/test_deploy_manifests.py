@@ -157,12 +157,6 @@ async def test_sidecar_role_grants_the_service_account_what_the_daemon_uses(
         assert answer["status"].get("allowed"), f"{verb} {resource}: {answer['status']}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KubeRay (v1.6.1 and v1.7.0, utils/validation.go) refuses a RayCluster whose head "
-    "container sets RAY_enable_autoscaler_v2=1 while enableInTreeAutoscaling is false: the "
-    "sidecar example gets no pods at all",
-)
 async def test_sidecar_cluster_runs_our_container_under_our_service_account(
     admin: Kube,
 ) -> None:

@@ -27,7 +27,7 @@ from tests.factories import (
 
 def planned_spec(rc: dict[str, Any], result: Plan) -> dict[str, Any]:
     """What the RayCluster should look like once the plan is carried out."""
-    want = deep(rc)
+    want: dict[str, Any] = deep(rc)
     for d in result.groups:
         if not d.changes:
             continue

@@ -9,7 +9,17 @@ import pytest
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.parse.ray_state import parse_ray_state
 from kuberay_scaler.planner.core import Policy
-from tests.factories import FIXTURES, cluster, deleted_pods, group, plan_of, pod, targets, tpu_group
+from tests.factories import (
+    FIXTURES,
+    cluster,
+    deleted_pods,
+    group,
+    plan_of,
+    pod,
+    sample,
+    targets,
+    tpu_group,
+)
 
 SLICE_NAME = "tpu-group-q8m4z"  # TPU_NAME of the captured slice (README.md there)
 EVERYTHING_IDLE = Policy(idle_timeout_override_s=0)
@@ -53,8 +63,6 @@ def test_pending_slice_reservation_launches_one_v6e_16_slice() -> None:
 
 
 def test_pending_slice_reservation_on_the_v6e_sample() -> None:
-    from tests.factories import sample
-
     rc = sample("ray-cluster.tpu-v6e-16-multihost.yaml")
     rc["spec"]["workerGroupSpecs"][0]["replicas"] = 0
     result = plan_of(rc, [], captured("pending_slice_reservation"))

@@ -112,7 +112,7 @@ def _draw_group(draw: st.DrawFn, sc: Scenario, index: int) -> dict[str, Any]:
     keys = [_draw_slice(draw, sc, name, shape, i) for i in range(draw(st.integers(0, 4)))]
     # Mostly as many replicas as slices; sometimes more (launching) or fewer.
     raw["replicas"] = max(0, len(keys) + draw(st.sampled_from([0, 0, 0, 1, -1, 3])))
-    if keys and draw(_rarely):
+    if draw(_rarely) and keys:
         raw["scaleStrategy"] = {"workersToDelete": [f"{keys[0]}-0"]}
     elif draw(_rarely):
         raw["scaleStrategy"] = {"workersToDelete": ["long-gone-pod"]}

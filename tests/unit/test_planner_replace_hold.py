@@ -165,7 +165,7 @@ def test_pending_workers_to_delete_block_scale_down_of_that_group_only() -> None
     ]
     pods += [pod("cpu-a", "cpu")]
     nodes += cpu_nodes(["cpu-a"], idle_s=900)
-    wtd = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
+    wtd: dict[str, Any] = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
     rc = cluster(tpu_group(replicas=1, **wtd), group("cpu", replicas=1))
     result = plan_of(rc, pods, state(nodes))
     tpu = result.group("tpu")
@@ -179,7 +179,7 @@ def test_pending_workers_to_delete_block_scale_down_of_that_group_only() -> None
 def test_pending_workers_to_delete_still_allow_scale_up() -> None:
     pods = slice_pods("tpu", "tpu-a", 4)
     nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]
-    wtd = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
+    wtd: dict[str, Any] = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
     rc = cluster(tpu_group(replicas=0, **wtd))
     result = plan_of(rc, pods, state(nodes, [tasks({"TPU": 4}, 4)]))
     assert targets(result) == {"tpu": 1}
@@ -188,7 +188,7 @@ def test_pending_workers_to_delete_still_allow_scale_up() -> None:
 def test_workers_to_delete_all_gone_is_cleared() -> None:
     pods = slice_pods("tpu", "tpu-b", 4)
     nodes = [head_node(), *tpu_slice_nodes("tpu-b", 4, busy_hosts=(0,))]
-    wtd = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
+    wtd: dict[str, Any] = {"scaleStrategy": {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}}
     result = plan_of(cluster(tpu_group(replicas=1, **wtd)), pods, state(nodes))
     decision = result.group("tpu")
     assert decision is not None
@@ -198,7 +198,7 @@ def test_workers_to_delete_all_gone_is_cleared() -> None:
 
 
 def test_workers_to_delete_is_cleared_even_while_demand_is_unknown() -> None:
-    wtd = {"scaleStrategy": {"workersToDelete": ["gone-0"]}}
+    wtd: dict[str, Any] = {"scaleStrategy": {"workersToDelete": ["gone-0"]}}
     result = plan_of(cluster(tpu_group(replicas=0, **wtd)), [], ray=None)
     decision = result.group("tpu")
     assert decision is not None
@@ -222,7 +222,6 @@ def test_group_awaiting_its_write_is_held_entirely_and_others_go_on() -> None:
 def test_multi_host_pods_without_slice_labels_are_left_alone() -> None:
     pods = [pod(f"tpu-{i}", "tpu", age_s=3600) for i in range(4)]
     nodes = [head_node(), *tpu_slice_nodes("tpu", 4, idle_s=900)]
-    nodes = [n for n in nodes]
     result = plan_of(cluster(tpu_group(replicas=1)), pods, state(nodes), policy=POLICY)
     assert deleted_pods(result, "tpu") == []
     assert any("cannot be told apart" in p for p in result.problems)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from kuberay_scaler.model.plan import DeleteKind
-from kuberay_scaler.model.ray import RayNode
+from kuberay_scaler.model.ray import NodeStatus, RayNode
 from kuberay_scaler.planner.core import Policy
 from tests.factories import (
     cluster,
@@ -78,10 +79,6 @@ def test_draining_host_makes_its_slice_not_idle() -> None:
 
 
 def _draining(n: RayNode) -> RayNode:
-    from dataclasses import replace
-
-    from kuberay_scaler.model.ray import NodeStatus
-
     return replace(n, status=NodeStatus.DRAINING)
 
 
@@ -105,7 +102,7 @@ def test_idle_timeout_precedence(
     idle_s: float,
     deleted: bool,
 ) -> None:
-    extra = {} if group_timeout is None else {"idleTimeoutSeconds": group_timeout}
+    extra: dict[str, Any] = {} if group_timeout is None else {"idleTimeoutSeconds": group_timeout}
     opts = {} if cluster_timeout is None else {"idleTimeoutSeconds": cluster_timeout}
     rc = cluster(group("cpu", replicas=1, **extra), autoscalerOptions=opts)
     pods = [pod("cpu-a", "cpu")]

@@ -1,0 +1,160 @@
+"""The whole daemon as a subprocess against the stand-ins and a real Ray head (integration tier)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kuberay_scaler.sim.demo import Scenario, demo_raycluster, run_demo
+from kuberay_scaler.sim.harness import DaemonProcess, LocalCluster
+from kuberay_scaler.sim.ray_local import RayDriver
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+RESERVE_SLICE = """
+from ray.util.tpu import SlicePlacementGroup
+handle = SlicePlacementGroup(topology="4x4", accelerator_version="v6e",
+                             head_reservation_timeout_s=600)
+ray.get(handle.placement_group.ready(), timeout=600)
+print("SLICE_READY", flush=True)
+"""
+
+
+def _get(daemon: DaemonProcess, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{daemon.http}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError as err:
+        return 0, str(err)
+
+
+def _replicas(cluster: LocalCluster, group: str) -> int:
+    spec = cluster.current()["spec"]["workerGroupSpecs"]
+    return int(next(g for g in spec if g["groupName"] == group).get("replicas", 0))
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[LocalCluster]:
+    async with LocalCluster(demo_raycluster(Scenario()), pod_start_delay=0.5) as local:
+        yield local
+
+
+def _driver(cluster: LocalCluster, body: str) -> RayDriver:
+    assert cluster.head is not None
+    return RayDriver.start(
+        cluster.head.gcs_address,
+        body,
+        node_ip=cluster.head.ip,
+        env=cluster.head.client_env(),
+        wait_ready=False,
+    )
+
+
+async def test_slice_reservation_scales_up_one_whole_slice_and_serves(
+    cluster: LocalCluster,
+) -> None:
+    daemon = cluster.start_daemon()
+    driver = await asyncio.to_thread(_driver, cluster, RESERVE_SLICE)
+    try:
+        await cluster.wait_for(lambda: "SLICE_READY" in driver.output(), 240, "the slice")
+        pods = cluster.worker_pods("tpu-group")
+        assert len(pods) == 4
+        assert len({p["metadata"]["labels"]["ray.io/worker-group-replica-name"] for p in pods}) == 1
+        assert _replicas(cluster, "tpu-group") == 1
+        assert _replicas(cluster, "cpu-group") == 0  # no accelerator slice for nothing, no CPU pod
+        status, body = _get(daemon, "/debug/plan")
+        assert status == 200
+        plan = json.loads(body)
+        assert {g["name"] for g in plan["groups"]} == {"tpu-group", "cpu-group"}
+        status, _ = _get(daemon, "/readyz")
+        assert status == 200
+    finally:
+        await asyncio.to_thread(driver.stop)
+    code, took = await asyncio.to_thread(daemon.stop)
+    assert code == 0
+    assert took < 30
+    assert not cluster.violations
+
+
+async def test_dry_run_plans_but_writes_nothing(cluster: LocalCluster) -> None:
+    daemon = cluster.start_daemon(KUBERAY_SCALER_DRY_RUN="true")
+    driver = await asyncio.to_thread(_driver, cluster, RESERVE_SLICE)
+    try:
+        await cluster.wait_for(
+            lambda: any(line.get("event") == "decision" for line in daemon.lines()),
+            120,
+            "a dry-run decision",
+        )
+        decision = next(line for line in daemon.lines() if line.get("event") == "decision")
+        assert decision["dry_run"] is True and decision["group"] == "tpu-group"
+        await asyncio.sleep(2)
+        assert _replicas(cluster, "tpu-group") == 0
+        assert not cluster.worker_pods()
+        patches = [r for r in cluster.api.requests if r.method == "PATCH"]
+        assert patches == []
+    finally:
+        await asyncio.to_thread(driver.stop)
+    assert (await asyncio.to_thread(daemon.stop))[0] == 0
+
+
+async def test_metrics_parse_and_readyz_follows_the_gcs(cluster: LocalCluster) -> None:
+    daemon = cluster.start_daemon(KUBERAY_SCALER_GCS_STALE_AFTER_S="3")
+    await cluster.wait_for(lambda: _get(daemon, "/readyz")[0] == 200, 60, "readiness")
+    status, text = _get(daemon, "/metrics")
+    assert status == 200
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert {"kuberay_scaler_reconcile_duration_seconds", "kuberay_scaler_slices"} <= names
+    assert _get(daemon, "/healthz")[0] == 200
+    assert cluster.head is not None
+    await asyncio.to_thread(cluster.head.kill_gcs)
+    await cluster.wait_for(lambda: _get(daemon, "/readyz")[0] == 503, 60, "not ready")
+    assert "GCS" in _get(daemon, "/readyz")[1]
+    assert (await asyncio.to_thread(daemon.stop))[0] == 0
+
+
+async def test_sigterm_mid_reconcile_leaves_nothing_half_written(cluster: LocalCluster) -> None:
+    # Patches answer slowly, so SIGTERM lands while a reconcile waits on its patch.
+    cluster.api.faults.delay(r"/rayclusters/", 2.0)
+    daemon = cluster.start_daemon()
+    driver = await asyncio.to_thread(_driver, cluster, RESERVE_SLICE)
+    try:
+        await cluster.wait_for(
+            lambda: any(r.method == "PATCH" for r in cluster.api.requests),
+            120,
+            "a patch in flight",
+            step=0.05,
+        )
+        code, took = await asyncio.to_thread(daemon.stop)
+    finally:
+        await asyncio.to_thread(driver.stop)
+    assert code == 0
+    assert took < 30
+    group = next(
+        g for g in cluster.current()["spec"]["workerGroupSpecs"] if g["groupName"] == "tpu-group"
+    )
+    assert group.get("replicas") in (0, 1)  # either the whole patch or none of it
+    assert not (group.get("scaleStrategy") or {}).get("workersToDelete")
+
+
+async def test_demo_scenario_invariants() -> None:
+    """The `make demo` scenario: up in whole slices, work on every host, idle, down whole."""
+    import io
+
+    out = io.StringIO()
+    code = await run_demo(Scenario(), out)
+    text = out.getvalue()
+    assert code == 0, text
+    partial = re.search(r"partial slices ever requested\s+(\d+)", text)
+    assert partial is not None and partial.group(1) == "0", text
+    deleted = re.search(r"TPU pods deleted\s+(\d+)", text)
+    assert deleted is not None and int(deleted.group(1)) % 4 == 0 and int(deleted.group(1)) > 0
+    assert "WORK_DONE" in text
+    assert "scenario completed" in text
