@@ -233,21 +233,18 @@ def _decide(
     reasons += [f"add slice(s) for {n}× {text}" for text, n in room.reasons.items()]
     reasons += [f"{n}× {text}: waiting" for text, n in room.waiting.items()]
     deletions: list[SliceDeletion] = []
-    cancelled = 0
     if g.hold_down:
         reasons.append(f"no scale-down: {g.hold_down}")
     else:
         replaced = _replacements(g, backoff, policy, now, reasons)
         deletions += replaced
-        cancelled = _cancel_unneeded_launches(g, room, needed, virtual, reasons)
-        deletions += _idle_deletions(g, room, needed, cancelled, spec, policy, reasons)
+        # Replicas asked for but without pods are never cancelled: the operator may be rebuilding
+        # them right now (e.g. after a host pod was deleted). If demand is really gone they come
+        # up, turn idle and leave through the idle path, drained like any other slice.
+        deletions += _idle_deletions(g, room, needed, spec, policy, reasons)
     idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
-    scaled = room.added or idle_deleted or cancelled
-    target = (
-        group.effective_replicas + room.added - idle_deleted - cancelled
-        if scaled
-        else group.replicas
-    )
+    scaled = room.added or idle_deleted
+    target = group.effective_replicas + room.added - idle_deleted if scaled else group.replicas
     return replace(
         base,
         target=target,
@@ -255,7 +252,7 @@ def _decide(
         clear_workers_to_delete=g.clear_wtd and not deletions,
         held=g.hold_down,
         reasons=tuple(reasons),
-        launching_hosts=_launching_hosts(g, virtual - cancelled + room.added),
+        launching_hosts=_launching_hosts(g, virtual + room.added),
     )
 
 
@@ -286,30 +283,10 @@ def _replacements(
     return out
 
 
-def _cancel_unneeded_launches(
-    g: _Group,
-    room: GroupRoom,
-    needed: set[tuple[str | None, str | None]],
-    virtual: int,
-    reasons: list[str],
-) -> int:
-    """Replicas asked for whose pods do not exist yet, and that no demand needs any more."""
-    if room.added or not virtual:
-        return 0
-    name = g.slices.group.name
-    used = sum(1 for i in range(virtual) if (name, f"launching:{name}:{i}") in needed)
-    floor = g.slices.group.min_replicas
-    cancel = min(virtual - used, max(0, g.slices.group.effective_replicas - floor))
-    if cancel:
-        reasons.append(f"cancel {cancel} launching slice(s) with no pods yet: demand is gone")
-    return cancel
-
-
 def _idle_deletions(
     g: _Group,
     room: GroupRoom,
     needed: set[tuple[str | None, str | None]],
-    cancelled: int,
     spec: ClusterSpec,
     policy: Policy,
     reasons: list[str],
@@ -323,7 +300,7 @@ def _idle_deletions(
             continue
         idle.append((idle_ms, sl))
     idle.sort(key=lambda pair: (-pair[0], pair[1].key))  # longest idle first
-    keep = group.effective_replicas + room.added - cancelled - group.min_replicas
+    keep = group.effective_replicas + room.added - group.min_replicas
     chosen = idle[: max(0, keep)]
     if len(chosen) < len(idle):
         reasons.append(

@@ -203,14 +203,16 @@ def test_busy_and_pending_slices_are_never_idle_deleted() -> None:
     assert decision.target == 2
 
 
-def test_launching_replica_without_pods_is_cancelled_when_demand_is_gone() -> None:
+def test_launching_replica_without_pods_is_never_cancelled() -> None:
+    # The operator may be rebuilding it (a host pod was deleted externally): cancelling would
+    # race with it (seen in the e2e tier). An unneeded slice leaves later through the idle path.
     pods, nodes = _tpu_slices(None)
     result = plan_of(cluster(tpu_group(replicas=2)), pods, state(nodes))
     decision = result.group("tpu")
     assert decision is not None
-    assert decision.target == 1
+    assert decision.target == 2
     assert decision.deletions == ()
-    assert any("cancel 1 launching" in r for r in decision.reasons)
+    assert not decision.changes
 
 
 def test_launching_replica_is_kept_for_min_replicas() -> None:
@@ -243,12 +245,11 @@ def test_idle_single_host_groups_delete_pods_one_by_one() -> None:
 
 def test_demand_uses_an_idle_running_host_before_a_launching_replica() -> None:
     # Placing the task on the launching replica would delete the idle host and keep the
-    # launching one: churn for nothing. The running host serves it; the launch is cancelled.
+    # launching one: churn for nothing. The running host serves it; the launch is kept.
     pods = [pod("cpu-a", "cpu")]
     nodes = [head_node(), *cpu_nodes(["cpu-a"], idle_s=900)]
     result = plan_of(cluster(group("cpu", replicas=2)), pods, state(nodes, [tasks({"CPU": 8}, 1)]))
     decision = result.group("cpu")
     assert decision is not None
     assert decision.deletions == ()
-    assert decision.target == 1
-    assert any("cancel 1 launching" in r for r in decision.reasons)
+    assert decision.target == 2
