@@ -230,4 +230,3 @@ class Daemon:
         document["last_patch_sent"] = status.last_patch
         document["reconciles"] = status.reconciles
         return document
-

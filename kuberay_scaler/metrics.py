@@ -72,7 +72,7 @@ DRAINS = Counter(
 )
 PATCHES = Counter(
     "kuberay_scaler_patches_total",
-    "RayCluster patch outcomes (applied, stale, invalid, forbidden, throttled, error).",
+    "RayCluster patch outcomes (applied, stale, invalid, forbidden, throttled, transient, gone).",
     ["outcome"],
     registry=REGISTRY,
 )
