@@ -84,7 +84,7 @@ async def test_failed_test_op_is_stale_and_validation_422_is_invalid(
     assert stale.kind == "stale"
     assert stored_replicas(apiserver) == 1
 
-    bad_ops = [{"op": "replace", "path": REPLICAS_PATH, "value": -1}]
+    bad_ops = [{"op": "replace", "path": REPLICAS_PATH, "value": "two"}]
     with capture_logs() as logs:
         first = await writer.apply(bad_ops, expected_uid=uid)
         second = await writer.apply(bad_ops, expected_uid=uid)

@@ -408,7 +408,6 @@ async def test_guarded_json_patch_applies_and_bumps_generation(
 @pytest.mark.parametrize(
     ("path", "value", "field"),
     [
-        ("/spec/workerGroupSpecs/0/replicas", -1, "spec.workerGroupSpecs[0].replicas"),
         ("/spec/workerGroupSpecs/0/replicas", "2", "spec.workerGroupSpecs[0].replicas"),
         (
             "/spec/workerGroupSpecs/0/scaleStrategy",
@@ -740,3 +739,14 @@ async def test_kubernetes_asyncio_lists_and_watches_via_kubeconfig(
                     break
     assert ("ADDED", "w2") in seen
     assert api.requests[-1].user == "system:serviceaccount:default:raycluster-autoscaler"
+
+
+async def test_negative_replicas_are_stored_as_the_real_crd_allows(
+    api: ApiServerStandIn, admin: aiohttp.ClientSession
+) -> None:
+    # The v1.7.0 CRD sets no minimum on replicas; kube-apiserver stores -1 (seen in the e2e tier).
+    api.create("rayclusters", NS, raycluster())
+    ops = [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": -1}]
+    response = await admin.patch(f"{RAYCLUSTERS}/rc", data=json.dumps(ops), headers=JSON_PATCH)
+    assert response.status == 200
+    assert (await response.json())["spec"]["workerGroupSpecs"][0]["replicas"] == -1
