@@ -19,8 +19,10 @@ class Trigger:
 
     async def wait(self, max_wait: float, debounce: float) -> set[str]:
         """Wait up to `max_wait` for a first reason, then `debounce` for more to pile up."""
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout=max(0.0, max_wait))
+            async with asyncio.timeout(max(0.0, max_wait)):
+                await self._event.wait()
         if self._event.is_set() and debounce > 0:
             await asyncio.sleep(debounce)
         reasons, self._reasons = self._reasons or {"timer"}, set()
