@@ -153,6 +153,20 @@ def compare(sc: scenario.Scenario, result: Plan, request: Any, reply: Any) -> li
     return rows
 
 
+def capacity(sc: scenario.Scenario, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """CPUs, GPUs and TPU chips of the whole cluster after each plan (KubeRay's replicas)."""
+    out: dict[str, dict[str, float]] = {}
+    for who, hosts in (("ours", "ours_hosts"), ("ray", "ray_replicas")):
+        totals = dict.fromkeys(("CPU", "GPU", "TPU"), 0.0)
+        for row in rows:
+            count = row[hosts] * (row["num_of_hosts"] if hosts == "ray_replicas" else 1)
+            offer = sc.offers[row["group"]][0]
+            for resource in totals:
+                totals[resource] += count * offer.get(resource, 0.0)
+        out[who] = totals
+    return out
+
+
 def _report(
     sc: scenario.Scenario,
     timing: Timing,
@@ -171,12 +185,14 @@ def _report(
         "ratio": timing.ratio,
         "groups": rows,
         "agree": sum(1 for r in rows if r["agree"]),
+        "capacity": capacity(sc, rows),
         "ours_infeasible": sum(i.count for i in result.infeasible),
         "ray_infeasible": ray_side.infeasible_count(reply),
     }
 
 
 def _markdown(report: dict[str, Any]) -> str:
+    ours, ray = report["capacity"]["ours"], report["capacity"]["ray"]
     lines = [
         f"time ratio ours/Ray: {report['ratio']:.4f} (median of {report['repeats']}; ours"
         f" {report['ours_s'] * 1000:.0f} ms, with parsing {report['ours_with_parse_s'] * 1000:.0f}"
@@ -184,6 +200,8 @@ def _markdown(report: dict[str, Any]) -> str:
         f"targets agree on {report['agree']} of {len(report['groups'])} groups;"
         f" infeasible: ours {report['ours_infeasible']} bundles,"
         f" Ray {report['ray_infeasible']} requests",
+        "capacity after the plan (KubeRay replicas × hosts): "
+        + "; ".join(f"{r}: ours {ours[r]:,.0f}, Ray {ray[r]:,.0f}" for r in ("CPU", "GPU", "TPU")),
         "",
         "| group | hosts/slice | current | ours (slices) | ours (hosts) | Ray (hosts) |"
         " Ray → replicas | agree | Ray infeasible | Ray partial slice |",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ray.core.generated import autoscaler_pb2, common_pb2
@@ -94,7 +94,9 @@ def _add_group(
 ) -> None:
     group["labels"] = {**group.get("labels", {}), "pool": group["groupName"]}
     groups.append(group)
-    sc.offers[group["groupName"]] = (host.resources, {**host.labels, **group["labels"]})
+    # KubeRay passes the group's labels to `ray start --labels`: its hosts carry them.
+    host = replace(host, labels={**host.labels, **group["labels"]})
+    sc.offers[group["groupName"]] = (host.resources, host.labels)
     _add_slices(sc, rnd, group, _count(kind, scale), host)
 
 
@@ -212,7 +214,7 @@ def _add_slices(
             sc.pods.append(_pod(pod_name, name, replica, h if hosts > 1 else None))
             _add_node(sc, pod_name, name, kind, key, h, idle_ms)
     group["replicas"] = count
-    group["maxReplicas"] = count + 100
+    group["maxReplicas"] = count + 250
     group["minReplicas"] = rnd.choice([0, 0, 1, 2])
     sc.num_slices += count
 
