@@ -11,9 +11,9 @@ from typing import Any
 
 import structlog
 
+from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.control.intent import clear_ops, read_draining, record_ops
 from kuberay_scaler.control.report import report_from_plan
-from kuberay_scaler.kube.backoff import Backoff
 from kuberay_scaler.kube.events import EventRecorder
 from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.informer import Informer

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.kube.backoff import Backoff
+from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, request_json
 
 log = structlog.get_logger(__name__)

@@ -24,7 +24,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.kube.backoff import Backoff
+from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, open_stream, request_json
 from kuberay_scaler.metrics import WATCH_RESTARTS
 

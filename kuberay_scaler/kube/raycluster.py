@@ -22,7 +22,7 @@ from typing import Any, Literal
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.kube.backoff import Backoff
+from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.informer import Change, Informer, Source
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, request_json
 

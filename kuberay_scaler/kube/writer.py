@@ -65,7 +65,9 @@ class RayClusterWriter:
 
     async def apply(self, ops: Sequence[dict[str, Any]], *, expected_uid: str) -> PatchOutcome:
         """Send `ops` (guarded by a `test` of `metadata.uid` == `expected_uid`) and classify."""
-        body = [{"op": "test", "path": "/metadata/uid", "value": expected_uid}, *ops]
+        guard = {"op": "test", "path": "/metadata/uid", "value": expected_uid}
+        # Plans from patch.build_patch already open with this guard: don't send it twice.
+        body = list(ops) if ops and ops[0] == guard else [guard, *ops]
         try:
             obj = await request_json(
                 self._api, _PATCH, "PATCH", self._path, body=body, content_type=JSON_PATCH

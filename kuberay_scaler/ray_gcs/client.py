@@ -26,7 +26,7 @@ from ray.core.generated import (
     gcs_service_pb2_grpc,
 )
 
-from kuberay_scaler.kube.backoff import Backoff
+from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.metrics import GCS_ERRORS, GCS_RTT_SECONDS
 from kuberay_scaler.ray_gcs.errors import (
     GcsAuthError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.kube.backoff import Backoff
+from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.informer import Informer, Source
 from kuberay_scaler.sim.apiserver import ApiServerStandIn
 from tests.contract.conftest import (

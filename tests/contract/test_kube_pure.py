@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.access import Access
-from kuberay_scaler.kube.backoff import Backoff
 from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.transport import ApiError, Target, parse_retry_after
 from kuberay_scaler.kube.writer import classify

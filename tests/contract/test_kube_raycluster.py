@@ -9,8 +9,8 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from structlog.testing import capture_logs
 
+from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.access import detect_access
-from kuberay_scaler.kube.backoff import Backoff
 from kuberay_scaler.kube.raycluster import Mode, RayClusterView
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.sim.apiserver import (
