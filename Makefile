@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install test lint demo e2e bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml standins/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e ./standins
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -23,7 +23,7 @@ lint: install
 	$(BIN)/mypy
 
 demo: install
-	$(BIN)/kuberay-scaler demo
+	$(BIN)/kuberay-scaler-demo
 
 e2e: install
 	scripts/build-control-plane.sh >/dev/null

@@ -1,4 +1,4 @@
-"""Command line: run | plan | demo | check-config | version."""
+"""Command line: run | plan | check-config | version (the demo lives in kuberay_standins)."""
 
 from __future__ import annotations
 
@@ -41,10 +41,6 @@ def _parser() -> argparse.ArgumentParser:
         help="GetClusterResourceStateReply in proto3 JSON (MessageToJson)",
     )
     plan.set_defaults(func=_plan)
-    demo = sub.add_parser("demo", help="scale a TPU-style multi-host group on a local Ray cluster")
-    demo.add_argument("--slices", type=int, default=1, help="slices the workload reserves")
-    demo.add_argument("--hosts", type=int, default=4, help="hosts per slice (numOfHosts)")
-    demo.set_defaults(func=_demo)
     check = sub.add_parser(
         "check-config", help="validate env configuration as `run` would, and print it"
     )
@@ -82,11 +78,3 @@ def _run(_: argparse.Namespace) -> int:
     from kuberay_scaler.app import run_daemon
 
     return run_daemon(settings)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from kuberay_scaler.logs import configure_logging
-    from kuberay_scaler.sim.demo import main as demo_main
-
-    configure_logging("console", "warning")
-    return demo_main(slices=args.slices, hosts=args.hosts)

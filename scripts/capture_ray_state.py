@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Capture real `GetClusterResourceStateReply` fixtures from local Ray clusters on loopback.
 
-Starts Ray heads and hosts with `kuberay_scaler.sim.ray_local`, creates real demand with drivers,
+Starts Ray heads and hosts with `kuberay_standins.ray_local`, creates real demand with drivers,
 waits until the GCS shows it, and writes `MessageToJson(reply)` to `<out>/<scenario>.json`.
 
     .venv/bin/python scripts/capture_ray_state.py [--out tests/fixtures/ray_state] [--only NAME ...]
@@ -23,7 +23,7 @@ from google.protobuf import json_format
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.sim.ray_local import (
+from kuberay_standins.ray_local import (
     HostSpec,
     RayDriver,
     RayHead,

@@ -17,7 +17,7 @@ from kubernetes_asyncio.client import ApiClient
 from kuberay_scaler.kube.informer import Change
 from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.metrics import REGISTRY
-from kuberay_scaler.sim.apiserver import ADMIN_TOKEN, ApiServerStandIn
+from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 
 NAMESPACE = "default"
 CLUSTER = "rc"

@@ -7,7 +7,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.informer import Informer, Source
-from kuberay_scaler.sim.apiserver import ApiServerStandIn
+from kuberay_standins.apiserver import ApiServerStandIn
 from tests.contract.conftest import (
     NAMESPACE,
     ChangeLog,

@@ -13,7 +13,7 @@ from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.access import detect_access
 from kuberay_scaler.kube.raycluster import Mode, RayClusterView
 from kuberay_scaler.kube.writer import RayClusterWriter
-from kuberay_scaler.sim.apiserver import (
+from kuberay_standins.apiserver import (
     ADMIN_TOKEN,
     RESTRICTED_TOKEN,
     SIDECAR_TOKEN,

@@ -13,7 +13,7 @@ from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.raycluster import RayClusterView
 from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.kube.writer import PatchOutcome, RayClusterWriter
-from kuberay_scaler.sim.apiserver import ADMIN_TOKEN, ApiServerStandIn
+from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 from tests.contract.conftest import CLUSTER, GROUP, NAMESPACE, Connect, metric, raycluster
 
 RC_PATH = f"/apis/ray.io/v1/namespaces/{NAMESPACE}/rayclusters/{CLUSTER}"

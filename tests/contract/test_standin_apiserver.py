@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kuberay_scaler.sim.apiserver import (
+from kuberay_standins.apiserver import (
     ADMIN_TOKEN,
     RESTRICTED_TOKEN,
     SIDECAR_TOKEN,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kuberay_scaler.sim.apiserver import ApiServerStandIn, StoredEvent
-from kuberay_scaler.sim.operator import OperatorStandIn, resolve_env
+from kuberay_standins.apiserver import ApiServerStandIn, StoredEvent
+from kuberay_standins.operator import OperatorStandIn, resolve_env
 
 NS = "default"
 NAME = "raycluster-tpu-v6e-multihost"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kuberay_scaler.sim.ray_local import RayHead, RayHost, tpu_host_env
+from kuberay_standins.ray_local import RayHead, RayHost, tpu_host_env
 from tests.e2e.kube import MERGE_PATCH, Kube
 
 HEAD_IP = "127.0.0.100"

@@ -2,7 +2,7 @@
 a JSON patch that does not apply, a validation failure, a watch or list from a resourceVersion
 that is too old or too new, and the bookmark that ends a watch's initial events.
 
-Where the API-server stand-in (kuberay_scaler/sim) must say the same, the test compares against
+Where the API-server stand-in (kuberay_standins) must say the same, the test compares against
 it directly; the other facts are written down in docs/e2e.md.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from kuberay_scaler.kube.transport import ApiError, Target
 from kuberay_scaler.kube.writer import classify
-from kuberay_scaler.sim._k8s_errors import patch_not_applied
+from kuberay_standins._k8s_errors import patch_not_applied
 from tests.e2e.kube import JSON_PATCH
 from tests.e2e.world import World, tpu_raycluster
 

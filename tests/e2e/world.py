@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from kuberay_scaler.sim.ray_local import RayDriver
+from kuberay_standins.ray_local import RayDriver
 from tests.e2e.controlplane import (
     REPO,
     RESTRICTED_USER,

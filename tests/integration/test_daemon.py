@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kuberay_scaler.sim.demo import Scenario, demo_raycluster, run_demo
-from kuberay_scaler.sim.harness import DaemonProcess, LocalCluster
-from kuberay_scaler.sim.ray_local import RayDriver
+from kuberay_standins.demo import Scenario, demo_raycluster, run_demo
+from kuberay_standins.harness import DaemonProcess, LocalCluster
+from kuberay_standins.ray_local import RayDriver
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

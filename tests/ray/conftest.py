@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.sim.ray_local import RayDriver, RayHead
+from kuberay_standins.ray_local import RayDriver, RayHead
 from tests.ray.helpers import fast_client
 
 

@@ -22,7 +22,7 @@ from kuberay_scaler.ray_gcs.report import (
     PendingPod,
     build_autoscaling_state,
 )
-from kuberay_scaler.sim.ray_local import RayDriver, RayHead
+from kuberay_standins.ray_local import RayDriver, RayHead
 from tests.ray.helpers import fast_client, gangs, node_by_id, run_ray_status, wait_for_state
 
 pytestmark = pytest.mark.ray

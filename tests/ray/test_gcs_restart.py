@@ -10,7 +10,7 @@ import pytest
 
 from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
 from kuberay_scaler.ray_gcs.report import AutoscalingReport, LaunchingGroup, build_autoscaling_state
-from kuberay_scaler.sim.ray_local import RayHead
+from kuberay_standins.ray_local import RayHead
 from tests.ray.helpers import fast_client, run_ray_status
 
 pytestmark = pytest.mark.ray

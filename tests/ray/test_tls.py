@@ -11,7 +11,7 @@ import pytest
 
 from kuberay_scaler.ray_gcs.client import TlsFiles
 from kuberay_scaler.ray_gcs.errors import GcsUnavailable
-from kuberay_scaler.sim.ray_local import RayHead
+from kuberay_standins.ray_local import RayHead
 from tests.ray.helpers import fast_client
 
 pytestmark = [

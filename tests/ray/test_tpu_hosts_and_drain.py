@@ -14,7 +14,7 @@ from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.ray_gcs.client import GcsClient
 from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
-from kuberay_scaler.sim.ray_local import (
+from kuberay_standins.ray_local import (
     HostSpec,
     RayDriver,
     RayHead,

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from kuberay_scaler.sim._k8s_errors import ApiError, NotFound
-from kuberay_scaler.sim._k8s_kuberay import (
+from kuberay_standins._k8s_errors import ApiError, NotFound
+from kuberay_standins._k8s_kuberay import (
     CLUSTER_LABEL,
     GROUP_LABEL,
     HOST_INDEX_LABEL,
@@ -42,9 +42,9 @@ from kuberay_scaler.sim._k8s_kuberay import (
     resolve_env,
     unhealthy_reason,
 )
-from kuberay_scaler.sim._k8s_store import StoredEvent, rfc3339
-from kuberay_scaler.sim._k8s_tpu_webhook import LEGACY_REPLICA_INDEX, mutate_tpu_pod
-from kuberay_scaler.sim.apiserver import ApiServerStandIn
+from kuberay_standins._k8s_store import StoredEvent, rfc3339
+from kuberay_standins._k8s_tpu_webhook import LEGACY_REPLICA_INDEX, mutate_tpu_pod
+from kuberay_standins.apiserver import ApiServerStandIn
 
 __all__ = ["OperatorStandIn", "PodHooks", "PodSlice", "resolve_env"]
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import jsonpatch
 import jsonpointer
 
-from kuberay_scaler.sim._k8s_errors import (
+from kuberay_standins._k8s_errors import (
     ApiError,
     FieldCause,
     already_exists,
@@ -29,7 +29,7 @@ from kuberay_scaler.sim._k8s_errors import (
     not_found,
     patch_not_applied,
 )
-from kuberay_scaler.sim._k8s_resources import PODS, ResourceType, apply_defaults, validate
+from kuberay_standins._k8s_resources import PODS, ResourceType, apply_defaults, validate
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 # "main": the object endpoint (status changes ignored where a status subresource exists);

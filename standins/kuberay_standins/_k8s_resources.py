@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kuberay_scaler.sim._k8s_errors import FieldCause, Invalid, invalid
+from kuberay_standins._k8s_errors import FieldCause, Invalid, invalid
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1

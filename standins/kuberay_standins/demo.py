@@ -19,8 +19,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from kuberay_scaler.sim.harness import DaemonProcess, LocalCluster, Moment
-from kuberay_scaler.sim.ray_local import RayDriver
+from kuberay_standins.harness import DaemonProcess, LocalCluster, Moment
+from kuberay_standins.ray_local import RayDriver
 
 SAMPLE = "ray-cluster.tpu-v6e-16-multihost.yaml"
 IDLE_TIMEOUT_S = 15

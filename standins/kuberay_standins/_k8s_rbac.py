@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kuberay_scaler.sim._k8s_errors import ApiError, qualified, status_body
+from kuberay_standins._k8s_errors import ApiError, qualified, status_body
 
 # (verbs, resources) like an rbac.authorization.k8s.io PolicyRule; "*" matches anything.
 Rule = tuple[Sequence[str], Sequence[str]]

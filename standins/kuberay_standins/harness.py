@@ -32,10 +32,10 @@ from kuberay_scaler.planner.shapes import (
     host_resources,
     tpu_pod_type,
 )
-from kuberay_scaler.sim._k8s_store import StoredEvent
-from kuberay_scaler.sim.apiserver import RESTRICTED_TOKEN, ApiServerStandIn
-from kuberay_scaler.sim.operator import OperatorStandIn
-from kuberay_scaler.sim.ray_local import RayHead, RayHost, free_port, tpu_host_env
+from kuberay_standins._k8s_store import StoredEvent
+from kuberay_standins.apiserver import RESTRICTED_TOKEN, ApiServerStandIn
+from kuberay_standins.operator import OperatorStandIn
+from kuberay_standins.ray_local import RayHead, RayHost, free_port, tpu_host_env
 
 log = structlog.get_logger(__name__)
 

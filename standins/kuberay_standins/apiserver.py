@@ -33,7 +33,7 @@ import structlog
 import yaml
 from aiohttp import web
 
-from kuberay_scaler.sim._k8s_errors import (
+from kuberay_standins._k8s_errors import (
     AlreadyExists,
     ApiError,
     BadRequest,
@@ -48,7 +48,7 @@ from kuberay_scaler.sim._k8s_errors import (
     status_body,
     too_large_resource_version,
 )
-from kuberay_scaler.sim._k8s_rbac import (
+from kuberay_standins._k8s_rbac import (
     ADMIN_RULES,
     RESTRICTED_RULES,
     SIDECAR_RULES,
@@ -57,7 +57,7 @@ from kuberay_scaler.sim._k8s_rbac import (
     forbidden,
     unauthorized,
 )
-from kuberay_scaler.sim._k8s_resources import (
+from kuberay_standins._k8s_resources import (
     BY_STORE,
     EVENTS,
     EVENTS_V1,
@@ -65,14 +65,14 @@ from kuberay_scaler.sim._k8s_resources import (
     RAYCLUSTERS,
     ResourceType,
 )
-from kuberay_scaler.sim._k8s_store import (
+from kuberay_standins._k8s_store import (
     Listener,
     ObjectStore,
     StoredEvent,
     WriteMode,
     strip_for_list,
 )
-from kuberay_scaler.sim._selectors import Predicate, SelectorError, object_selector
+from kuberay_standins._selectors import Predicate, SelectorError, object_selector
 
 __all__ = [
     "ADMIN_TOKEN",
