@@ -25,7 +25,8 @@ SINGLE_CORE_GENERATIONS = ("v5litepod", "v6e")
 STANDARD = ("CPU", "GPU", "TPU", "memory")
 # KubeRay sets RAY_NODE_TYPE_NAME=<groupName> on every Ray container; Ray turns it into this label.
 NODE_GROUP_LABEL = "ray.io/node-group"
-ACCELERATORS = ("GPU", "TPU")
+# Resources that make a host an accelerator host (plain demand is kept off those; contract §6).
+ACCELERATORS = ("GPU", "TPU", "neuron_cores", "HPU")
 
 
 class ShapeError(ValueError):
@@ -116,6 +117,9 @@ def host_resources(group: WorkerGroup) -> dict[str, float]:
     memory = _first(explicit.get("memory"), _param(params, "memory"), group.container.memory_bytes)
     if memory:
         out["memory"] = float(math.ceil(memory))
+    for resource, count in group.container.accelerators.items():
+        # KubeRay adds these to `ray start --resources` unless the user already named them.
+        out.setdefault(resource, float(math.ceil(count)))
     return out
 
 
