@@ -19,7 +19,6 @@ from kuberay_scaler.model.cluster import (
 )
 from kuberay_scaler.parse.quantity import parse_quantity
 
-
 # Container resources a Ray node reports as a resource of its own name. KubeRay's `ray start`
 # adds neuron_cores for AWS Neuron (its customAcceleratorToRayResourceMap); Ray's HPU
 # accelerator manager reports Gaudi devices visible in the pod as HPU.
