@@ -161,3 +161,19 @@ def test_unlabelled_multi_host_pods_still_serve_what_their_ray_nodes_offer() -> 
     result = plan_of(rc, pods, ray)
     assert targets(result) == {"tpu": 1}
     assert not result.infeasible
+
+
+@pytest.mark.parametrize("limit", ["amd.com/gpu", "nvidia.com/gpu", "google.com/tpu"])
+def test_scale_up_for_accelerator_demand_agrees_with_rays_scheduler(limit: str) -> None:
+    from tests.ray_reference import add_tasks, answers, new_state
+
+    acc = group("acc", max_replicas=6)
+    acc["template"]["spec"]["containers"][0]["resources"]["limits"][limit] = "2"
+    resource = "TPU" if "tpu" in limit else "GPU"
+    rc = cluster(group("cpu", max_replicas=6), acc)
+    reply = new_state()
+    add_tasks(reply, {resource: 1, "CPU": 1}, 5)
+    add_tasks(reply, {"CPU": 8}, 1)
+    got = answers(rc, reply)
+    assert got.ray == {"cpu": 1, "acc": 3}
+    assert got.ours == got.ray
