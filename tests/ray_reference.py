@@ -1,4 +1,4 @@
-"""Run Ray's own v2 scheduler and our planner on one input, for single-host cases where Ray is right.
+"""Ray's own v2 scheduler and our planner on one input (single-host cases where Ray is right).
 
 The input is a RayCluster dict and a `ClusterResourceState` proto. Ray gets its node types from
 its own KubeRay derivation of the RayCluster (bench/ray_side.py); we get the same proto through
