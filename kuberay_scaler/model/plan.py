@@ -11,6 +11,7 @@ from typing import Any
 
 from kuberay_scaler.model.cluster import ClusterSpec
 from kuberay_scaler.model.hosts import Host
+from kuberay_scaler.model.ray import GangDemand, TaskDemand
 from kuberay_scaler.model.slices import SliceMap
 
 
@@ -40,6 +41,7 @@ class GroupDecision:
     held: str | None = None  # why nothing (or only part) was decided for this group
     reasons: tuple[str, ...] = ()
     launching_hosts: int = 0  # hosts asked for and not yet in Ray, for the report to Ray
+    new_hosts: int = 0  # of those, the hosts of slices this very plan adds (not yet written)
 
     @property
     def changes(self) -> bool:
@@ -52,6 +54,9 @@ class Infeasible:
     reason: str
     count: int = 1
     certain: bool = True  # no group of this cluster can ever serve it, whatever the replicas
+    # What Ray asked for, so the report can name it back (ReportAutoscalingState).
+    request: TaskDemand | GangDemand | None = None
+    constraint: bool = False  # part of the request_resources floor
 
 
 @dataclass(frozen=True)

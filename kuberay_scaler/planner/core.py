@@ -26,7 +26,7 @@ from kuberay_scaler.planner.capacity import bins_for_new_slice
 from kuberay_scaler.planner.first_fit import Pool
 from kuberay_scaler.planner.intent import finish_recorded_drains
 from kuberay_scaler.planner.pool import Capacity, build_capacity
-from kuberay_scaler.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
+from kuberay_scaler.planner.scale_up import CONSTRAINT, DemandFit, GroupRoom, fit_gangs, fit_tasks
 from kuberay_scaler.planner.shapes import ShapeError, SliceShape, slice_shape
 from kuberay_scaler.slicemap import SliceTimeouts, build_slice_map
 
@@ -193,7 +193,7 @@ def _fit_demand(ray: RayState, cap: Capacity, rooms: Mapping[str, GroupRoom]) ->
     total = Pool(cap.total)
     available = Pool(cap.available)
     before = {n: r.added for n, r in rooms.items()}
-    fit_tasks(ray.constraint, total, rooms, alive, fit, what="request_resources")
+    fit_tasks(ray.constraint, total, rooms, alive, fit, what=CONSTRAINT)
     for name, room in rooms.items():
         if room.added > before[name]:
             assert room.shape is not None
@@ -253,6 +253,7 @@ def _decide(
         held=g.hold_down,
         reasons=tuple(reasons),
         launching_hosts=_launching_hosts(g, virtual + room.added),
+        new_hosts=room.added * group.num_of_hosts,
     )
 
 
@@ -380,10 +381,13 @@ def _held_plan(
 
 
 def _merge_infeasible(items: list[Infeasible]) -> list[Infeasible]:
-    merged: Counter[tuple[str, str, bool]] = Counter()
+    merged: Counter[tuple[str, str, bool, bool]] = Counter()
+    first: dict[tuple[str, str, bool, bool], Infeasible] = {}
     for item in items:
-        merged[(item.demand, item.reason, item.certain)] += item.count
-    return [Infeasible(d, r, n, c) for (d, r, c), n in merged.items()]
+        key = (item.demand, item.reason, item.certain, item.constraint)
+        merged[key] += item.count
+        first.setdefault(key, item)
+    return [replace(first[key], count=n) for key, n in merged.items()]
 
 
 def _live_backoff(backoff: dict[str, Backoff], now: datetime) -> dict[str, Backoff]:

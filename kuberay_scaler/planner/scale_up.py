@@ -25,6 +25,8 @@ from kuberay_scaler.planner.capacity import (
 from kuberay_scaler.planner.first_fit import Pool
 from kuberay_scaler.planner.shapes import SliceShape
 
+CONSTRAINT = "request_resources"  # `what` of the cluster-wide floor (ray.autoscaler.sdk)
+
 
 @dataclass
 class GroupRoom:
@@ -268,7 +270,15 @@ def _unserved(
         # Only an existing node (e.g. a bundle pinned to one TPU slice) can serve it: never launch.
         fit.waiting_on_existing[text] += count
     else:
-        fit.infeasible.append(Infeasible(text, "no worker group's host offers this", count))
+        fit.infeasible.append(
+            Infeasible(
+                text,
+                "no worker group's host offers this",
+                count,
+                request=TaskDemand(bundle, count),
+                constraint=what == CONSTRAINT,
+            )
+        )
 
 
 def _unserved_gang(
@@ -285,7 +295,9 @@ def _unserved_gang(
     if missing is not None:
         what = "all bundles together" if gang.strategy is GangStrategy.STRICT_PACK else "bundle"
         fit.infeasible.append(
-            Infeasible(text, f"no worker group's host offers {what} {missing.describe()}")
+            Infeasible(
+                text, f"no worker group's host offers {what} {missing.describe()}", request=gang
+            )
         )
         return False
     if not any(options):
