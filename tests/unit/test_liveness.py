@@ -41,9 +41,7 @@ def tracker() -> LivenessTracker:
 
 def judge(t: LivenessTracker, nodes: list[RayNode], at: float) -> tuple[SliceState, str]:
     """The slice map as the daemon builds it at monotonic time `at` from `nodes`."""
-    result = build_slice_map(
-        SPEC, hosts_of(PODS), state(nodes), NOW, TIMEOUTS, clock=t.clock(at)
-    )
+    result = build_slice_map(SPEC, hosts_of(PODS), state(nodes), NOW, TIMEOUTS, clock=t.clock(at))
     [sl] = result.groups["tpu"].slices
     return sl.state, sl.reason
 
