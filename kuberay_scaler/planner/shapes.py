@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from kuberay_scaler.model.labels import (
     TPU_TOPOLOGY_LABEL,
     TPU_WORKER_LABEL,
 )
-from kuberay_scaler.parse.quantity import parse_quantity
+from kuberay_scaler.parse.quantity import parse_quantity, resources_json
 
 TPU_GENERATIONS = {
     "tpu-v4-podslice": "v4",
@@ -152,16 +151,7 @@ def _custom_from_params(params: Mapping[str, str]) -> dict[str, float]:
     raw = params.get("resources")
     if not raw:
         return {}
-    text = raw.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        text = text[1:-1].replace('\\"', '"')
     try:
-        parsed = json.loads(text)
-    except ValueError:
-        raise ShapeError(f"rayStartParams resources {raw!r} is not JSON") from None
-    if not isinstance(parsed, dict):
-        raise ShapeError(f"rayStartParams resources {raw!r} is not a JSON object")
-    try:
-        return {str(k): float(v) for k, v in parsed.items()}
-    except (TypeError, ValueError):
-        raise ShapeError(f"rayStartParams resources {raw!r} has a non-numeric value") from None
+        return resources_json(raw)
+    except ValueError as err:
+        raise ShapeError(f"rayStartParams resources: {err}") from None
