@@ -5,6 +5,7 @@ from __future__ import annotations
 from kuberay_scaler.model.hosts import Host, HostPhase
 from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.model.ray import Bundle, GangDemand, TaskDemand
+from kuberay_scaler.model.reasons import DemandKind
 from kuberay_scaler.model.slices import Slice, SliceState
 from kuberay_scaler.ray_gcs.report import (
     AutoscalingReport,
@@ -45,7 +46,7 @@ def report_from_plan(
                 FailedRequest(
                     group=decision.group,
                     count=sum(len(d.pods) for d in replaced),
-                    reason="; ".join(d.reason for d in replaced),
+                    reason="; ".join(str(d.reason) for d in replaced),
                     started_at_s=now_s,
                     failed_at_s=now_s,
                 )
@@ -99,7 +100,7 @@ def _infeasible(
             continue  # waiting for room is not infeasible: drivers must not be told it is
         if isinstance(request, GangDemand):
             gangs.append(request)
-        elif item.constraint:
+        elif item.demand.kind is DemandKind.REQUEST_RESOURCES:
             constraints.append(TaskDemand(request.bundle, item.count))
         else:
             room = MAX_INFEASIBLE_REQUESTS - len(tasks)
