@@ -13,6 +13,6 @@ RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 # Nothing is written at run time, so a read-only root filesystem works; bytecode is not cached.
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 KUBERAY_SCALER_LOG_FORMAT=json
 USER 10001
-EXPOSE 8080
+EXPOSE 44217
 ENTRYPOINT ["kuberay-scaler"]
 CMD ["run"]
