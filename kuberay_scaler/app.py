@@ -98,7 +98,9 @@ class Daemon:
         )
         try:
             async with asyncio.TaskGroup() as group:
-                access_task = group.create_task(detect_access(api, s.cluster_namespace))
+                access_task = group.create_task(
+                    detect_access(api, s.cluster_namespace, name=s.cluster_name)
+                )
                 await self._until_stopped(access_task)
                 if self.stop.is_set():
                     return
