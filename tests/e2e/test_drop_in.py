@@ -106,8 +106,7 @@ async def test_rendered_autoscaler_command_runs_kuberay_scaler_and_scales_a_slic
     # --- sync: bash exec'd the shim, which exec'd the daemon (same PID: signals reach it) ----
     await world.wait_for(lambda: daemon_ready(daemon), 120, "the daemon's /readyz", async_ok=True)
     assert _program(daemon.pid)[-2:] == ["kuberay-scaler", "run"]
-    plan = await daemon.plan()
-    assert plan is not None and TPU_GROUP in {g["name"] for g in plan["groups"]}
+    await world.wait_for(lambda: _plans(daemon, TPU_GROUP), 60, "a plan", async_ok=True)
 
     # --- plan and scale: a slice reservation makes it ask for one whole slice ----------------
     driver = await world.start_driver(SLICE_RESERVATION)
@@ -118,6 +117,11 @@ async def test_rendered_autoscaler_command_runs_kuberay_scaler_and_scales_a_slic
     assert world.workers_to_delete() == []
     assert await daemon.metric("kuberay_scaler_patches_total") >= 1
     world.assert_invariants()
+
+
+async def _plans(daemon: Daemon, group: str) -> bool:
+    plan = await daemon.plan()
+    return plan is not None and group in {g["name"] for g in plan["groups"]}
 
 
 def _program(pid: int) -> list[str]:
