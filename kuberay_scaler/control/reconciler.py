@@ -36,7 +36,7 @@ from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.patch.ops import PatchError, build_patch, drop_deletions
 from kuberay_scaler.planner.core import Policy, plan
 from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.ray_gcs.drain import PREEMPTION, deadline_in, drain_slice
 from kuberay_scaler.ray_gcs.errors import GcsError
 from kuberay_scaler.ray_gcs.poller import GcsPoller
 from kuberay_scaler.ray_gcs.report import build_autoscaling_state
@@ -44,6 +44,8 @@ from kuberay_scaler.ray_gcs.report import build_autoscaling_state
 log = structlog.get_logger(__name__)
 
 MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often per reconcile
+# Deletions whose joined hosts are drained (idle termination) before the patch, all or nothing.
+DRAINED_FIRST = (DeleteKind.IDLE, DeleteKind.SURPLUS)
 
 
 @dataclass(frozen=True)
@@ -183,10 +185,12 @@ class Reconciler:
 
     async def _execute(self, raw: Mapping[str, Any], result: Plan) -> bool:
         """Drain and patch. True when done (applied or given up), False to replan."""
+        if any(d.preempt for d in result.groups):
+            result = await self._preempt(result)
         draining = {
-            d.group: [x.slice_key for x in d.deletions if x.kind is DeleteKind.IDLE]
+            d.group: [x.slice_key for x in d.deletions if x.kind in DRAINED_FIRST]
             for d in result.groups
-            if any(x.kind is DeleteKind.IDLE for x in d.deletions)
+            if any(x.kind in DRAINED_FIRST for x in d.deletions)
         }
         if draining:
             outcome = await self._writer.apply(record_ops(raw, draining), expected_uid=result.uid)
@@ -210,6 +214,33 @@ class Reconciler:
             return True
         return self._handle_failure(outcome)
 
+    async def _preempt(self, result: Plan) -> Plan:
+        """Drain busy slices above maxReplicas (reason preemption, the planner's deadline).
+
+        They are deleted by a later plan, once drained or past the deadline; a refused drain
+        is forgotten so the next plan asks again.
+        """
+        cluster_id = self._poller.latest.cluster_id
+        preempting = dict(result.memory.preempting)
+        for d in result.groups:
+            for x in d.preempt:
+                deadline = preempting[x.slice_key]
+                drained = await drain_slice(
+                    self._gcs,
+                    [bytes.fromhex(n) for n in x.node_ids],
+                    reason_message=f"kuberay-scaler: {x.reason}",
+                    deadline_ms=int(deadline.timestamp() * 1000),
+                    cluster_id=cluster_id,
+                    reason=PREEMPTION,
+                )
+                if not drained.may_delete:
+                    preempting.pop(x.slice_key, None)
+                    log.warning("preemption drain refused", slice=x.slice_key, why=drained.reason)
+        self.memory = replace(self.memory, preempting=preempting)
+        result = replace(result, memory=replace(result.memory, preempting=preempting))
+        self._poller.poll_soon()
+        return result
+
     async def _drain(self, result: Plan) -> Plan:
         deadline = deadline_in(self._config.drain_deadline_s)
         # Pin the GCS the plan was made from: a replaced GCS accepts drains of unknown nodes.
@@ -224,7 +255,7 @@ class Reconciler:
             )
             for d in result.groups
             for x in d.deletions
-            if x.kind is DeleteKind.IDLE and x.node_ids
+            if x.kind in DRAINED_FIRST and x.node_ids
         }
         outcomes = await asyncio.gather(*jobs.values())
         refused = set()
