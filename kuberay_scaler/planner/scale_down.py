@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from kuberay_scaler.model.cluster import DEFAULT_IDLE_TIMEOUT_S, ClusterSpec, WorkerGroup
 from kuberay_scaler.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
 from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Plan, SliceDeletion
+from kuberay_scaler.model.ray import NodeStatus
 from kuberay_scaler.model.reasons import (
     Keep,
     KeepKind,
@@ -18,7 +19,6 @@ from kuberay_scaler.model.reasons import (
     ScaleDown,
     ScaleDownKind,
 )
-from kuberay_scaler.model.ray import NodeStatus
 from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
 
 SliceRef = tuple[str | None, str | None]  # (group, slice key) of a bin demand uses

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import structlog
-
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.metrics import DRAINS
