@@ -55,7 +55,8 @@ class GcsObservation:
 
 
 class GcsPoller:
-    """Polls every `interval_s`; `on_change` gets each observation whose content changed."""
+    """Polls every `interval_s`; `on_observation` gets every observation, `on_change` each one
+    whose content changed (to wake the loop)."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class GcsPoller:
         *,
         interval_s: float,
         on_change: Callable[[GcsObservation], None] | None = None,
+        on_observation: Callable[[GcsObservation], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0:
@@ -70,6 +72,7 @@ class GcsPoller:
         self._client = client
         self._interval_s = interval_s
         self._on_change = on_change
+        self._on_observation = on_observation
         self._monotonic = monotonic
         self._epoch = 0
         self._cluster_id: str | None = None
@@ -160,6 +163,8 @@ class GcsPoller:
 
     def _publish(self, observation: GcsObservation) -> GcsObservation:
         self.latest = observation
+        if self._on_observation is not None:
+            self._on_observation(observation)
         fingerprint = _fingerprint(observation)
         if fingerprint != self._fingerprint:
             self._fingerprint = fingerprint
