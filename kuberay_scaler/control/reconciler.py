@@ -152,7 +152,9 @@ class Reconciler:
                 return None
             decision = self.decide(observed, now)
             self._publish(decision)
-            await self._report(decision, now)
+            # Launches this plan adds are reported only when they are about to be written.
+            writes = not self._config.dry_run and now.mono >= self._not_before
+            await self._report(decision, now, launches_asked=writes)
             if decision.error is None:
                 if not decision.writes or self._config.dry_run:
                     return self._without_writes(decision)
@@ -281,12 +283,17 @@ class Reconciler:
 
     # --- edges: report, metrics, logs, Events ------------------------------------------------
 
-    async def _report(self, decision: Decision, now: Instant) -> None:
+    async def _report(self, decision: Decision, now: Instant, *, launches_asked: bool) -> None:
         """Tell Ray what we are doing, so `ray status` shows it."""
         gcs = decision.gcs
         if gcs is None or decision.plan.slice_map is None:
             return
-        report = report_from_plan(decision.plan, int(now.wall.timestamp()), _version(gcs.reply))
+        report = report_from_plan(
+            decision.plan,
+            int(now.wall.timestamp()),
+            _version(gcs.reply),
+            launches_asked=launches_asked,
+        )
         try:
             await self._gcs.report(build_autoscaling_state(report))
             self._feed.mark_reported(gcs.epoch)
