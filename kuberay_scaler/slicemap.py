@@ -10,12 +10,16 @@ from datetime import datetime
 from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import ClusterSpec, Problem, WorkerGroup, frozen_map
 from kuberay_scaler.model.hosts import Host, HostPhase
+from kuberay_scaler.model.labels import (
+    LABEL_LEGACY_REPLICA,
+    LABEL_REPLICA_NAME,
+    TPU_SLICE_LABEL,
+    TPU_WORKER_LABEL,
+)
 from kuberay_scaler.model.ray import RayNode, RayState
+from kuberay_scaler.model.reasons import SliceFault
+from kuberay_scaler.model.reasons import SliceFault as F
 from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
-from kuberay_scaler.parse.pods import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
-
-TPU_SLICE_LABEL = "ray.io/tpu-slice-name"
-TPU_WORKER_LABEL = "ray.io/tpu-worker-id"
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def _judge(
     joined = {h.pod_name: nodes[h.pod_name] for h in hosts if h.pod_name in nodes}
     marked = any(h.pod_name in doomed for h in hosts)
     created = min((h.created_at for h in hosts if h.created_at), default=None)
-    state, reason = _state(group, hosts, joined, ray_known, marked, timeouts, clock)
+    state, reason, fault = _state(group, hosts, joined, ray_known, marked, timeouts, clock)
     return Slice(
         key=key,
         group=group.name,
@@ -121,6 +125,7 @@ def _judge(
         nodes=frozen_map(joined),  # type: ignore[arg-type]
         state=state,
         reason=reason,
+        fault=fault,
         created_at=created,
         marked_for_deletion=marked,
     )
@@ -134,31 +139,33 @@ def _state(
     marked: bool,
     timeouts: SliceTimeouts,
     clock: HostClock,
-) -> tuple[SliceState, str]:
+) -> tuple[SliceState, str, SliceFault | None]:
     want = group.num_of_hosts
     terminating = [h for h in hosts if h.phase is HostPhase.TERMINATING]
     if marked or terminating:
         why = "named in workersToDelete" if marked else f"{len(terminating)} host(s) terminating"
-        return SliceState.TERMINATING, why
+        return SliceState.TERMINATING, why, None
     if want > 1 and not _identified(hosts[0]):
         # Without a replica label we cannot tell its siblings: never judge it broken and replace.
-        return SliceState.PARTIAL, f"slice unknown: no replica label ({hosts[0].detail})"
+        return SliceState.PARTIAL, f"slice unknown: no replica label ({hosts[0].detail})", None
     failed = [h for h in hosts if h.phase is HostPhase.FAILED]
     if failed:
-        return SliceState.BROKEN, f"host {_label(failed[0])} {failed[0].detail}"
+        return SliceState.BROKEN, f"host {_label(failed[0])} {failed[0].detail}", F.HOST_FAILED
     if len(hosts) > want:
-        return SliceState.BROKEN, f"{len(hosts)} hosts, more than numOfHosts {want}"
+        why = f"{len(hosts)} hosts, more than numOfHosts {want}"
+        return SliceState.BROKEN, why, F.TOO_MANY_HOSTS
     age = max((clock.age_s.get(h.pod_name, 0.0) for h in hosts), default=0.0)
     if len(hosts) < want:
-        state = SliceState.BROKEN if age > timeouts.max_provision_s else SliceState.PARTIAL
-        return state, f"{len(hosts)} of {want} hosts"
+        if age > timeouts.max_provision_s:
+            return SliceState.BROKEN, f"{len(hosts)} of {want} hosts", F.HOSTS_MISSING
+        return SliceState.PARTIAL, f"{len(hosts)} of {want} hosts", None
     # Ray's view judges only after one full grace of fresh replies (see liveness.py).
     judge_ray = ray_known and clock.settling is None
     missing = _missing_for(hosts, joined, clock) if judge_ray else {}
     late = {p: s for p, s in missing.items() if s > timeouts.missing_node_grace_s}
     if late:
         pod, secs = max(late.items(), key=lambda kv: kv[1])
-        return SliceState.BROKEN, f"Ray node of {pod} missing for {_dur(secs)}"
+        return SliceState.BROKEN, f"Ray node of {pod} missing for {_dur(secs)}", F.RAY_NODE_MISSING
     not_running = [h for h in hosts if h.phase is not HostPhase.RUNNING]
     if not_running or (ray_known and len(joined) < want):
         why = (
@@ -167,9 +174,9 @@ def _state(
             else f"{len(joined)} of {want} hosts joined Ray"
         )
         if age > timeouts.max_provision_s and (not_running or judge_ray):
-            return SliceState.BROKEN, f"not up after {_dur(age)}: {why}"
-        return SliceState.PENDING, why
-    return SliceState.COMPLETE, f"{want} of {want} hosts up"
+            return SliceState.BROKEN, f"not up after {_dur(age)}: {why}", F.NOT_UP_IN_TIME
+        return SliceState.PENDING, why, None
+    return SliceState.COMPLETE, f"{want} of {want} hosts up", None
 
 
 def _missing_for(
