@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint demo e2e bench clean
+.PHONY: install test lint demo e2e bench clean image
 
 $(STAMP): pyproject.toml standins/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ demo: install
 e2e: install
 	scripts/build-control-plane.sh >/dev/null
 	$(BIN)/pytest -q -m e2e tests/e2e
+
+# Builds the image without Docker (podman + an mmdebstrap base cached in ~/.cache/kuberay-scaler),
+# then runs it: version, check-config, and the daemon against the stand-ins for one scale-up.
+image: install
+	scripts/build-image.sh
+	$(BIN)/pytest -q -m image tests/image
 
 bench: install
 	$(BIN)/python bench/bench_planner.py

@@ -23,7 +23,7 @@ from kuberay_scaler.patch.ops import build_patch
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
-from kuberay_scaler.settings import Settings
+from kuberay_scaler.settings import ConfigError, Settings
 from kuberay_scaler.web.server import Probes, make_app, start_server
 
 log = structlog.get_logger(__name__)
@@ -74,7 +74,15 @@ class Daemon:
         if not self.settings.http_address:
             return None
         probes = Probes(healthy=self._healthy, ready=self._ready, plan=self._plan_document)
-        runner = await start_server(make_app(probes), self.settings.http_address)
+        address = self.settings.http_address
+        try:
+            runner = await start_server(make_app(probes), address)
+        except OSError as err:
+            # A port already taken (say by Ray's metrics export in the same pod) is a setting to
+            # fix, not a crash: one line and exit 2, like every other configuration error.
+            raise ConfigError(
+                f"KUBERAY_SCALER_HTTP_ADDRESS: cannot listen on {address}: {err.strerror or err}"
+            ) from None
         log.info("http serving", address=self.settings.http_address)
         return runner
 
@@ -90,7 +98,9 @@ class Daemon:
         )
         try:
             async with asyncio.TaskGroup() as group:
-                access_task = group.create_task(detect_access(api, s.cluster_namespace))
+                access_task = group.create_task(
+                    detect_access(api, s.cluster_namespace, name=s.cluster_name)
+                )
                 await self._until_stopped(access_task)
                 if self.stop.is_set():
                     return

@@ -121,7 +121,9 @@ class Reconciler:
             self._notice_recreation(raw)
             result = self._plan(raw)
             self._publish(result)
-            await self._report(result)
+            # Launches this plan adds are reported only when they are about to be written.
+            writes = not self._config.dry_run and time.monotonic() >= self._not_before
+            await self._report(result, launches_asked=writes)
             if not result.changes or self._config.dry_run:
                 self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
                 if result.changes:
@@ -279,13 +281,15 @@ class Reconciler:
         except (ApiError, NoResponse) as err:
             log.warning("RayCluster refresh failed", error=str(err))
 
-    async def _report(self, result: Plan) -> None:
+    async def _report(self, result: Plan, *, launches_asked: bool = True) -> None:
         """Tell Ray what we are doing, so `ray status` shows it."""
         observation = self._poller.latest
         if not observation.known or result.slice_map is None:
             return
         version = observation.reply.cluster_resource_state.cluster_resource_state_version
-        report = report_from_plan(result, int(time.time()), observed_version=version)
+        report = report_from_plan(
+            result, int(time.time()), observed_version=version, launches_asked=launches_asked
+        )
         try:
             await self._gcs.report(build_autoscaling_state(report))
             self._poller.mark_reported(observation.gcs_epoch)

@@ -46,8 +46,10 @@ class ContainerShape:
     name: str
     cpu: float | None = None
     memory_bytes: float | None = None
-    gpu: float | None = None
-    tpu: float | None = None
+    gpu: float | None = None  # the first limit (then request) whose name ends in "gpu", as Ray
+    tpu: float | None = None  # google.com/tpu
+    # Other accelerators by the Ray resource a node gets for them (e.g. neuron_cores, HPU).
+    accelerators: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

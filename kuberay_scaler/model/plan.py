@@ -11,6 +11,7 @@ from typing import Any
 
 from kuberay_scaler.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.model.hosts import Host
+from kuberay_scaler.model.ray import GangDemand, TaskDemand
 from kuberay_scaler.model.reasons import (
     Action,
     Demand,
@@ -51,6 +52,7 @@ class GroupDecision:
     held: Hold | None = None  # why nothing (or only part) was decided for this group
     reasons: tuple[Reason, ...] = ()
     launching_hosts: int = 0  # hosts asked for and not yet in Ray, for the report to Ray
+    new_hosts: int = 0  # of those, the hosts of slices this very plan adds (not yet written)
 
     @property
     def changes(self) -> bool:
@@ -92,6 +94,8 @@ class Infeasible:
     missing: str = ""  # the bundle no host offers (placement groups)
     count: int = 1
     certain: bool = True  # no group of this cluster can ever serve it, whatever the replicas
+    # What Ray asked for, so the report can name it back (ReportAutoscalingState).
+    request: TaskDemand | GangDemand | None = None
 
     @property
     def reason(self) -> str:

@@ -274,6 +274,7 @@ def _decide(
         held=g.hold_down,
         reasons=tuple(reasons),
         launching_hosts=_launching_hosts(g, virtual + room.added),
+        new_hosts=room.added * group.num_of_hosts,
     )
 
 
@@ -326,7 +327,11 @@ def _held_plan(
 
 
 def _merge_infeasible(items: list[Infeasible]) -> list[Infeasible]:
-    merged: Counter[Infeasible] = Counter()
+    # Keyed without `request` (its mappings do not hash); the first request stands for all.
+    merged: Counter[tuple[object, ...]] = Counter()
+    first: dict[tuple[object, ...], Infeasible] = {}
     for item in items:
-        merged[replace(item, count=1)] += item.count
-    return [replace(item, count=n) for item, n in merged.items()]
+        key = (item.demand, item.kind, item.missing, item.certain)
+        merged[key] += item.count
+        first.setdefault(key, item)
+    return [replace(first[key], count=n) for key, n in merged.items()]
