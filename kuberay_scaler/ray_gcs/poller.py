@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from kuberay_scaler.metrics import GCS_CONNECTED
 from kuberay_scaler.ray_gcs.errors import GcsError
 
 log = structlog.get_logger(__name__)
@@ -80,6 +81,7 @@ class GcsPoller:
         self._needs_full_report = True  # nothing reported yet in this process
         self._fingerprint: object = None
         self._wake = asyncio.Event()
+        self._unknown_kind: str | None = None  # the kind of failure last logged
         self.latest = GcsObservation(
             reply=None,
             observed_at=monotonic(),
@@ -118,12 +120,17 @@ class GcsPoller:
         try:
             reply = await self._client.get_cluster_resource_state()
         except GcsError as err:
-            return self._publish(self._unknown(str(err)))
+            return self._publish(self._unknown(err))
         return self._publish(self._known(reply))
 
-    def _unknown(self, error: str) -> GcsObservation:
-        if self.latest.known or self.latest.error != error:
+    def _unknown(self, err: GcsError) -> GcsObservation:
+        error = str(err)
+        # Once per state change: the message itself changes on every poll during a backoff.
+        kind = type(err).__name__
+        if self.latest.known or self._unknown_kind != kind:
             log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
+        self._unknown_kind = kind
+        GCS_CONNECTED.set(0)
         self._needs_full_report = True
         return GcsObservation(
             reply=None,
@@ -150,6 +157,8 @@ class GcsPoller:
             )
         elif not self.latest.known:
             log.info("gcs_state_known", gcs_epoch=self._epoch, cluster_id=cluster_id)
+        self._unknown_kind = None
+        GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
         return GcsObservation(
