@@ -9,6 +9,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.ray import GangDemand, TaskDemand
@@ -65,12 +66,12 @@ class GroupDecision:
 
     @property
     def changes(self) -> bool:
-        return (
-            self.target != self.current
-            or bool(self.deletions)
-            or self.clear_workers_to_delete
-            or bool(self.preempt)
-        )
+        return self.spec_changes or bool(self.preempt)
+
+    @property
+    def spec_changes(self) -> bool:
+        """Whether the RayCluster's group changes (preemption drains alone do not patch)."""
+        return self.target != self.current or bool(self.deletions) or self.clear_workers_to_delete
 
     @property
     def action(self) -> Action:
@@ -154,6 +155,7 @@ class Snapshot:
     hosts: tuple[Host, ...]
     synced: bool = True  # False while the pod cache or the RayCluster view is not trustworthy
     problems: tuple[Problem, ...] = ()  # pods that cannot be used
+    clock: HostClock | None = None  # the daemon's liveness memory; None: the pods' timestamps
 
 
 @dataclass(frozen=True)

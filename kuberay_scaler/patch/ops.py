@@ -27,7 +27,7 @@ def build_patch(raycluster: Mapping[str, Any], plan: Plan) -> list[Op]:
     ops: list[Op] = []
     groups = raycluster.get("spec", {}).get("workerGroupSpecs") or []
     for decision in plan.groups:
-        if decision.changes:
+        if decision.spec_changes:
             ops += _group_ops(groups, decision, _planned_from(plan, decision.group))
     if ops and plan.uid:
         ops.insert(0, {"op": "test", "path": "/metadata/uid", "value": plan.uid})

@@ -82,7 +82,7 @@ def plan(
     )
     if not snapshot.synced:
         return _held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED))
-    slice_map = build_slice_map(spec, snapshot.hosts, ray, now, policy.timeouts)
+    slice_map = build_slice_map(spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock)
     problems += _problems(ProblemKind.SLICE_MAP, slice_map.problems)
     groups = _analyse(slice_map, memory, problems)
     if spec.suspended:
@@ -278,10 +278,13 @@ def _decide(
     if g.hold_down:
         reasons.append(g.hold_down)
     elif (surplus := _above_max(g, preempting, policy, now, reasons)) is not None:
-        # Above maxReplicas: whole surplus slices leave and the target is maxReplicas.
+        # Above maxReplicas: whole surplus slices leave and the target is maxReplicas. KubeRay
+        # already clamps replicas to maxReplicas, so writing it changes nothing for slices that
+        # stay (busy ones being drained); a plan that only drains writes nothing.
+        target = group.max_replicas if surplus.deletions else group.replicas
         return replace(
             base,
-            target=group.max_replicas,
+            target=target,
             deletions=tuple(surplus.deletions),
             preempt=tuple(surplus.preempt),
             clear_workers_to_delete=g.clear_wtd and not surplus.deletions,
