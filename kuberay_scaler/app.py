@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from typing import Any
@@ -19,7 +18,6 @@ from kuberay_scaler.kube.raycluster import RayClusterView
 from kuberay_scaler.kube.session import SessionError, open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
-from kuberay_scaler.patch.ops import build_patch
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
@@ -137,8 +135,14 @@ class Daemon:
             silent_timeout=s.watch_silence_timeout_s,
             debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),
+            crd_version=s.crd_version,
         )
-        self._poller = GcsPoller(gcs, interval_s=s.gcs_poll_interval_s, on_change=self._on_gcs)
+        self._poller = GcsPoller(
+            gcs,
+            interval_s=s.gcs_poll_interval_s,
+            on_change=self._on_gcs,
+            on_observation=self._on_observation,
+        )
         events = EventRecorder(
             api,
             namespace=s.cluster_namespace,
@@ -156,9 +160,11 @@ class Daemon:
             policy=policy_from_settings(s),
             pods=self._pods,
             cluster=self._view,
-            poller=self._poller,
+            feed=self._poller,
             gcs=gcs,
-            writer=RayClusterWriter(api, namespace=s.cluster_namespace, name=s.cluster_name),
+            writer=RayClusterWriter(
+                api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
+            ),
             events=events,
         )
         if s.dry_run:
@@ -175,7 +181,8 @@ class Daemon:
         await self.stop.wait()
         try:
             # Let an in-flight reconcile (and its patch) finish, within a bound.
-            await asyncio.wait_for(asyncio.shield(loop_task), self.settings.shutdown_grace_s)
+            async with asyncio.timeout(self.settings.shutdown_grace_s):
+                await asyncio.shield(loop_task)
         except TimeoutError:
             log.warning("abandoning an in-flight reconcile at shutdown")
         for task in (*workers, loop_task):
@@ -198,6 +205,10 @@ class Daemon:
 
     def _on_gcs(self, _: GcsObservation) -> None:
         self.trigger.fire("gcs")
+
+    def _on_observation(self, observation: GcsObservation) -> None:
+        if self.reconciler is not None:
+            self.reconciler.observe_gcs(observation)
 
     def _tls(self) -> TlsFiles | None:
         s = self.settings
@@ -230,16 +241,4 @@ class Daemon:
         return True, "synced and GCS fresh"
 
     def _plan_document(self) -> dict[str, Any] | None:
-        if self.reconciler is None or self.reconciler.status.last_plan is None:
-            return None
-        status = self.reconciler.status
-        plan = status.last_plan
-        assert plan is not None
-        document = plan.summary()
-        raw = self._view.current() if self._view else None
-        with contextlib.suppress(Exception):
-            document["patch"] = build_patch(raw, plan) if raw else []
-        document["last_outcome"] = status.last_outcome
-        document["last_patch_sent"] = status.last_patch
-        document["reconciles"] = status.reconciles
-        return document
+        return self.reconciler.status.document() if self.reconciler else None
