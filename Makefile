@@ -21,6 +21,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: install
 	$(BIN)/kuberay-scaler-demo

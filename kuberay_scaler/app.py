@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from typing import Any
@@ -19,7 +18,6 @@ from kuberay_scaler.kube.raycluster import RayClusterView
 from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
-from kuberay_scaler.patch.ops import build_patch
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
@@ -135,7 +133,12 @@ class Daemon:
             debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),
         )
-        self._poller = GcsPoller(gcs, interval_s=s.gcs_poll_interval_s, on_change=self._on_gcs)
+        self._poller = GcsPoller(
+            gcs,
+            interval_s=s.gcs_poll_interval_s,
+            on_change=self._on_gcs,
+            on_observation=self._on_observation,
+        )
         events = EventRecorder(
             api,
             namespace=s.cluster_namespace,
@@ -153,7 +156,7 @@ class Daemon:
             policy=policy_from_settings(s),
             pods=self._pods,
             cluster=self._view,
-            poller=self._poller,
+            feed=self._poller,
             gcs=gcs,
             writer=RayClusterWriter(api, namespace=s.cluster_namespace, name=s.cluster_name),
             events=events,
@@ -196,6 +199,10 @@ class Daemon:
     def _on_gcs(self, _: GcsObservation) -> None:
         self.trigger.fire("gcs")
 
+    def _on_observation(self, observation: GcsObservation) -> None:
+        if self.reconciler is not None:
+            self.reconciler.observe_gcs(observation)
+
     def _tls(self) -> TlsFiles | None:
         s = self.settings
         if not s.ray_use_tls:
@@ -227,16 +234,4 @@ class Daemon:
         return True, "synced and GCS fresh"
 
     def _plan_document(self) -> dict[str, Any] | None:
-        if self.reconciler is None or self.reconciler.status.last_plan is None:
-            return None
-        status = self.reconciler.status
-        plan = status.last_plan
-        assert plan is not None
-        document = plan.summary()
-        raw = self._view.current() if self._view else None
-        with contextlib.suppress(Exception):
-            document["patch"] = build_patch(raw, plan) if raw else []
-        document["last_outcome"] = status.last_outcome
-        document["last_patch_sent"] = status.last_patch
-        document["reconciles"] = status.reconciles
-        return document
+        return self.reconciler.status.document() if self.reconciler else None

@@ -9,6 +9,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.ray import GangDemand, TaskDemand
@@ -136,6 +137,7 @@ class Snapshot:
     hosts: tuple[Host, ...]
     synced: bool = True  # False while the pod cache or the RayCluster view is not trustworthy
     problems: tuple[Problem, ...] = ()  # pods that cannot be used
+    clock: HostClock | None = None  # the daemon's liveness memory; None: the pods' timestamps
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def plan(
     )
     if not snapshot.synced:
         return _held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED))
-    slice_map = build_slice_map(spec, snapshot.hosts, ray, now, policy.timeouts)
+    slice_map = build_slice_map(spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock)
     problems += _problems(ProblemKind.SLICE_MAP, slice_map.problems)
     groups = _analyse(slice_map, memory, problems)
     if spec.suspended:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from kuberay_scaler.metrics import GCS_CONNECTED
 from kuberay_scaler.ray_gcs.errors import GcsError
 
 log = structlog.get_logger(__name__)
@@ -55,7 +56,8 @@ class GcsObservation:
 
 
 class GcsPoller:
-    """Polls every `interval_s`; `on_change` gets each observation whose content changed."""
+    """Polls every `interval_s`; `on_observation` gets every observation, `on_change` each one
+    whose content changed (to wake the loop)."""
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class GcsPoller:
         *,
         interval_s: float,
         on_change: Callable[[GcsObservation], None] | None = None,
+        on_observation: Callable[[GcsObservation], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0:
@@ -70,6 +73,7 @@ class GcsPoller:
         self._client = client
         self._interval_s = interval_s
         self._on_change = on_change
+        self._on_observation = on_observation
         self._monotonic = monotonic
         self._epoch = 0
         self._cluster_id: str | None = None
@@ -77,6 +81,7 @@ class GcsPoller:
         self._needs_full_report = True  # nothing reported yet in this process
         self._fingerprint: object = None
         self._wake = asyncio.Event()
+        self._unknown_kind: str | None = None  # the kind of failure last logged
         self.latest = GcsObservation(
             reply=None,
             observed_at=monotonic(),
@@ -115,12 +120,17 @@ class GcsPoller:
         try:
             reply = await self._client.get_cluster_resource_state()
         except GcsError as err:
-            return self._publish(self._unknown(str(err)))
+            return self._publish(self._unknown(err))
         return self._publish(self._known(reply))
 
-    def _unknown(self, error: str) -> GcsObservation:
-        if self.latest.known or self.latest.error != error:
+    def _unknown(self, err: GcsError) -> GcsObservation:
+        error = str(err)
+        # Once per state change: the message itself changes on every poll during a backoff.
+        kind = type(err).__name__
+        if self.latest.known or self._unknown_kind != kind:
             log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
+        self._unknown_kind = kind
+        GCS_CONNECTED.set(0)
         self._needs_full_report = True
         return GcsObservation(
             reply=None,
@@ -147,6 +157,8 @@ class GcsPoller:
             )
         elif not self.latest.known:
             log.info("gcs_state_known", gcs_epoch=self._epoch, cluster_id=cluster_id)
+        self._unknown_kind = None
+        GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
         return GcsObservation(
@@ -160,6 +172,8 @@ class GcsPoller:
 
     def _publish(self, observation: GcsObservation) -> GcsObservation:
         self.latest = observation
+        if self._on_observation is not None:
+            self._on_observation(observation)
         fingerprint = _fingerprint(observation)
         if fingerprint != self._fingerprint:
             self._fingerprint = fingerprint
