@@ -132,6 +132,7 @@ class Daemon:
             silent_timeout=s.watch_silence_timeout_s,
             debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),
+            crd_version=s.crd_version,
         )
         self._poller = GcsPoller(
             gcs,
@@ -158,7 +159,9 @@ class Daemon:
             cluster=self._view,
             feed=self._poller,
             gcs=gcs,
-            writer=RayClusterWriter(api, namespace=s.cluster_namespace, name=s.cluster_name),
+            writer=RayClusterWriter(
+                api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
+            ),
             events=events,
         )
         if s.dry_run:
@@ -175,7 +178,8 @@ class Daemon:
         await self.stop.wait()
         try:
             # Let an in-flight reconcile (and its patch) finish, within a bound.
-            await asyncio.wait_for(asyncio.shield(loop_task), self.settings.shutdown_grace_s)
+            async with asyncio.timeout(self.settings.shutdown_grace_s):
+                await asyncio.shield(loop_task)
         except TimeoutError:
             log.warning("abandoning an in-flight reconcile at shutdown")
         for task in (*workers, loop_task):

@@ -20,6 +20,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
+from kuberay_scaler.defaults import DRAIN_DEADLINE_S
 from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, Snapshot
 from kuberay_scaler.model.ray import RayState
@@ -30,8 +31,6 @@ from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.patch.intent import clear_ops, read_draining, record_ops, with_record
 from kuberay_scaler.patch.ops import Op, PatchError, build_patch, drop_deletions
 from kuberay_scaler.planner.core import Policy, plan
-
-DEFAULT_DRAIN_DEADLINE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ def decide(
     memory: Memory,
     policy: Policy,
     now: datetime,
-    drain_deadline_s: float = DEFAULT_DRAIN_DEADLINE_S,
+    drain_deadline_s: float = DRAIN_DEADLINE_S,
 ) -> Decision:
     """Plan from `observed` at `now` and list the writes that carry the plan out."""
     raw = observed.raycluster

@@ -58,11 +58,9 @@ class Gcs(Protocol):
 
 
 class GcsFeed(Protocol):
-    """The poller's side channel: ask for a poll soon, acknowledge a full report."""
+    """The poller's side channel: ask for a poll soon (right after drains)."""
 
     def poll_soon(self) -> None: ...
-
-    def mark_reported(self, epoch: int) -> None: ...
 
 
 class Writer(Protocol):

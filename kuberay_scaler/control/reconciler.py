@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from kuberay_scaler import defaults as D
 from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.control.execute import Executed, execute
 from kuberay_scaler.control.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Writer
@@ -47,9 +48,9 @@ MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often p
 @dataclass(frozen=True)
 class LoopConfig:
     dry_run: bool = False
-    gcs_stale_after_s: float = 15.0
-    drain_deadline_s: float = 30.0
-    expectation_timeout_s: float = 60.0
+    gcs_stale_after_s: float = D.GCS_STALE_AFTER_S
+    drain_deadline_s: float = D.DRAIN_DEADLINE_S
+    expectation_timeout_s: float = D.WRITE_EXPECTATION_TIMEOUT_S
 
 
 @dataclass
@@ -296,7 +297,6 @@ class Reconciler:
         )
         try:
             await self._gcs.report(build_autoscaling_state(report))
-            self._feed.mark_reported(gcs.epoch)
         except GcsError as err:
             log.debug("report to GCS failed", error=str(err))
 

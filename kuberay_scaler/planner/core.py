@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 
+from kuberay_scaler.defaults import MAX_REPLACE_BACKOFF_S, REPLACE_BACKOFF_S
 from kuberay_scaler.model.cluster import ClusterSpec, Problem, UpscalingMode
 from kuberay_scaler.model.plan import (
     DeleteKind,
@@ -49,8 +50,8 @@ class Policy:
 
     idle_timeout_override_s: float | None = None
     timeouts: SliceTimeouts = field(default_factory=SliceTimeouts)
-    replace_backoff_s: float = 300.0
-    max_backoff_s: float = 1800.0
+    replace_backoff_s: float = REPLACE_BACKOFF_S
+    max_backoff_s: float = MAX_REPLACE_BACKOFF_S
 
 
 @dataclass

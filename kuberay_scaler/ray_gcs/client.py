@@ -29,6 +29,7 @@ from ray.core.generated import (
 )
 
 from kuberay_scaler.backoff import Backoff
+from kuberay_scaler.defaults import GCS_RPC_TIMEOUT_S
 from kuberay_scaler.metrics import GCS_ERRORS, GCS_RTT_SECONDS
 from kuberay_scaler.ray_gcs.errors import (
     GcsAuthError,
@@ -82,7 +83,7 @@ class GcsClient:
         *,
         token: str | None = None,
         tls: TlsFiles | None = None,
-        rpc_timeout_s: float = 10.0,
+        rpc_timeout_s: float = GCS_RPC_TIMEOUT_S,
         connect_timeout_s: float = 5.0,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = MAX_RECONNECT_BACKOFF_S,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.backoff import Backoff
@@ -21,6 +22,8 @@ from tests.contract.conftest import (
     truth,
     view,
 )
+
+pytestmark = pytest.mark.contract
 
 RESTARTS = "kuberay_scaler_watch_restarts_total"
 

@@ -215,13 +215,9 @@ class FakeGcs:
 @dataclass
 class FakeFeed:
     polls_asked: int = 0
-    reported_epochs: list[int] = field(default_factory=list)
 
     def poll_soon(self) -> None:
         self.polls_asked += 1
-
-    def mark_reported(self, epoch: int) -> None:
-        self.reported_epochs.append(epoch)
 
 
 @dataclass

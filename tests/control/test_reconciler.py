@@ -11,7 +11,7 @@ import pytest
 
 from kuberay_scaler.control.reconciler import MAX_REPLANS, LoopConfig
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
-from tests.control.fakes import Loop, WriteCall, make_loop
+from tests.control.fakes import Loop, WriteCall, make_loop, reply_of
 from tests.factories import (
     cluster,
     group,
@@ -160,7 +160,9 @@ async def test_a_refused_record_write_drains_nothing() -> None:
 
 async def test_drains_are_pinned_to_the_observation_the_plan_was_made_from() -> None:
     loop = idle_slices_loop("tpu-a")
-    newer = state([head_node()])  # a replaced GCS that knows none of these nodes
+    planned_from = reply_of(state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]), 5)
+    loop.see_ray(planned_from)
+    newer = reply_of(state([head_node()]), 1)  # a replaced GCS that knows none of these nodes
 
     def gcs_replaced_mid_reconcile(call: WriteCall) -> None:
         loop.see_ray(newer, cluster_id="cluster-2", epoch=2)
@@ -168,7 +170,8 @@ async def test_drains_are_pinned_to_the_observation_the_plan_was_made_from() -> 
     loop.writer.after_apply = gcs_replaced_mid_reconcile
     await loop.reconciler.reconcile()
     assert loop.gcs.drains and {d.cluster_id for d in loop.gcs.drains} == {"cluster-1"}
-    assert loop.feed.reported_epochs == [1]
+    (report,) = loop.gcs.reports  # told from the observation the plan was made from
+    assert report.last_seen_cluster_resource_state_version == 5
     decision = loop.reconciler.status.last_decision
     assert decision is not None and decision.gcs is not None
     assert decision.gcs.cluster_id == "cluster-1"

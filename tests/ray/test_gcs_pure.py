@@ -241,26 +241,13 @@ async def test_epochs_count_replacements_and_counter_resets() -> None:
     assert "UNAVAILABLE" in observations[2].error
 
 
-async def test_full_report_is_needed_after_any_unknown_spell() -> None:
+async def test_an_unknown_blip_with_a_growing_version_is_not_a_new_gcs() -> None:
     down = GcsUnavailable("GetClusterResourceState", "DEADLINE_EXCEEDED", "slow")
     script = iter([("A", _reply(1)), ("A", _reply(2)), ("A", down), ("A", _reply(9))])
     poller = GcsPoller(FakeSource(script), interval_s=1.0)
-    first = await poller.poll_once()
-    assert first.needs_full_report  # nothing reported yet
-    poller.mark_reported(first.gcs_epoch)
-    assert not (await poller.poll_once()).needs_full_report
-    assert (await poller.poll_once()).needs_full_report
-    back = await poller.poll_once()
-    assert back.gcs_epoch == 0  # a blip, not a new GCS
-    assert back.needs_full_report
-
-
-async def test_mark_reported_is_ignored_while_unknown() -> None:
-    refused = GcsReplaced("GetClusterResourceState", "UNAUTHENTICATED", "WrongClusterID")
-    poller = GcsPoller(FakeSource(iter([("A", refused)])), interval_s=1.0)
-    observation = await poller.poll_once()
-    poller.mark_reported(observation.gcs_epoch)
-    assert poller.needs_full_report
+    observations = await _poll_all(poller, 4)
+    assert [o.known for o in observations] == [True, True, False, True]
+    assert observations[-1].gcs_epoch == 0  # a blip, not a new GCS
 
 
 async def test_on_change_ignores_counters_and_idle_clocks() -> None:
