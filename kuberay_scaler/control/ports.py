@@ -51,6 +51,7 @@ class Gcs(Protocol):
         *,
         reason_message: str,
         deadline_timestamp_ms: int,
+        reason: int = ...,
         cluster_id: str | None = None,
     ) -> object: ...
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -229,6 +230,7 @@ class Reconciler:
         done = await execute(
             decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
         )
+        self._keep_preemptions(decision, done.refused)
         if done.step == "patch" and done.sent:
             self.status.last_patch = list(done.sent)
         if done.replan:
@@ -242,6 +244,15 @@ class Reconciler:
             self.status.last_outcome = "nothing to patch"
             return True
         return self._handle_failure(done.outcome)
+
+    def _keep_preemptions(self, decision: Decision, refused: frozenset[tuple[str, str]]) -> None:
+        """Remember the deadlines of slices drained for preemption (a refused one is retried)."""
+        keep = {
+            key: deadline
+            for key, deadline in decision.plan.memory.preempting.items()
+            if not any(key == s for _, s in refused)
+        }
+        self.memory = replace(self.memory, preempting=MappingProxyType(keep))
 
     def _applied(self, result: Plan, outcome: PatchOutcome) -> None:
         now = self._monotonic()

@@ -28,8 +28,14 @@ from kuberay_scaler.model.slices import SliceMap
 
 
 class DeleteKind(StrEnum):
+    """How a slice leaves; IDLE and SURPLUS deletions go only if every drain is accepted."""
+
     IDLE = "idle"  # drain every host first; delete only if every drain is accepted
     REPLACE = "replace"  # broken: delete as a unit, KubeRay creates a fresh replica
+    PREEMPT = "preempt"  # busy, above maxReplicas: drain (preemption, deadline), delete later
+    # Above maxReplicas with no work: hosts that joined Ray are idle and drained first (none for
+    # a slice still coming up or one already drained for preemption).
+    SURPLUS = "surplus"
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,17 @@ class GroupDecision:
     reasons: tuple[Reason, ...] = ()
     launching_hosts: int = 0  # hosts asked for and not yet in Ray, for the report to Ray
     new_hosts: int = 0  # of those, the hosts of slices this very plan adds (not yet written)
+    # Busy slices above maxReplicas to drain with reason preemption now; deleted in a later plan
+    # once drained or past their deadline (never in this one).
+    preempt: tuple[SliceDeletion, ...] = ()
 
     @property
     def changes(self) -> bool:
+        return self.spec_changes or bool(self.preempt)
+
+    @property
+    def spec_changes(self) -> bool:
+        """Whether the RayCluster's group changes (preemption drains alone do not patch)."""
         return self.target != self.current or bool(self.deletions) or self.clear_workers_to_delete
 
     @property
@@ -65,7 +79,7 @@ class GroupDecision:
             return Action.SCALE_UP
         if any(x.kind is DeleteKind.REPLACE for x in self.deletions):
             return Action.REPLACE
-        if self.target < self.current or self.deletions:
+        if self.target < self.current or self.deletions or self.preempt:
             return Action.SCALE_DOWN
         if self.clear_workers_to_delete:
             return Action.CLEAR_WORKERS_TO_DELETE
@@ -82,7 +96,8 @@ class GroupDecision:
             faults = [x.reason.kind for x in self.deletions if x.kind is DeleteKind.REPLACE]
             return str(faults[0] or "broken")
         if action is Action.SCALE_DOWN:
-            return str(self.deletions[0].reason.kind) if self.deletions else "replicas_above_max"
+            first = (*self.deletions, *self.preempt)
+            return str(first[0].reason.kind) if first else "replicas_above_max"
         if action is Action.CLEAR_WORKERS_TO_DELETE:
             return "workers_deleted"
         return "none"
@@ -127,6 +142,9 @@ class Memory:
     # Slices recorded on the RayCluster as being drained (group → slice keys): a restart in the
     # middle of a scale-down finishes it instead of forgetting it.
     draining: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # Busy slices above maxReplicas drained for preemption: slice key → when the drain's time is
+    # up (kept by the planner; a restart forgets it and drains again, so the wait only grows).
+    preempting: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,10 @@ class Waiting:
 class ScaleDownKind(StrEnum):
     IDLE = "idle"  # every host idle for at least the idle timeout
     RECORDED_DRAIN = "recorded_drain"  # finishing a drain recorded before a restart
+    # Above maxReplicas (Ray: MAX_NUM_NODE_PER_TYPE): whole surplus slices leave, idle first.
+    ABOVE_MAX = "above_max"  # a slice with no work (no Ray node, or all hosts idle)
+    PREEMPT = "preempt"  # a busy surplus slice: drained (reason preemption) until its deadline
+    PREEMPTED = "preempted"  # a preempted slice whose hosts are drained or whose deadline passed
 
 
 @dataclass(frozen=True)
@@ -141,10 +145,21 @@ class ScaleDown:
     hosts: int = 0
     idle_s: float = 0.0
     timeout_s: float = 0.0
+    running: int = 0  # ABOVE_MAX / PREEMPT: slices the group runs
+    limit: int = 0  # ABOVE_MAX / PREEMPT: maxReplicas
+    deadline: datetime | None = None  # PREEMPT / PREEMPTED: when the drain's time is up
 
     def __str__(self) -> str:
         if self.kind is ScaleDownKind.RECORDED_DRAIN:
             return f"remove slice {self.slice}: finishing a drain recorded before a restart"
+        above = f"{self.running} slices running, above maxReplicas {self.limit}"
+        until = self.deadline.isoformat() if self.deadline else "?"
+        if self.kind is ScaleDownKind.ABOVE_MAX:
+            return f"remove slice {self.slice}: {above}; no work on it"
+        if self.kind is ScaleDownKind.PREEMPT:
+            return f"drain slice {self.slice} for preemption until {until}: {above}; busy"
+        if self.kind is ScaleDownKind.PREEMPTED:
+            return f"remove slice {self.slice}: drained for preemption (deadline {until})"
         return (
             f"remove slice {self.slice}: all {self.hosts} hosts idle for"
             f" {self.idle_s:.0f} s ≥ {self.timeout_s:.0f} s"

@@ -220,16 +220,17 @@ class GcsClient:
             return self._conn
 
     async def _open(self) -> _Connection:
-        channel = self._new_channel()
+        try:
+            channel = self._new_channel()
+        except OSError as err:  # TLS files removed or replaced after start: hold and retry
+            failure = GcsAuthError("connect", "TLS_FILES", f"cannot read TLS files: {err}")
+            self._connect_failed(failure)
+            raise failure from None
         try:
             cluster_id = await self._fetch_cluster_id(channel)
         except GcsError as err:
             await channel.close()
-            self._next_connect_at = self._monotonic() + self._backoff.next_delay()
-            if self._backoff.failures == 1:  # once per outage, not on every retry
-                log.warning("gcs_connect_failed", address=self._address, error=str(err))
-            else:
-                log.debug("gcs_connect_failed", address=self._address, error=str(err))
+            self._connect_failed(err)
             raise
         if self._backoff.failures:
             log.info(
@@ -239,6 +240,13 @@ class GcsClient:
         self._note_cluster_id(cluster_id)
         stub = autoscaler_pb2_grpc.AutoscalerStateServiceStub(channel)
         return _Connection(channel=channel, autoscaler=stub, cluster_id=cluster_id)
+
+    def _connect_failed(self, err: GcsError) -> None:
+        self._next_connect_at = self._monotonic() + self._backoff.next_delay()
+        if self._backoff.failures == 1:  # once per outage, not on every retry
+            log.warning("gcs_connect_failed", address=self._address, error=str(err))
+        else:
+            log.debug("gcs_connect_failed", address=self._address, error=str(err))
 
     async def _fetch_cluster_id(self, channel: Any) -> str:
         method = "GetClusterId"

@@ -173,6 +173,7 @@ class DrainCall:
     node_id: str  # hex
     cluster_id: str | None
     deadline_ms: int
+    reason: int = 1  # DrainNodeReason: 1 idle termination, 2 preemption
 
 
 @dataclass
@@ -192,9 +193,10 @@ class FakeGcs:
         *,
         reason_message: str,
         deadline_timestamp_ms: int,
+        reason: int = 1,
         cluster_id: str | None = None,
     ) -> object:
-        self.drains.append(DrainCall(node_id.hex(), cluster_id, deadline_timestamp_ms))
+        self.drains.append(DrainCall(node_id.hex(), cluster_id, deadline_timestamp_ms, reason))
         if node_id.hex() in self.fail:
             raise GcsCallError("DrainNode", "UNAVAILABLE", "injected")
         if node_id.hex() in self.refuse:

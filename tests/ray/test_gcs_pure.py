@@ -108,6 +108,7 @@ class FakeDrainClient:
     answers: dict[bytes, Any]
     cluster_id: str | None = "c0ffee"
     calls: list[tuple[bytes, str | None, int]] = field(default_factory=list)
+    reasons: list[int] = field(default_factory=list)
 
     async def drain_node(
         self,
@@ -115,9 +116,11 @@ class FakeDrainClient:
         *,
         reason_message: str,
         deadline_timestamp_ms: int,
+        reason: int = 1,
         cluster_id: str | None = None,
     ) -> object:
         self.calls.append((node_id, cluster_id, deadline_timestamp_ms))
+        self.reasons.append(reason)
         answer = self.answers[node_id]
         if isinstance(answer, Exception):
             raise answer
@@ -348,3 +351,14 @@ async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> No
         "kuberay_scaler_gcs_rpc_errors_total", {"method": "GetClusterId", "code": "UNAVAILABLE"}
     )
     assert errors_after == errors_before + 1
+
+
+async def test_preemption_drain_sends_reason_preemption() -> None:
+    from kuberay_scaler.ray_gcs.drain import PREEMPTION
+
+    client = FakeDrainClient({b"a": "accept", b"b": "accept"})
+    result = await drain_slice(
+        client, [b"a", b"b"], reason_message="above max", deadline_ms=5, reason=PREEMPTION
+    )
+    assert result.may_delete
+    assert client.reasons == [PREEMPTION, PREEMPTION]
