@@ -15,13 +15,13 @@ from kuberay_scaler.kube.access import detect_access
 from kuberay_scaler.kube.events import EventRecorder
 from kuberay_scaler.kube.informer import Informer, Source
 from kuberay_scaler.kube.raycluster import RayClusterView
-from kuberay_scaler.kube.session import open_api
+from kuberay_scaler.kube.session import SessionError, open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
-from kuberay_scaler.settings import ConfigError, Settings
+from kuberay_scaler.settings import ConfigError, Settings, credentials_hint
 from kuberay_scaler.web.server import Probes, make_app, start_server
 
 log = structlog.get_logger(__name__)
@@ -87,7 +87,10 @@ class Daemon:
     async def _run_tasks(self) -> None:
         s = self.settings
         kubeconfig = str(s.kubeconfig) if s.kubeconfig else None
-        api = await open_api(kubeconfig, request_timeout=s.k8s_request_timeout_s)
+        try:
+            api = await open_api(kubeconfig, request_timeout=s.k8s_request_timeout_s)
+        except SessionError as err:  # checked before start; the files changed since
+            raise ConfigError(credentials_hint(str(err), kubeconfig)) from None
         gcs = GcsClient(
             s.gcs_address,
             token=s.ray_auth_token.get_secret_value() if s.ray_auth_token else None,

@@ -311,6 +311,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"{env}: must be set when RAY_USE_TLS is on")
             if not path.is_file():
                 raise ValueError(f"{env}: no such file {str(path)!r}")
+            try:
+                text = path.read_bytes()
+            except OSError as err:
+                raise ValueError(f"{env}: cannot read {str(path)!r}: {err.strerror}") from None
+            if b"-----BEGIN " not in text:
+                raise ValueError(f"{env}: {str(path)!r} is not a PEM file")
 
     def require_cluster(self) -> None:
         """`run` needs to know which RayCluster it scales."""
@@ -332,6 +338,19 @@ class Settings(BaseSettings):
                 value = str(value)
             shown[str(env)] = value
         return shown
+
+
+def credentials_hint(problem: str, kubeconfig: str | None) -> str:
+    """One line: what is wrong with the Kubernetes credentials and which variable to set."""
+    if kubeconfig is not None:
+        return (
+            f"invalid configuration: KUBERAY_SCALER_KUBECONFIG (or KUBECONFIG): {problem};"
+            " set it to a readable kubeconfig file"
+        )
+    return (
+        f"no Kubernetes credentials: {problem}; set KUBERAY_SCALER_KUBECONFIG to a kubeconfig"
+        " file, or run in a pod with a service account"
+    )
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from kuberay_scaler.control.reconciler import MAX_REPLANS, LoopConfig
+from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.model.reasons import Action, ScaleDownKind
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from tests.control.fakes import Loop, WriteCall, make_loop, reply_of
 from tests.factories import (
@@ -222,3 +224,14 @@ async def test_recreated_raycluster_drops_memory_and_expectations() -> None:
     loop.see_ray(state([head_node()]))
     await loop.reconciler.reconcile()
     assert loop.reconciler.expectations.groups() == frozenset()
+
+
+async def test_decision_metrics_are_labelled_from_the_enums() -> None:
+    labels = {"group": "tpu", "action": "scale_down", "reason": "idle"}
+    before = REGISTRY.get_sample_value("kuberay_scaler_decisions_total", labels) or 0.0
+    loop = idle_slices_loop("tpu-a")
+    await loop.reconciler.reconcile()
+    after = REGISTRY.get_sample_value("kuberay_scaler_decisions_total", labels)
+    assert after == before + 1
+    assert Action.SCALE_DOWN.value == labels["action"]
+    assert ScaleDownKind.IDLE.value == labels["reason"]
