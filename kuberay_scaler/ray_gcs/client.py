@@ -44,6 +44,7 @@ log = structlog.get_logger(__name__)
 
 CLUSTER_ID_METADATA = "ray_cluster_id"
 _WRONG_CLUSTER_ID = "WrongClusterID"
+_OLD_WRONG_CLUSTER_ID = "AuthError"
 _UNREACHABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
@@ -311,6 +312,10 @@ def _classify(method: str, err: Any) -> GcsError:
         return GcsUnavailable(method, name, details)
     if code == grpc.StatusCode.UNAUTHENTICATED and _WRONG_CLUSTER_ID in details:
         return GcsReplaced(method, name, details)
+    if code == grpc.StatusCode.ABORTED and details == _OLD_WRONG_CLUSTER_ID:
+        # Ray before token auth (2.49 and older, seen in make ray-matrix) refuses a wrong
+        # cluster id with its Status::AuthError, which reaches gRPC as ABORTED "AuthError".
+        return GcsReplaced(method, name, f"{details} (older Ray's WrongClusterID)")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return GcsAuthError(method, name, f"{details} (is the GCS token right?)")
     return GcsCallError(method, name, details)
