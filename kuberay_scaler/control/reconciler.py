@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -48,6 +49,7 @@ from kuberay_scaler.ray_gcs.report import build_autoscaling_state
 
 log = structlog.get_logger(__name__)
 
+RECENT_DECISIONS = 20  # kept for /debug/slices
 MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often per reconcile
 
 
@@ -68,6 +70,8 @@ class LoopStatus:
     last_patch: list[dict[str, Any]] = field(default_factory=list)
     last_outcome: str = "not run yet"
     reconciles: int = 0
+    # The last decisions that changed something (newest last), for /debug/slices.
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))
 
     @property
     def last_plan(self) -> Plan | None:
@@ -82,6 +86,7 @@ class LoopStatus:
             "last_outcome": self.last_outcome,
             "last_patch_sent": self.last_patch,
             "reconciles": self.reconciles,
+            "recent_decisions": list(self.recent),
         }
 
 
@@ -353,6 +358,17 @@ class Reconciler:
             if not d.changes:
                 continue
             DECISIONS.labels(d.group, d.action.value, d.reason_code).inc()
+            self.status.recent.append(
+                {
+                    "at": self._wall().isoformat(timespec="seconds"),
+                    "group": d.group,
+                    "action": d.action.value,
+                    "replicas": f"{d.current}->{d.target}",
+                    "slices": [x.slice_key for x in (*d.deletions, *d.preempt)],
+                    "reasons": [str(r) for r in d.reasons],
+                    "dry_run": dry_run,
+                }
+            )
             log.info(
                 "decision",
                 group=d.group,
