@@ -167,7 +167,8 @@ class Reconciler:
             if observed is None:
                 self.status.last_outcome = "RayCluster not found: nothing to scale"
                 return None
-            decision = self.decide(observed, now)
+            # In a worker thread: however long planning takes, probes and watches keep running.
+            decision = await asyncio.to_thread(self.decide, observed, now)
             self._publish(decision)
             # Launches this plan adds are reported only when they are about to be written.
             writes = not self._config.dry_run and now.mono >= self._not_before

@@ -4,7 +4,11 @@ only that a path ran."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
+
+import pytest
 
 from tests.control.fakes import Loop, make_loop
 from tests.control.test_reconciler import spec_group, workers_to_delete
@@ -63,3 +67,30 @@ async def test_a_node_truly_gone_for_a_full_grace_is_replaced() -> None:
     three = state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)[:3]])
     await run_for(loop, GRACE_S + 10, three)
     assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]  # whole slice
+
+
+async def test_a_slow_plan_never_blocks_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 3: planning runs in a worker thread; probes (here: a ticker) keep being served."""
+    loop = busy_slice_loop()
+    real = loop.reconciler.decide
+
+    def slow(*args: Any) -> Any:
+        time.sleep(0.5)  # a plan that takes long (10^6 hosts before the bounds)
+        return real(*args)
+
+    monkeypatch.setattr(loop.reconciler, "decide", slow)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        await loop.reconciler.reconcile()
+    finally:
+        task.cancel()
+    assert ticks >= 1, "the event loop was blocked for the whole plan"
+    assert loop.reconciler.status.last_decision is not None
