@@ -33,13 +33,20 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the autoscaler daemon (configured by env vars)")
     run.set_defaults(func=_run)
     plan = sub.add_parser("plan", help="plan once from files and print the decision as JSON")
-    plan.add_argument("--raycluster", type=Path, required=True, help="RayCluster YAML or JSON")
-    plan.add_argument("--pods", type=Path, help="PodList JSON (kubectl get pods -o json)")
+    plan.add_argument(
+        "--raycluster",
+        type=Path,
+        required=True,
+        help="RayCluster YAML or JSON (`-`: stdin; a `kind: List` holding it is fine)",
+    )
+    plan.add_argument(
+        "--pods", type=Path, help="PodList JSON or YAML (kubectl get pods -o json; `-`: stdin)"
+    )
     plan.add_argument(
         "--ray-state",
         type=Path,
-        required=True,
-        help="GetClusterResourceStateReply in proto3 JSON (MessageToJson)",
+        help="GetClusterResourceStateReply in proto3 JSON (`-`: stdin); without it the plan"
+        " runs as 'Ray demand unknown' and still shows the slice map",
     )
     plan.set_defaults(func=_plan)
     check = sub.add_parser(

@@ -216,21 +216,26 @@ class Reconciler:
             # Launches this plan adds are reported only when they are about to be written.
             writes = not self._config.dry_run and now.mono >= self._not_before
             await self._report(decision, now, launches_asked=writes)
-            if decision.error is None:
-                if not decision.writes or self._config.dry_run:
-                    return self._without_writes(decision)
-                if now.mono < self._not_before:
-                    self.status.last_outcome = "write backoff"
-                    return decision.plan
-                done = await self._carry_out(decision)
-                if done:
-                    return decision.plan
-            else:
-                log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
+            if await self._act(decision, now):
+                return decision.plan
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
         self._write_failure = "stale"
         return None
+
+    async def _act(self, decision: Decision, now: Instant) -> bool:
+        """Carry the decision out. True when done with it (written, nothing to write, dry run,
+        backing off, or given up); False when the RayCluster changed under it: replan."""
+        if decision.error is not None:
+            log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
+            return False
+        if not decision.writes or self._config.dry_run:
+            self._without_writes(decision)
+            return True
+        if now.mono < self._not_before:
+            self.status.last_outcome = "write backoff"
+            return True
+        return await self._carry_out(decision)
 
     # --- observe and decide (no writes) --------------------------------------------------------
 
@@ -286,11 +291,10 @@ class Reconciler:
 
     # --- writes ------------------------------------------------------------------------------
 
-    def _without_writes(self, decision: Decision) -> Plan:
+    def _without_writes(self, decision: Decision) -> None:
         self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
         if decision.plan.changes:
             self._log_decisions(decision.plan, dry_run=True)
-        return decision.plan
 
     async def _carry_out(self, decision: Decision) -> bool:
         """Execute the writes. True when done (applied or given up), False to replan."""
