@@ -26,6 +26,7 @@ from kuberay_scaler.control.report import report_from_plan
 from kuberay_scaler.decision import Decision, GcsView, Observation, decide
 from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.writer import PatchOutcome
+from kuberay_scaler.liveness import HostClock, LivenessTracker
 from kuberay_scaler.metrics import (
     DECISIONS,
     RECONCILE_SECONDS,
@@ -34,8 +35,12 @@ from kuberay_scaler.metrics import (
     TARGET_REPLICAS,
 )
 from kuberay_scaler.model.plan import GroupDecision, Memory, Plan
+from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import Action
 from kuberay_scaler.model.slices import SliceState
+from kuberay_scaler.parse.pods import parse_pods
+from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
+from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.ray_gcs.errors import GcsError
 from kuberay_scaler.ray_gcs.poller import GcsObservation
@@ -117,6 +122,11 @@ class Reconciler:
         self.memory = Memory()
         self.status = LoopStatus(last_progress=monotonic())
         self._observation: GcsObservation | None = None
+        # When the daemon itself last saw each Ray node and pod (slices are judged from it).
+        self._liveness = LivenessTracker(
+            grace_s=policy.timeouts.missing_node_grace_s,
+            stale_after_s=config.gcs_stale_after_s,
+        )
         self._uid: str | None = None
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
@@ -124,6 +134,11 @@ class Reconciler:
     def observe_gcs(self, observation: GcsObservation) -> None:
         """The poller pushes every observation here; a reconcile uses the latest one."""
         self._observation = observation
+        self._liveness.observe_ray(
+            observation.observed_at,
+            (observation.cluster_id, observation.gcs_epoch),
+            _alive_instances(observation.reply),
+        )
 
     async def reconcile(self) -> Plan | None:
         """Run one reconcile; errors are logged and counted, never raised."""
@@ -157,20 +172,25 @@ class Reconciler:
             # Launches this plan adds are reported only when they are about to be written.
             writes = not self._config.dry_run and now.mono >= self._not_before
             await self._report(decision, now, launches_asked=writes)
-            if decision.error is None:
-                if not decision.writes or self._config.dry_run:
-                    return self._without_writes(decision)
-                if now.mono < self._not_before:
-                    self.status.last_outcome = "write backoff"
-                    return decision.plan
-                done = await self._carry_out(decision)
-                if done:
-                    return decision.plan
-            else:
-                log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
+            if await self._act(decision, now):
+                return decision.plan
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
         return None
+
+    async def _act(self, decision: Decision, now: Instant) -> bool:
+        """Carry the decision out. True when done with it (written, nothing to write, dry run,
+        backing off, or given up); False when the RayCluster changed under it: replan."""
+        if decision.error is not None:
+            log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
+            return False
+        if not decision.writes or self._config.dry_run:
+            self._without_writes(decision)
+            return True
+        if now.mono < self._not_before:
+            self.status.last_outcome = "write backoff"
+            return True
+        return await self._carry_out(decision)
 
     # --- observe and decide (no writes) --------------------------------------------------------
 
@@ -180,13 +200,20 @@ class Reconciler:
         if raw is None:
             return None
         self._notice_recreation(raw)
+        pods = list(self._pods.store.values())
         return Observation(
             raycluster=raw,
-            pods=list(self._pods.store.values()),
+            pods=pods,
             gcs=gcs,
             synced=self._pods.synced and self._cluster.synced,
             awaiting_write=self._awaiting(raw, now.mono),
+            clock=self._host_clock(raw, pods, now.mono),
         )
+
+    def _host_clock(self, raw: Mapping[str, Any], pods: list[Any], now: float) -> HostClock:
+        hosts, _ = parse_pods(pods, parse_raycluster(raw))
+        self._liveness.observe_pods(now, hosts)
+        return self._liveness.clock(now)
 
     def decide(self, observed: Observation, now: Instant) -> Decision:
         return decide(observed, self.memory, self._policy, now.wall, self._config.drain_deadline_s)
@@ -219,11 +246,10 @@ class Reconciler:
 
     # --- writes ------------------------------------------------------------------------------
 
-    def _without_writes(self, decision: Decision) -> Plan:
+    def _without_writes(self, decision: Decision) -> None:
         self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
         if decision.plan.changes:
             self._log_decisions(decision.plan, dry_run=True)
-        return decision.plan
 
     async def _carry_out(self, decision: Decision) -> bool:
         """Execute the writes. True when done (applied or given up), False to replan."""
@@ -352,6 +378,17 @@ class Reconciler:
 
 _background: set[asyncio.Task[None]] = set()
 _EVENT_REASONS = {Action.SCALE_UP: "ScaledUp", Action.SCALE_DOWN: "ScaledDown"}
+
+
+def _alive_instances(reply: Any) -> list[str] | None:
+    """Instance ids (pod names) of the live Ray nodes in a reply; None when it is unusable."""
+    if reply is None:
+        return None
+    try:
+        ray = reply if isinstance(reply, RayState) else parse_ray_state(reply)
+    except RayStateError:
+        return None
+    return list(ray.node_by_instance())
 
 
 def _version(reply: Any) -> int:

@@ -24,7 +24,7 @@ from kuberay_scaler.model.reasons import (
     ScaleDown,
     ScaleUp,
 )
-from kuberay_scaler.model.slices import SliceMap
+from kuberay_scaler.model.slices import Slice, SliceMap
 
 
 class DeleteKind(StrEnum):
@@ -177,6 +177,10 @@ class Plan:
     def group(self, name: str) -> GroupDecision | None:
         return next((g for g in self.groups if g.group == name), None)
 
+    def _slices_doc(self, group: str) -> list[dict[str, Any]]:
+        gs = self.slice_map.groups.get(group) if self.slice_map else None
+        return [slice_doc(sl) for sl in gs.slices] if gs else []
+
     def summary(self) -> dict[str, Any]:
         """The plan as the `plan` command and /debug/plan print it (without the patch)."""
         return {
@@ -198,8 +202,17 @@ class Plan:
                     ],
                     "drain": [n for d in g.deletions for n in d.node_ids],
                     "clear_workers_to_delete": g.clear_workers_to_delete,
+                    "preempt": [
+                        {
+                            "slice": d.slice_key,
+                            "pods": list(d.pods),
+                            "reason": _reason_doc(d.reason),
+                        }
+                        for d in g.preempt
+                    ],
                     "held": _hold_doc(g.held),
                     "reasons": [_reason_doc(r) for r in g.reasons],
+                    "slices": self._slices_doc(g.group),
                 }
                 for g in self.groups
             ],
@@ -217,6 +230,33 @@ class Plan:
                 {"kind": p.kind.value, "group": p.group, "text": str(p)} for p in self.problems
             ],
         }
+
+
+def slice_doc(sl: Slice) -> dict[str, Any]:
+    """One slice as people read it: state and why, and each host with its Ray node."""
+    idle_ms = sl.idle_ms()
+    return {
+        "slice": sl.key,
+        "state": sl.state.value,
+        "reason": sl.reason,
+        "idle_s": None if idle_ms is None else round(idle_ms / 1000, 1),
+        "hosts": [
+            {
+                "pod": h.pod_name,
+                "host_index": h.host_index,
+                "phase": h.phase.value,
+                "detail": h.detail,
+                "ray_node": sl.nodes[h.pod_name].node_id if h.pod_name in sl.nodes else None,
+                "ray_status": sl.nodes[h.pod_name].status.value if h.pod_name in sl.nodes else None,
+                "idle_s": (
+                    round(sl.nodes[h.pod_name].idle_ms / 1000, 1)
+                    if h.pod_name in sl.nodes and sl.nodes[h.pod_name].idle
+                    else None
+                ),
+            }
+            for h in sl.hosts
+        ],
+    }
 
 
 def _hold_doc(hold: Hold | None) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ from kuberay_scaler.model.reasons import (
 from kuberay_scaler.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.planner.bins import bins_for_new_slice
 from kuberay_scaler.planner.capacity import Capacity, build_capacity
+from kuberay_scaler.planner.explain import why_unchanged
 from kuberay_scaler.planner.pool import Pool
 from kuberay_scaler.planner.replace import backing_off, live_backoff, replacements
 from kuberay_scaler.planner.scale_down import (
@@ -305,7 +306,7 @@ def _decide(
     idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
     scaled = room.added or idle_deleted
     target = group.effective_replicas + room.added - idle_deleted if scaled else group.replicas
-    return replace(
+    decision = replace(
         base,
         target=target,
         deletions=tuple(deletions),
@@ -315,6 +316,12 @@ def _decide(
         launching_hosts=_launching_hosts(g, virtual + room.added),
         new_hosts=room.added * group.num_of_hosts,
     )
+    if decision.changes or g.hold_down:
+        return decision
+    # Nothing changes: say why, slice kind by slice kind (busy, idle below the timeout, ...).
+    timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
+    steady = why_unchanged(g.slices, needed, timeout_s)
+    return replace(decision, reasons=(*decision.reasons, *steady))
 
 
 def _above_max(

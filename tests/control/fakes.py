@@ -100,9 +100,17 @@ class FakeWriter:
     after_apply: Callable[[WriteCall], None] | None = None  # runs after each call (inject here)
     _script: deque[PatchOutcome] = field(default_factory=deque)
 
-    def answer(self, status: int, *, times: int = 1, retry_after: float | None = None) -> None:
-        """The next `times` patches fail with HTTP `status` (and are not applied)."""
-        kind = STATUS_OUTCOME[status]
+    def answer(
+        self,
+        status: int,
+        *,
+        times: int = 1,
+        retry_after: float | None = None,
+        kind: OutcomeKind | None = None,
+    ) -> None:
+        """The next `times` patches fail with HTTP `status` (and are not applied); `kind`
+        overrides the usual outcome (a 422 from a failed `test` op is "stale")."""
+        kind = kind or STATUS_OUTCOME[status]
         wait = retry_after if kind == "throttled" else None
         for _ in range(times):
             self._script.append(PatchOutcome(kind, message=f"HTTP {status}", retry_after=wait))

@@ -172,6 +172,9 @@ async def test_drains_are_pinned_to_the_observation_the_plan_was_made_from() -> 
     loop.writer.after_apply = gcs_replaced_mid_reconcile
     await loop.reconciler.reconcile()
     assert loop.gcs.drains and {d.cluster_id for d in loop.gcs.drains} == {"cluster-1"}
+    # One now per reconcile: the drain deadline counts from the instant the plan was made.
+    deadline = int((loop.clock.wall().timestamp() + LoopConfig().drain_deadline_s) * 1000)
+    assert {d.deadline_ms for d in loop.gcs.drains} == {deadline}
     (report,) = loop.gcs.reports  # told from the observation the plan was made from
     assert report.last_seen_cluster_resource_state_version == 5
     decision = loop.reconciler.status.last_decision
@@ -235,3 +238,15 @@ async def test_decision_metrics_are_labelled_from_the_enums() -> None:
     assert after == before + 1
     assert Action.SCALE_DOWN.value == labels["action"]
     assert ScaleDownKind.IDLE.value == labels["reason"]
+
+
+async def test_a_422_failed_test_is_stale_and_replanned_but_a_422_invalid_is_not() -> None:
+    loop = scale_up_loop()
+    loop.writer.answer(422, kind="stale")
+    await loop.reconciler.reconcile()
+    assert [c.outcome.kind for c in loop.writer.calls] == ["stale", "applied"]
+    other = scale_up_loop()
+    other.writer.answer(422)
+    await other.reconciler.reconcile()
+    assert [c.outcome.kind for c in other.writer.calls] == ["invalid"]
+    assert "replicas" not in spec_group(other) or spec_group(other)["replicas"] == 0
