@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from kuberay_scaler.kube.raycluster import RayClusterView
 from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
+from kuberay_scaler.parse.pods import slim_pod
 from kuberay_scaler.patch.ops import build_patch
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
@@ -114,6 +116,7 @@ class Daemon:
             Source.pods(s.cluster_namespace, s.cluster_name),
             silent_timeout=s.watch_silence_timeout_s,
             on_change=lambda _changes: self._on_pods(),
+            transform=slim_pod,
         )
         self._view = RayClusterView(
             api,
@@ -171,12 +174,19 @@ class Daemon:
     async def _loop(self) -> None:
         assert self.reconciler is not None
         s = self.settings
+        frozen = False
         while not self.stop.is_set():
             reasons = await self.trigger.wait(max_wait=s.resync_interval_s, debounce=s.debounce_s)
             if self.stop.is_set():
                 break
             log.debug("reconcile", reasons=sorted(reasons))
-            await self.reconciler.reconcile()
+            await self.reconciler.reconcile(reasons)
+            if not frozen and self.reconciler.status.last_plan is not None:
+                # Startup garbage collected once, then everything alive now (imports, caches,
+                # the synced pods) is left out of every later collection: keeps plan() linear.
+                gc.collect()
+                gc.freeze()
+                frozen = True
 
     def _on_pods(self) -> None:
         if self._view is not None:

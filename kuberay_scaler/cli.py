@@ -75,6 +75,9 @@ def _plan(args: argparse.Namespace) -> int:
 def _run(_: argparse.Namespace) -> int:
     settings = load_settings()
     settings.require_cluster()
+    from kuberay_scaler import lightimports
+
+    lightimports.install()  # before anything imports ray or kubernetes_asyncio
     from kuberay_scaler.app import run_daemon
 
     return run_daemon(settings)

@@ -29,7 +29,7 @@ from kuberay_scaler.metrics import (
 )
 from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Memory, Plan, Snapshot
 from kuberay_scaler.model.slices import SliceState
-from kuberay_scaler.parse.pods import parse_pods
+from kuberay_scaler.parse.pod_cache import PodCache
 from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.patch.ops import PatchError, build_patch, drop_deletions
@@ -37,12 +37,13 @@ from kuberay_scaler.planner.core import Policy, plan
 from kuberay_scaler.ray_gcs.client import GcsClient
 from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
 from kuberay_scaler.ray_gcs.errors import GcsError
-from kuberay_scaler.ray_gcs.poller import GcsPoller
+from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
 from kuberay_scaler.ray_gcs.report import build_autoscaling_state
 
 log = structlog.get_logger(__name__)
 
 MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often per reconcile
+_SETTLED = ("no change", "dry run")  # outcomes after which the same inputs give the same plan
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,24 @@ class Reconciler:
         self._uid: str | None = None
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
+        self._pod_cache = PodCache()
+        self._parsed_ray: tuple[GcsObservation | None, Any] = (None, None)
+        self._last_inputs: tuple[object, ...] | None = None
+        self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
 
-    async def reconcile(self) -> Plan | None:
-        """Run one reconcile; errors are logged and counted, never raised."""
+    async def reconcile(self, reasons: set[str] | None = None) -> Plan | None:
+        """Run one reconcile; errors are logged and counted, never raised.
+
+        `reasons` are what woke it (see Trigger). Woken by a change alone, it is skipped when
+        nothing the plan reads differs from the last settled reconcile (pods as parsed, the
+        RayCluster's spec and annotations, the GCS content, sync and freshness, write
+        expectations). The timer (or no reasons) always plans: idle clocks and deadlines move.
+        """
         started = time.monotonic()
         try:
+            if reasons and "timer" not in reasons and self._unchanged():
+                self.skipped += 1
+                return self.status.last_plan
             result = await self._reconcile()
             RECONCILES.labels("held" if result is None or result.held else "ok").inc()
             return result
@@ -118,28 +132,59 @@ class Reconciler:
                 self.status.last_outcome = "RayCluster not found: nothing to scale"
                 return None
             self._notice_recreation(raw)
+            self._last_inputs = self._inputs(raw)
             result = self._plan(raw)
             self._publish(result)
-            await self._report(result)
             if not result.changes or self._config.dry_run:
+                await self._report(result)
                 self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
                 if result.changes:
                     self._log_decisions(result, dry_run=True)
                 return result
             if time.monotonic() < self._not_before:
+                await self._report(result)
                 self.status.last_outcome = "write backoff"
                 return result
-            if await self._execute(raw, result):
+            # The patch first: it is what makes the cluster grow; the report only informs Ray.
+            done = await self._execute(raw, result)
+            await self._report(result)
+            if done:
                 return result
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
         return None
 
+    def _inputs(self, raw: Mapping[str, Any]) -> tuple[object, ...]:
+        """What the plan reads, compared by content (never by resourceVersion or GCS version)."""
+        spec = parse_raycluster(raw)
+        self._pod_cache.hosts(self._pods.store, spec)
+        observation = self._poller.latest
+        fresh = observation.fresh(time.monotonic(), self._config.gcs_stale_after_s)
+        meta = raw.get("metadata", {})
+        return (
+            replace(spec, resource_version=""),
+            meta.get("uid"),
+            meta.get("annotations"),
+            self._pod_cache.version,
+            self._poller.content_version,
+            fresh,
+            self._pods.synced and self._cluster.synced,
+            self._awaiting(raw),
+        )
+
+    def _unchanged(self) -> bool:
+        raw = self._cluster.current()
+        if raw is None or self._last_inputs is None:
+            return False
+        if self.status.last_outcome not in _SETTLED:
+            return False
+        return self._inputs(raw) == self._last_inputs
+
     def _plan(self, raw: Mapping[str, Any]) -> Plan:
         spec = parse_raycluster(raw)
-        hosts, pod_problems = parse_pods(list(self._pods.store.values()), spec)
+        hosts, pod_problems = self._pod_cache.hosts(self._pods.store, spec)
         synced = self._pods.synced and self._cluster.synced
-        snapshot = Snapshot(spec, tuple(hosts), synced, tuple(map(str, pod_problems)))
+        snapshot = Snapshot(spec, hosts, synced, pod_problems)
         memory = replace(
             self.memory,
             awaiting_write=self._awaiting(raw),
@@ -151,8 +196,12 @@ class Reconciler:
         observation = self._poller.latest
         if not observation.fresh(time.monotonic(), self._config.gcs_stale_after_s):
             return None
+        if self._parsed_ray[0] is observation:
+            return self._parsed_ray[1]  # the same poll as last time: already parsed
         try:
-            return parse_ray_state(observation.reply)
+            state = parse_ray_state(observation.reply)
+            self._parsed_ray = (observation, state)
+            return state
         except RayStateError as err:
             log.warning("unusable GCS reply: holding", error=str(err))
             return None

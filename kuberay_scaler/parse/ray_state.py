@@ -89,7 +89,9 @@ def _state_from_json(reply: Mapping[Any, Any]) -> Any:
 
 def _node(node: Any) -> RayNode:
     total = _plain_resources(node.total_resources)
-    labels = {**dict(node.labels), **dict(node.dynamic_labels)}
+    labels = dict(node.labels)
+    if node.dynamic_labels:
+        labels.update(node.dynamic_labels)
     return RayNode(
         node_id=bytes(node.node_id).hex(),
         instance_id=node.instance_id,
@@ -104,23 +106,33 @@ def _node(node: Any) -> RayNode:
     )
 
 
+def _status_table() -> dict[int, NodeStatus]:
+    table = {}
+    for name, number in autoscaler_pb2.NodeStatus.items():
+        try:
+            table[number] = NodeStatus(name)
+        except ValueError:
+            table[number] = NodeStatus.UNKNOWN
+    return table
+
+
+_STATUS = _status_table()
+
+
 def _status(value: int) -> NodeStatus:
-    name = (
-        autoscaler_pb2.NodeStatus.Name(value) if value in autoscaler_pb2.NodeStatus.values() else ""
-    )
-    try:
-        return NodeStatus(name)
-    except ValueError:
-        return NodeStatus.UNKNOWN
+    return _STATUS.get(value, NodeStatus.UNKNOWN)
 
 
 def _plain_resources(resources: Mapping[str, float]) -> dict[str, float]:
-    return {k: v for k, v in _finite(resources).items() if _PG_RESOURCE_MARK not in k}
+    # dict() first: one C-level copy of the protobuf map beats iterating it from Python.
+    return {
+        k: v for k, v in dict(resources).items() if _PG_RESOURCE_MARK not in k and math.isfinite(v)
+    }
 
 
 def _finite(resources: Mapping[str, float]) -> dict[str, float]:
     # NaN compares false with everything and would slip through every fit check.
-    return {k: float(v) for k, v in resources.items() if math.isfinite(v)}
+    return {k: v for k, v in dict(resources).items() if math.isfinite(v)}
 
 
 def _bundle(request: Any) -> Bundle:
