@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint demo e2e bench bench-quick bench-planner clean
+.PHONY: install test lint demo e2e bench bench-quick bench-planner clean image
 
 $(STAMP): pyproject.toml standins/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: install
 	$(BIN)/kuberay-scaler-demo
@@ -28,6 +29,12 @@ demo: install
 e2e: install
 	scripts/build-control-plane.sh >/dev/null
 	$(BIN)/pytest -q -m e2e tests/e2e
+
+# Builds the image without Docker (podman + an mmdebstrap base cached in ~/.cache/kuberay-scaler),
+# then runs it: version, check-config, and the daemon against the stand-ins for one scale-up.
+image: install
+	scripts/build-image.sh
+	$(BIN)/pytest -q -m image tests/image
 
 # Ours vs Ray v1/v2 side by side (docs/benchmarks.md); QUICK=1 (or bench-quick): ≤ 5 min.
 bench: install

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import signal
 import time
@@ -21,11 +20,10 @@ from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
 from kuberay_scaler.parse.pods import slim_pod
-from kuberay_scaler.patch.ops import build_patch
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
-from kuberay_scaler.settings import Settings
+from kuberay_scaler.settings import ConfigError, Settings
 from kuberay_scaler.web.server import Probes, make_app, start_server
 
 log = structlog.get_logger(__name__)
@@ -76,7 +74,15 @@ class Daemon:
         if not self.settings.http_address:
             return None
         probes = Probes(healthy=self._healthy, ready=self._ready, plan=self._plan_document)
-        runner = await start_server(make_app(probes), self.settings.http_address)
+        address = self.settings.http_address
+        try:
+            runner = await start_server(make_app(probes), address)
+        except OSError as err:
+            # A port already taken (say by Ray's metrics export in the same pod) is a setting to
+            # fix, not a crash: one line and exit 2, like every other configuration error.
+            raise ConfigError(
+                f"KUBERAY_SCALER_HTTP_ADDRESS: cannot listen on {address}: {err.strerror or err}"
+            ) from None
         log.info("http serving", address=self.settings.http_address)
         return runner
 
@@ -92,7 +98,9 @@ class Daemon:
         )
         try:
             async with asyncio.TaskGroup() as group:
-                access_task = group.create_task(detect_access(api, s.cluster_namespace))
+                access_task = group.create_task(
+                    detect_access(api, s.cluster_namespace, name=s.cluster_name)
+                )
                 await self._until_stopped(access_task)
                 if self.stop.is_set():
                     return
@@ -128,7 +136,12 @@ class Daemon:
             debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),
         )
-        self._poller = GcsPoller(gcs, interval_s=s.gcs_poll_interval_s, on_change=self._on_gcs)
+        self._poller = GcsPoller(
+            gcs,
+            interval_s=s.gcs_poll_interval_s,
+            on_change=self._on_gcs,
+            on_observation=self._on_observation,
+        )
         events = EventRecorder(
             api,
             namespace=s.cluster_namespace,
@@ -146,7 +159,7 @@ class Daemon:
             policy=policy_from_settings(s),
             pods=self._pods,
             cluster=self._view,
-            poller=self._poller,
+            feed=self._poller,
             gcs=gcs,
             writer=RayClusterWriter(api, namespace=s.cluster_namespace, name=s.cluster_name),
             events=events,
@@ -193,8 +206,14 @@ class Daemon:
             self._view.nudge()
         self.trigger.fire("pods")
 
-    def _on_gcs(self, _: GcsObservation) -> None:
+    def _on_gcs(self, observation: GcsObservation) -> None:
+        if self.reconciler is not None:
+            self.reconciler.gcs_changed(observation)
         self.trigger.fire("gcs")
+
+    def _on_observation(self, observation: GcsObservation) -> None:
+        if self.reconciler is not None:
+            self.reconciler.observe_gcs(observation)
 
     def _tls(self) -> TlsFiles | None:
         s = self.settings
@@ -227,16 +246,4 @@ class Daemon:
         return True, "synced and GCS fresh"
 
     def _plan_document(self) -> dict[str, Any] | None:
-        if self.reconciler is None or self.reconciler.status.last_plan is None:
-            return None
-        status = self.reconciler.status
-        plan = status.last_plan
-        assert plan is not None
-        document = plan.summary()
-        raw = self._view.current() if self._view else None
-        with contextlib.suppress(Exception):
-            document["patch"] = build_patch(raw, plan) if raw else []
-        document["last_outcome"] = status.last_outcome
-        document["last_patch_sent"] = status.last_patch
-        document["reconciles"] = status.reconciles
-        return document
+        return self.reconciler.status.document() if self.reconciler else None

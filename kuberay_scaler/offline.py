@@ -10,12 +10,11 @@ from typing import Any
 
 import yaml
 
-from kuberay_scaler.model.plan import Memory, Snapshot
-from kuberay_scaler.parse.pods import parse_pods, pod_items
+from kuberay_scaler.decision import GcsView, Observation, decide
+from kuberay_scaler.model.plan import Memory
+from kuberay_scaler.parse.pods import pod_items
 from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.patch.ops import PatchError, build_patch
-from kuberay_scaler.planner.core import Policy, plan
+from kuberay_scaler.planner.core import Policy
 
 
 class InputError(Exception):
@@ -80,27 +79,24 @@ def plan_files(
     policy: Policy,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Plan once from files and return the document the `plan` command prints."""
+    """Plan once from files and return the document the `plan` command prints.
+
+    The same `decide()` the daemon runs: the writes include the draining-intent record and the
+    drains, exactly as the daemon would send them for these inputs.
+    """
     rc = load_raycluster(raycluster)
-    spec = parse_raycluster(rc)
-    hosts, pod_problems = parse_pods(load_pods(pods), spec)
     try:
         state = parse_ray_state(ray_state.read_text())
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"Ray state {ray_state}: {_why(err)}") from None
     except RayStateError as err:
         raise InputError(f"Ray state {ray_state}: {err}") from None
-    snapshot = Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(map(str, pod_problems)))
-    result = plan(snapshot, state, Memory(), policy, now or datetime.now(UTC))
-    try:
-        ops = build_patch(rc, result)
-    except PatchError as err:  # cannot happen for a plan made from this very object
-        raise InputError(str(err)) from None
-    return {"cluster": result.cluster, "patch": ops, **_without_cluster(result.summary())}
-
-
-def _without_cluster(summary: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in summary.items() if k != "cluster"}
+    observed = Observation(raycluster=rc, pods=load_pods(pods), gcs=GcsView(state))
+    decision = decide(observed, Memory(), policy, now or datetime.now(UTC))
+    if decision.error is not None:  # cannot happen for a plan made from this very object
+        raise InputError(decision.error)
+    document = decision.document()
+    return {"cluster": document.pop("cluster"), "patch": document.pop("patch"), **document}
 
 
 def _why(err: OSError | UnicodeDecodeError) -> str:

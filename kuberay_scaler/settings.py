@@ -31,6 +31,9 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _API_VERSION = re.compile(r"v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?")
 
 
+DEFAULT_HTTP_PORT = 44217
+
+
 class ConfigError(Exception):
     """Invalid configuration; the message is one line meant for the user."""
 
@@ -187,8 +190,10 @@ class Settings(BaseSettings):
         validation_alias=_ours("log_level"),
         description="Minimum level of log lines.",
     )
+    # Ray's own autoscaler metrics port (AUTOSCALER_METRIC_PORT): scrape configs for Ray's
+    # autoscaler keep working, and 8080 stays free for Ray's metrics export in the head pod.
     http_address: str = Field(
-        default="0.0.0.0:8080",
+        default=f"0.0.0.0:{DEFAULT_HTTP_PORT}",
         validation_alias=_ours("http_address"),
         description="host:port for /healthz, /readyz, /metrics and /debug/plan; empty disables.",
     )

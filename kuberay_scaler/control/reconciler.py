@@ -1,10 +1,16 @@
-"""One reconcile: snapshot → plan → drain (all-or-nothing per slice) → guarded patch → record."""
+"""One reconcile: observe once → decide (pure) → report to Ray → execute the writes → record.
+
+Per reconcile there is one GCS observation (the one the poller last pushed) and one `now`
+(wall clock for the planner, monotonic for freshness and expectations); a replan after a stale
+patch re-reads only the RayCluster and the pods. Every collaborator is a Protocol
+(control/ports.py), so the loop runs against fakes in tests.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -12,14 +18,12 @@ from typing import Any
 import structlog
 
 from kuberay_scaler.backoff import Backoff
-from kuberay_scaler.control.intent import clear_ops, read_draining, record_ops
+from kuberay_scaler.control.execute import Executed, execute
+from kuberay_scaler.control.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Writer
 from kuberay_scaler.control.report import report_from_plan
-from kuberay_scaler.kube.events import EventRecorder
+from kuberay_scaler.decision import Decision, GcsView, Observation, decide
 from kuberay_scaler.kube.expectations import Expectations
-from kuberay_scaler.kube.informer import Informer
-from kuberay_scaler.kube.raycluster import RayClusterView
-from kuberay_scaler.kube.transport import ApiError, NoResponse
-from kuberay_scaler.kube.writer import PatchOutcome, RayClusterWriter
+from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.metrics import (
     DECISIONS,
     RECONCILE_SECONDS,
@@ -27,17 +31,16 @@ from kuberay_scaler.metrics import (
     SLICES,
     TARGET_REPLICAS,
 )
-from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Memory, Plan, Snapshot
+from kuberay_scaler.model.plan import GroupDecision, Memory, Plan
+from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.model.reasons import Action
 from kuberay_scaler.model.slices import SliceState
 from kuberay_scaler.parse.pod_cache import PodCache
 from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.patch.ops import PatchError, build_patch, drop_deletions
-from kuberay_scaler.planner.core import Policy, plan
-from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.ray_gcs.errors import GcsError
-from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+from kuberay_scaler.ray_gcs.poller import GcsObservation
 from kuberay_scaler.ray_gcs.report import build_autoscaling_state
 
 log = structlog.get_logger(__name__)
@@ -59,10 +62,33 @@ class LoopStatus:
     """What /healthz, /readyz and /debug/plan read."""
 
     last_progress: float = field(default_factory=time.monotonic)
-    last_plan: Plan | None = None
+    last_decision: Decision | None = None
     last_patch: list[dict[str, Any]] = field(default_factory=list)
     last_outcome: str = "not run yet"
     reconciles: int = 0
+
+    @property
+    def last_plan(self) -> Plan | None:
+        return self.last_decision.plan if self.last_decision else None
+
+    def document(self) -> dict[str, Any] | None:
+        """/debug/plan: the last decision (plan and writes) and what became of it."""
+        if self.last_decision is None:
+            return None
+        return {
+            **self.last_decision.document(),
+            "last_outcome": self.last_outcome,
+            "last_patch_sent": self.last_patch,
+            "reconciles": self.reconciles,
+        }
+
+
+@dataclass(frozen=True)
+class Instant:
+    """The one `now` of a reconcile, on both clocks."""
+
+    wall: datetime
+    mono: float
 
 
 class Reconciler:
@@ -71,41 +97,56 @@ class Reconciler:
         *,
         config: LoopConfig,
         policy: Policy,
-        pods: Informer,
-        cluster: RayClusterView,
-        poller: GcsPoller,
-        gcs: GcsClient,
-        writer: RayClusterWriter,
-        events: EventRecorder,
+        pods: PodStore,
+        cluster: ClusterView,
+        feed: GcsFeed,
+        gcs: Gcs,
+        writer: Writer,
+        events: Events,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._policy = policy
         self._pods = pods
         self._cluster = cluster
-        self._poller = poller
+        self._feed = feed
         self._gcs = gcs
         self._writer = writer
         self._events = events
+        self._wall = wall
+        self._monotonic = monotonic
         self.expectations = Expectations(timeout=config.expectation_timeout_s)
         self.memory = Memory()
-        self.status = LoopStatus()
+        self.status = LoopStatus(last_progress=monotonic())
+        self._observation: GcsObservation | None = None
         self._uid: str | None = None
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
         self._pod_cache = PodCache()
-        self._parsed_ray: tuple[GcsObservation | None, Any] = (None, None)
+        self._parsed_ray: tuple[GcsObservation | None, RayState | None] = (None, None)
+        self._content = 0  # rises when the GCS content (not its version) changed
         self._last_inputs: tuple[object, ...] | None = None
         self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
+
+    def observe_gcs(self, observation: GcsObservation) -> None:
+        """The poller pushes every observation here; a reconcile uses the latest one."""
+        self._observation = observation
+
+    def gcs_changed(self, _: GcsObservation | None = None) -> None:
+        """The poller saw new content (the `on_change` callback): the next reconcile plans."""
+        self._content += 1
 
     async def reconcile(self, reasons: set[str] | None = None) -> Plan | None:
         """Run one reconcile; errors are logged and counted, never raised.
 
         `reasons` are what woke it (see Trigger). Woken by a change alone, it is skipped when
-        nothing the plan reads differs from the last settled reconcile (pods as parsed, the
-        RayCluster's spec and annotations, the GCS content, sync and freshness, write
-        expectations). The timer (or no reasons) always plans: idle clocks and deadlines move.
+        nothing the plan reads differs from the last settled reconcile: pods as parsed, the
+        RayCluster's spec and annotations, the GCS content (never its version, which any client's
+        call raises), sync and freshness, write expectations. The timer (or no reasons) always
+        plans: idle clocks and deadlines move with time alone.
         """
-        started = time.monotonic()
+        started = self._monotonic()
         try:
             if reasons and "timer" not in reasons and self._unchanged():
                 self.skipped += 1
@@ -118,58 +159,78 @@ class Reconciler:
         except Exception:
             log.exception("reconcile failed")
             RECONCILES.labels("error").inc()
-            self._not_before = time.monotonic() + self._write_backoff.next_delay()
+            self._not_before = self._monotonic() + self._write_backoff.next_delay()
             return None
         finally:
-            RECONCILE_SECONDS.observe(time.monotonic() - started)
-            self.status.last_progress = time.monotonic()
+            RECONCILE_SECONDS.observe(self._monotonic() - started)
+            self.status.last_progress = self._monotonic()
             self.status.reconciles += 1
 
     async def _reconcile(self) -> Plan | None:
+        now = Instant(self._wall(), self._monotonic())
+        gcs = self._gcs_view(now)
         for _ in range(MAX_REPLANS):
-            raw = self._cluster.current()
-            if raw is None:
+            observed = self.observe(gcs, now)
+            if observed is None:
                 self.status.last_outcome = "RayCluster not found: nothing to scale"
                 return None
-            self._notice_recreation(raw)
-            self._last_inputs = self._inputs(raw)
-            result = self._plan(raw)
-            self._publish(result)
-            if not result.changes or self._config.dry_run:
-                await self._report(result)
-                self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
-                if result.changes:
-                    self._log_decisions(result, dry_run=True)
-                return result
-            if time.monotonic() < self._not_before:
-                await self._report(result)
-                self.status.last_outcome = "write backoff"
-                return result
-            # The patch first: it is what makes the cluster grow; the report only informs Ray.
-            done = await self._execute(raw, result)
-            await self._report(result)
-            if done:
-                return result
+            decision = self.decide(observed, now)
+            self._publish(decision)
+            # Launches this plan adds are reported only when they are about to be written.
+            writes = not self._config.dry_run and now.mono >= self._not_before
+            if decision.error is None:
+                if not decision.writes or self._config.dry_run:
+                    await self._report(decision, now, launches_asked=writes)
+                    return self._without_writes(decision)
+                if now.mono < self._not_before:
+                    await self._report(decision, now, launches_asked=writes)
+                    self.status.last_outcome = "write backoff"
+                    return decision.plan
+                # The patch first: it is what grows the cluster; the report only informs Ray.
+                done = await self._carry_out(decision)
+                await self._report(decision, now, launches_asked=writes)
+                if done:
+                    return decision.plan
+            else:
+                log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
         return None
 
-    def _inputs(self, raw: Mapping[str, Any]) -> tuple[object, ...]:
-        """What the plan reads, compared by content (never by resourceVersion or GCS version)."""
+    # --- observe and decide (no writes) --------------------------------------------------------
+
+    def observe(self, gcs: GcsView | None, now: Instant) -> Observation | None:
+        """Read the RayCluster and pods once; None when there is no RayCluster."""
+        raw = self._cluster.current()
+        if raw is None:
+            return None
+        self._notice_recreation(raw)
+        self._last_inputs = self._inputs(raw, now.mono)
+        spec = parse_raycluster(raw)
+        return Observation(
+            raycluster=raw,
+            gcs=gcs,
+            synced=self._pods.synced and self._cluster.synced,
+            awaiting_write=self._awaiting(raw, now.mono),
+            parsed_pods=self._pod_cache.hosts(self._pods.store, spec),
+        )
+
+    def _inputs(self, raw: Mapping[str, Any], now: float) -> tuple[object, ...]:
+        """What the plan reads, by content (never by resourceVersion or GCS version)."""
         spec = parse_raycluster(raw)
         self._pod_cache.hosts(self._pods.store, spec)
-        observation = self._poller.latest
-        fresh = observation.fresh(time.monotonic(), self._config.gcs_stale_after_s)
+        observation = self._observation
+        fresh = observation is not None and observation.fresh(now, self._config.gcs_stale_after_s)
         meta = raw.get("metadata", {})
         return (
             replace(spec, resource_version=""),
             meta.get("uid"),
             meta.get("annotations"),
             self._pod_cache.version,
-            self._poller.content_version,
+            self._content,
             fresh,
             self._pods.synced and self._cluster.synced,
-            self._awaiting(raw),
+            self._awaiting(raw, now),
         )
 
     def _unchanged(self) -> bool:
@@ -178,41 +239,39 @@ class Reconciler:
             return False
         if self.status.last_outcome not in _SETTLED:
             return False
-        return self._inputs(raw) == self._last_inputs
+        return self._inputs(raw, self._monotonic()) == self._last_inputs
 
-    def _plan(self, raw: Mapping[str, Any]) -> Plan:
-        spec = parse_raycluster(raw)
-        hosts, pod_problems = self._pod_cache.hosts(self._pods.store, spec)
-        synced = self._pods.synced and self._cluster.synced
-        snapshot = Snapshot(spec, hosts, synced, pod_problems)
-        memory = replace(
-            self.memory,
-            awaiting_write=self._awaiting(raw),
-            draining=read_draining(raw),
+    def decide(self, observed: Observation, now: Instant) -> Decision:
+        return decide(observed, self.memory, self._policy, now.wall, self._config.drain_deadline_s)
+
+    def _gcs_view(self, now: Instant) -> GcsView | None:
+        observation = self._observation
+        if observation is None or not observation.fresh(now.mono, self._config.gcs_stale_after_s):
+            return None
+        return GcsView(
+            observation.reply,
+            observation.cluster_id,
+            observation.gcs_epoch,
+            state=self._parsed(observation),
         )
-        return plan(snapshot, self._ray_state(), memory, self._policy, datetime.now(UTC))
 
-    def _ray_state(self) -> Any:
-        observation = self._poller.latest
-        if not observation.fresh(time.monotonic(), self._config.gcs_stale_after_s):
-            return None
-        if self._parsed_ray[0] is observation:
-            return self._parsed_ray[1]  # the same poll as last time: already parsed
-        try:
-            state = parse_ray_state(observation.reply)
+    def _parsed(self, observation: GcsObservation) -> RayState | None:
+        """The reply parsed once per poll (a replan, or a reconcile before the next poll, reuse
+        it); None for an unusable reply, which decide() then parses and names the problem of."""
+        if self._parsed_ray[0] is not observation:
+            try:
+                state: RayState | None = parse_ray_state(observation.reply)
+            except RayStateError:
+                state = None
             self._parsed_ray = (observation, state)
-            return state
-        except RayStateError as err:
-            log.warning("unusable GCS reply: holding", error=str(err))
-            return None
+        return self._parsed_ray[1]
 
-    def _awaiting(self, raw: Mapping[str, Any]) -> dict[str, str]:
+    def _awaiting(self, raw: Mapping[str, Any], now: float) -> dict[str, str]:
         groups = {
             g.get("groupName"): g
             for g in raw.get("spec", {}).get("workerGroupSpecs") or []
             if isinstance(g, Mapping)
         }
-        now = time.monotonic()
         return {
             name: "waiting to observe our last write to this group"
             for name in self.expectations.groups()
@@ -227,68 +286,35 @@ class Reconciler:
             self.expectations.forget()
         self._uid = uid
 
-    async def _execute(self, raw: Mapping[str, Any], result: Plan) -> bool:
-        """Drain and patch. True when done (applied or given up), False to replan."""
-        draining = {
-            d.group: [x.slice_key for x in d.deletions if x.kind is DeleteKind.IDLE]
-            for d in result.groups
-            if any(x.kind is DeleteKind.IDLE for x in d.deletions)
-        }
-        if draining:
-            outcome = await self._writer.apply(record_ops(raw, draining), expected_uid=result.uid)
-            if outcome.kind != "applied":
-                return self._handle_failure(outcome)
-            assert outcome.obj is not None
-            raw = outcome.obj
-            self._cluster.observe(raw)
-            result = await self._drain(result)
-        try:
-            ops = build_patch(raw, result) + clear_ops(raw)
-        except PatchError as err:
-            log.info("plan no longer fits the RayCluster: replanning", error=str(err))
-            return False
-        if not ops:
-            return True
-        outcome = await self._writer.apply(ops, expected_uid=result.uid)
-        self.status.last_patch = ops
-        if outcome.kind == "applied":
-            self._applied(result, outcome)
-            return True
-        return self._handle_failure(outcome)
+    # --- writes ------------------------------------------------------------------------------
 
-    async def _drain(self, result: Plan) -> Plan:
-        deadline = deadline_in(self._config.drain_deadline_s)
-        # Pin the GCS the plan was made from: a replaced GCS accepts drains of unknown nodes.
-        cluster_id = self._poller.latest.cluster_id
-        jobs = {
-            (d.group, x.slice_key): drain_slice(
-                self._gcs,
-                [bytes.fromhex(n) for n in x.node_ids],
-                reason_message=f"kuberay-scaler: slice {x.slice_key} idle",
-                deadline_ms=deadline,
-                cluster_id=cluster_id,
-            )
-            for d in result.groups
-            for x in d.deletions
-            if x.kind is DeleteKind.IDLE and x.node_ids
-        }
-        outcomes = await asyncio.gather(*jobs.values())
-        refused = set()
-        for key, drained in zip(jobs, outcomes, strict=True):
-            if not drained.may_delete:
-                refused.add(key)
-                log.warning(
-                    "slice kept: drain refused",
-                    group=key[0],
-                    slice=key[1],
-                    reason=drained.reason,
-                    hosts_already_drained=[n.hex() for n in drained.drained_node_ids],
-                )
-        self._poller.poll_soon()
-        return drop_deletions(result, refused)
+    def _without_writes(self, decision: Decision) -> Plan:
+        self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
+        if decision.plan.changes:
+            self._log_decisions(decision.plan, dry_run=True)
+        return decision.plan
+
+    async def _carry_out(self, decision: Decision) -> bool:
+        """Execute the writes. True when done (applied or given up), False to replan."""
+        done = await execute(
+            decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
+        )
+        if done.step == "patch" and done.sent:
+            self.status.last_patch = list(done.sent)
+        if done.replan:
+            self.status.last_outcome = _outcome_text(done)
+            return False
+        if done.applied:
+            assert done.outcome is not None
+            self._applied(done.plan, done.outcome)
+            return True
+        if done.outcome is None:  # every slice kept and nothing else to write
+            self.status.last_outcome = "nothing to patch"
+            return True
+        return self._handle_failure(done.outcome)
 
     def _applied(self, result: Plan, outcome: PatchOutcome) -> None:
-        now = time.monotonic()
+        now = self._monotonic()
         for d in result.groups:
             if not d.changes:
                 continue
@@ -311,12 +337,11 @@ class Reconciler:
 
     def _handle_failure(self, outcome: PatchOutcome) -> bool:
         self.status.last_outcome = f"patch {outcome.kind}: {outcome.message}"
-        if outcome.kind == "stale":
-            return False
+        now = self._monotonic()
         if outcome.kind == "throttled":
-            self._not_before = time.monotonic() + (outcome.retry_after or 1.0)
+            self._not_before = now + (outcome.retry_after or 1.0)
         elif outcome.kind != "gone":
-            self._not_before = time.monotonic() + self._write_backoff.next_delay()
+            self._not_before = now + self._write_backoff.next_delay()
         if outcome.kind == "forbidden":
             log.error("not allowed to patch the RayCluster", error=outcome.message)
         return True
@@ -324,24 +349,31 @@ class Reconciler:
     async def _refresh_quietly(self) -> None:
         try:
             await self._cluster.refresh()
-        except (ApiError, NoResponse) as err:
+        except Exception as err:  # the view's own errors: the next reconcile retries
             log.warning("RayCluster refresh failed", error=str(err))
 
-    async def _report(self, result: Plan) -> None:
+    # --- edges: report, metrics, logs, Events ------------------------------------------------
+
+    async def _report(self, decision: Decision, now: Instant, *, launches_asked: bool) -> None:
         """Tell Ray what we are doing, so `ray status` shows it."""
-        observation = self._poller.latest
-        if not observation.known or result.slice_map is None:
+        gcs = decision.gcs
+        if gcs is None or decision.plan.slice_map is None:
             return
-        version = observation.reply.cluster_resource_state.cluster_resource_state_version
-        report = report_from_plan(result, int(time.time()), observed_version=version)
+        report = report_from_plan(
+            decision.plan,
+            int(now.wall.timestamp()),
+            _version(gcs.reply),
+            launches_asked=launches_asked,
+        )
         try:
             await self._gcs.report(build_autoscaling_state(report))
-            self._poller.mark_reported(observation.gcs_epoch)
+            self._feed.mark_reported(gcs.epoch)
         except GcsError as err:
             log.debug("report to GCS failed", error=str(err))
 
-    def _publish(self, result: Plan) -> None:
-        self.status.last_plan = result
+    def _publish(self, decision: Decision) -> None:
+        self.status.last_decision = decision
+        result = decision.plan
         for d in result.groups:
             TARGET_REPLICAS.labels(d.group).set(d.target)
         if result.slice_map is None:
@@ -354,49 +386,41 @@ class Reconciler:
         for d in result.groups:
             if not d.changes:
                 continue
-            action = _action(d)
-            DECISIONS.labels(d.group, action, _reason_code(d)).inc()
+            DECISIONS.labels(d.group, d.action.value, d.reason_code).inc()
             log.info(
                 "decision",
                 group=d.group,
-                action=action,
+                action=d.action.value,
+                reason_code=d.reason_code,
                 replicas=f"{d.current}->{d.target}",
                 slices=[x.slice_key for x in d.deletions],
-                reason="; ".join(d.reasons),
+                reason="; ".join(map(str, d.reasons)),
                 dry_run=dry_run,
             )
 
     def _record_event(self, d: GroupDecision) -> None:
-        reason = {"scale_up": "ScaledUp", "scale_down": "ScaledDown"}.get(_action(d), "Updated")
+        reason = _EVENT_REASONS.get(d.action, "Updated")
         slices = ", ".join(x.slice_key for x in d.deletions)
         message = f"group {d.group}: replicas {d.current}->{d.target}" + (
             f"; slices {slices}" if slices else ""
         )
-        message += f" ({'; '.join(d.reasons)[:500]})"
+        message += f" ({'; '.join(map(str, d.reasons))[:500]})"
         task = asyncio.get_running_loop().create_task(self._events.record(reason, message))
         _background.add(task)
         task.add_done_callback(_background.discard)
 
 
 _background: set[asyncio.Task[None]] = set()
+_EVENT_REASONS = {Action.SCALE_UP: "ScaledUp", Action.SCALE_DOWN: "ScaledDown"}
 
 
-def _action(d: GroupDecision) -> str:
-    if d.target > d.current:
-        return "scale_up"
-    if any(x.kind is DeleteKind.REPLACE for x in d.deletions):
-        return "replace"
-    if d.target < d.current or d.deletions:
-        return "scale_down"
-    return "clear_workers_to_delete"
+def _version(reply: Any) -> int:
+    """`cluster_resource_state_version` of a reply (0 for a reply given already parsed)."""
+    state = getattr(reply, "cluster_resource_state", None)
+    return int(getattr(state, "cluster_resource_state_version", 0))
 
 
-def _reason_code(d: GroupDecision) -> str:
-    action = _action(d)
-    if action == "scale_up":
-        return "pending_demand"
-    if action == "replace":
-        return "broken_slice"
-    if action == "scale_down":
-        return "idle" if d.deletions else "demand_gone"
-    return "deletion_done"
+def _outcome_text(done: Executed) -> str:
+    if done.outcome is None:
+        return "plan no longer fits the RayCluster"
+    return f"{done.step} {done.outcome.kind}: {done.outcome.message}"

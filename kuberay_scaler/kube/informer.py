@@ -2,7 +2,10 @@
 
 List (paged), then watch from the list's resourceVersion with bookmarks. A clean end of the stream
 re-watches from the last seen resourceVersion; 410 Gone (HTTP or an ERROR event) relists and
-replaces the store, synthesizing DELETED changes for objects that vanished meanwhile; a stream
+replaces the store, synthesizing DELETED changes for objects that vanished meanwhile (at once
+after a watch that made progress; with its own jittered, growing backoff when 410s follow each
+other with nothing in between: a server answering 410 to every watch must not be listed in a
+tight loop); a stream
 silent for `silent_timeout` is treated as dead and re-opened; any other failure backs off
 (jittered, exponential, capped) and retries.
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
@@ -27,6 +30,7 @@ from kubernetes_asyncio.client import ApiClient
 from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, open_stream, request_json
 from kuberay_scaler.metrics import WATCH_RESTARTS
+from kuberay_scaler.model.labels import LABEL_CLUSTER
 
 log = structlog.get_logger(__name__)
 
@@ -52,7 +56,7 @@ class Source:
         return cls(
             resource="pods",
             path=f"/api/v1/namespaces/{namespace}/pods",
-            label_selector=f"ray.io/cluster={cluster_name}",
+            label_selector=f"{LABEL_CLUSTER}={cluster_name}",
         )
 
     @classmethod
@@ -125,7 +129,9 @@ class Informer:
         page_size: int = 500,
         connect_timeout: float = 10.0,
         backoff: Backoff | None = None,
+        relist_backoff: Backoff | None = None,
         on_change: OnChange | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         transform: Callable[[RawObject], RawObject] | None = None,
     ) -> None:
         self._api = api
@@ -135,6 +141,10 @@ class Informer:
         self._page_size = page_size
         self._connect_timeout = connect_timeout
         self._backoff = backoff or Backoff()
+        # client-go's reflector backs off relists from 800 ms up to 30 s.
+        self._relist_backoff = relist_backoff or Backoff(initial=0.8, cap=30.0)
+        self._watch_progressed = False  # a watch event arrived since the last relist
+        self._sleep = sleep
         self._on_change = on_change
         self._transform = transform
         self._store: dict[str, RawObject] = {}
@@ -172,12 +182,26 @@ class Informer:
                 self._restart("gone")
                 self._resource_version = None
                 self._set_synced(False)
+                await self._before_relist()
             except (ApiError, NoResponse, BrokenStream) as error:
                 self._restart("error")
                 self._set_synced(False)
                 await self._sleep_backoff(error)
 
     # --- list -------------------------------------------------------------------------------
+
+    async def _before_relist(self) -> None:
+        """A 410 after progress relists at once; 410 after 410 waits longer each time."""
+        if self._watch_progressed:
+            self._relist_backoff.reset()
+            return
+        delay = self._relist_backoff.next_delay()
+        self._log.warning(
+            "relist after backoff: the watch made no progress since the last list",
+            delay_s=round(delay, 3),
+            relists=self._relist_backoff.failures,
+        )
+        await self._sleep(delay)
 
     async def _relist(self) -> None:
         items, resource_version = await self._list_all()
@@ -189,6 +213,7 @@ class Informer:
         self._store.clear()
         self._store.update(fresh)
         self._resource_version = resource_version
+        self._watch_progressed = False
         self._backoff.reset()
         self._log.info("listed", objects=len(fresh), changes=len(changes), rv=resource_version)
         self._synced = True
@@ -269,6 +294,7 @@ class Informer:
         if kind == "ERROR":
             _raise_for_status(obj)
         self._resource_version = _resource_version(obj) or self._resource_version
+        self._watch_progressed = True
         if kind == "BOOKMARK":
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
@@ -309,13 +335,15 @@ class Informer:
 
     async def _sleep_backoff(self, reason: object) -> None:
         delay = self._backoff.next_delay()
+        if isinstance(reason, ApiError) and reason.retry_after is not None:
+            delay = max(delay, reason.retry_after)  # honoured; capped by the transport
         self._log.warning(
             "watch retry after backoff",
             reason=str(reason),
             delay_s=round(delay, 3),
             failures=self._backoff.failures,
         )
-        await asyncio.sleep(delay)
+        await self._sleep(delay)
 
 
 def _parse_event(line: bytes) -> RawObject:

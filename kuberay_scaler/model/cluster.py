@@ -9,6 +9,11 @@ from functools import cached_property
 from types import MappingProxyType
 
 INT32_MAX = 2_147_483_647
+# Bounds on numbers read from a RayCluster. The CRD allows far more; past these a group is skipped
+# with a problem instead of costing minutes and gigabytes per plan (docs/reliability.md).
+MAX_HOSTS_PER_SLICE = 4096  # numOfHosts; the largest TPU slices have about 2,300 hosts
+MAX_GROUP_HOSTS = 10_000  # replicas (and minReplicas) × numOfHosts; 5× Ray's tested 2,000 nodes
+MAX_RESOURCE = (2**63 - 1) / 10_000  # Ray keeps resource amounts as int64 in 1/10000 units
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -42,8 +47,10 @@ class ContainerShape:
     name: str
     cpu: float | None = None
     memory_bytes: float | None = None
-    gpu: float | None = None
-    tpu: float | None = None
+    gpu: float | None = None  # the first limit (then request) whose name ends in "gpu", as Ray
+    tpu: float | None = None  # google.com/tpu
+    # Other accelerators by the Ray resource a node gets for them (e.g. neuron_cores, HPU).
+    accelerators: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,13 @@ class PodCache:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._spec_key: tuple[object, ...] | None = None
-        self._result: tuple[tuple[Host, ...], tuple[str, ...]] = ((), ())
+        self._result: tuple[tuple[Host, ...], tuple[Problem, ...]] = ((), ())
         self.version = 0
         self.parsed = 0  # pods parsed so far (for tests and the benchmark)
 
     def hosts(
         self, store: Mapping[str, object], spec: ClusterSpec
-    ) -> tuple[tuple[Host, ...], tuple[str, ...]]:
+    ) -> tuple[tuple[Host, ...], tuple[Problem, ...]]:
         key = _spec_key(spec)
         if key != self._spec_key:
             self._entries.clear()
@@ -75,13 +75,13 @@ class PodCache:
             del self._entries[name]
         return True
 
-    def _build(self) -> tuple[tuple[Host, ...], tuple[str, ...]]:
+    def _build(self) -> tuple[tuple[Host, ...], tuple[Problem, ...]]:
         hosts: list[Host] = []
-        problems: list[str] = []
+        problems: list[Problem] = []
         for name in sorted(self._entries):
             parsed = self._entries[name].parsed
             if isinstance(parsed, Host):
                 hosts.append(parsed)
             else:
-                problems.append(str(Problem(f"pod {name}: {parsed.message}", parsed.group)))
+                problems.append(Problem(f"pod {name}: {parsed.message}", parsed.group))
         return tuple(hosts), tuple(problems)

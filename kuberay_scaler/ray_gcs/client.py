@@ -5,7 +5,9 @@ as `ray_cluster_id` metadata, so a GCS that was replaced behind the same address
 `UNAUTHENTICATED WrongClusterID` instead of silently serving another cluster's state. After
 `UNAVAILABLE`, a deadline or a wrong id the channel is dropped; the next call reconnects, with a
 jittered backoff between failed connects (a call during the backoff fails at once, it does not
-sleep, so callers keep their own pace).
+sleep, so callers keep their own pace). GCS restarts are routine, so that backoff stays within
+`MAX_RECONNECT_BACKOFF_S`: a head that is back is seen within a few seconds. A run of failed
+connects is logged once, when it starts.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ _WRONG_CLUSTER_ID = "WrongClusterID"
 _UNREACHABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
+# A connect attempt is one cheap RPC to a local head: retrying every few seconds costs nothing,
+# while a 30 s cap kept a daemon blind (not ready) long after the head came back.
+MAX_RECONNECT_BACKOFF_S = 2.0
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
 
 Metadata = tuple[tuple[str, str], ...]
@@ -78,8 +83,8 @@ class GcsClient:
         tls: TlsFiles | None = None,
         rpc_timeout_s: float = 10.0,
         connect_timeout_s: float = 5.0,
-        backoff_initial_s: float = 0.5,
-        backoff_max_s: float = 30.0,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = MAX_RECONNECT_BACKOFF_S,
         keepalive_time_s: float = 300.0,
         keepalive_timeout_s: float = 60.0,
         max_message_bytes: int = 512 * 1024 * 1024,
@@ -116,6 +121,12 @@ class GcsClient:
     @property
     def connected(self) -> bool:
         return self._conn is not None
+
+    def next_connect_in(self) -> float:
+        """Seconds until a connect may be tried again (0 when connected or allowed now)."""
+        if self._conn is not None:
+            return 0.0
+        return max(0.0, self._next_connect_at - self._monotonic())
 
     async def connect(self) -> str:
         """Connect now if needed; returns the cluster id. Raises `GcsError` subclasses."""
@@ -213,8 +224,15 @@ class GcsClient:
         except GcsError as err:
             await channel.close()
             self._next_connect_at = self._monotonic() + self._backoff.next_delay()
-            log.warning("gcs_connect_failed", address=self._address, error=str(err))
+            if self._backoff.failures == 1:  # once per outage, not on every retry
+                log.warning("gcs_connect_failed", address=self._address, error=str(err))
+            else:
+                log.debug("gcs_connect_failed", address=self._address, error=str(err))
             raise
+        if self._backoff.failures:
+            log.info(
+                "gcs_reconnected", address=self._address, failed_attempts=self._backoff.failures
+            )
         self._backoff.reset()
         self._note_cluster_id(cluster_id)
         stub = autoscaler_pb2_grpc.AutoscalerStateServiceStub(channel)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from kuberay_scaler.metrics import GCS_CONNECTED
 from kuberay_scaler.ray_gcs.cadence import Cadence
 from kuberay_scaler.ray_gcs.errors import GcsError
 
@@ -57,7 +58,8 @@ class GcsObservation:
 
 class GcsPoller:
     """Polls at most `interval_s` apart, sooner while polls are cheap or the state moves (see
-    `cadence`); `on_change` gets each observation whose content changed."""
+    `cadence`); `on_observation` gets every observation, `on_change` each one whose content
+    changed (to wake the loop)."""
 
     def __init__(
         self,
@@ -65,6 +67,7 @@ class GcsPoller:
         *,
         interval_s: float,
         on_change: Callable[[GcsObservation], None] | None = None,
+        on_observation: Callable[[GcsObservation], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0:
@@ -72,6 +75,7 @@ class GcsPoller:
         self._client = client
         self._interval_s = interval_s
         self._on_change = on_change
+        self._on_observation = on_observation
         self._monotonic = monotonic
         self._epoch = 0
         self._cluster_id: str | None = None
@@ -83,6 +87,7 @@ class GcsPoller:
         self._last_change = monotonic()
         self.content_version = 0  # rises whenever the content (not the version) changed
         self._wake = asyncio.Event()
+        self._unknown_kind: str | None = None  # the kind of failure last logged
         self.latest = GcsObservation(
             reply=None,
             observed_at=monotonic(),
@@ -131,14 +136,19 @@ class GcsPoller:
             try:
                 reply = await self._client.get_cluster_resource_state()
             except GcsError as err:
-                return self._publish(self._unknown(str(err)))
+                return self._publish(self._unknown(err))
             return self._publish(self._known(reply))
         finally:
             self._last_cost_s = time.process_time() - cpu
 
-    def _unknown(self, error: str) -> GcsObservation:
-        if self.latest.known or self.latest.error != error:
+    def _unknown(self, err: GcsError) -> GcsObservation:
+        error = str(err)
+        # Once per state change: the message itself changes on every poll during a backoff.
+        kind = type(err).__name__
+        if self.latest.known or self._unknown_kind != kind:
             log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
+        self._unknown_kind = kind
+        GCS_CONNECTED.set(0)
         self._needs_full_report = True
         return GcsObservation(
             reply=None,
@@ -165,6 +175,8 @@ class GcsPoller:
             )
         elif not self.latest.known:
             log.info("gcs_state_known", gcs_epoch=self._epoch, cluster_id=cluster_id)
+        self._unknown_kind = None
+        GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
         return GcsObservation(
@@ -178,6 +190,8 @@ class GcsPoller:
 
     def _publish(self, observation: GcsObservation) -> GcsObservation:
         self.latest = observation
+        if self._on_observation is not None:
+            self._on_observation(observation)
         fingerprint = _fingerprint(observation)
         if fingerprint != self._fingerprint:
             self._fingerprint = fingerprint

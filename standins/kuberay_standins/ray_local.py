@@ -193,8 +193,10 @@ class RayHead(_RayProcess):
         resources: Mapping[str, float] | None = None,
         labels: Mapping[str, str] | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        extra_args: Sequence[str] = (),
     ) -> RayHead:
-        """Start `ray start --head --block` and return once its raylet runs."""
+        """Start `ray start --head --block` and return once its raylet runs. `extra_args` come
+        last, so they override ours (`ray start` keeps the last value of a repeated option)."""
         gcs_port = port or free_port()
         args = (
             "--head",
@@ -207,6 +209,7 @@ class RayHead(_RayProcess):
             # Ray's own v2 monitor would otherwise report over us.
             "--no-monitor",
             *_node_args(ip, num_cpus, resources, labels),
+            *extra_args,
         )
         full_env = _node_env(env, auth_token)
         proc = _spawn(ip, args, full_env)

@@ -16,6 +16,7 @@ import pytest
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.model.ray import Bundle
 from kuberay_scaler.ray_gcs.client import GcsClient, _classify
 from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
 from kuberay_scaler.ray_gcs.errors import (
@@ -81,7 +82,7 @@ def test_pending_pods_and_failures_carry_their_details() -> None:
 
 def test_infeasible_requests_are_sent_only_when_given() -> None:
     assert not build_autoscaling_state(AutoscalingReport()).infeasible_resource_requests
-    told = AutoscalingReport(infeasible=({"GPU": 8.0},))
+    told = AutoscalingReport(infeasible=(Bundle(resources={"GPU": 8.0}),))
     (request,) = build_autoscaling_state(told).infeasible_resource_requests
     assert dict(request.resources_bundle) == {"GPU": 8.0}
 

@@ -58,7 +58,7 @@ def test_the_cache_gives_what_parsing_every_pod_gives() -> None:
 
     assert hosts == tuple(expected_hosts)
     assert len(problems) == len(expected_problems) == 1
-    assert "stray" in problems[0]
+    assert "stray" in problems[0].message
 
 
 def test_version_moves_only_when_what_the_planner_reads_moves() -> None:

@@ -1,9 +1,9 @@
 """A reconcile woken by a change that changes nothing the plan reads does not plan.
 
 The GCS side is a real `GcsPoller` over a scripted source (replies whose state version and idle
-clocks move on every call, as a real GCS's do); the Kubernetes side is the informer's store and
-the RayCluster view, faked only as the small surfaces the reconciler reads. Plans are counted at
-`plan()` itself. Dry-run mode keeps the writer and drains out of it.
+clocks move on every call, as a real GCS's do), wired to the reconciler as app.py wires it; the
+Kubernetes side is the informer's store and the RayCluster view, faked as the loop's Protocols.
+Plans are counted at `plan()` itself. Dry-run mode keeps the writer and drains out of it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.control import reconciler as reconciler_module
+from kuberay_scaler import decision as decision_module
 from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
 from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.ray_gcs.poller import GcsPoller
+from tests.control.fakes import FakeEvents, FakeFeed, FakeGcs
 from tests.factories import cluster, group, pod
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
@@ -69,35 +70,34 @@ class View:
         return self.raw
 
 
-class Gcs:
-    async def report(self, state: Any) -> int:
-        return 1
-
-
 @pytest.fixture
 def plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = reconciler_module.plan
+    real = decision_module.plan
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(reconciler_module, "plan", counting)
+    monkeypatch.setattr(decision_module, "plan", counting)
     return calls
 
 
-def _reconciler(poller: GcsPoller, pods: Pods, view: View) -> Reconciler:
-    return Reconciler(
+def _wired(replies: Iterator[Any], pods: Pods, view: View) -> tuple[GcsPoller, Reconciler]:
+    rec = Reconciler(
         config=LoopConfig(dry_run=True),
         policy=Policy(),
-        pods=pods,  # type: ignore[arg-type]
+        pods=pods,
         cluster=view,  # type: ignore[arg-type]
-        poller=poller,
-        gcs=Gcs(),  # type: ignore[arg-type]
+        feed=FakeFeed(),
+        gcs=FakeGcs(),
         writer=None,  # type: ignore[arg-type]
-        events=None,  # type: ignore[arg-type]
+        events=FakeEvents(),
     )
+    poller = GcsPoller(
+        Source(replies), interval_s=1.0, on_change=rec.gcs_changed, on_observation=rec.observe_gcs
+    )
+    return poller, rec
 
 
 async def test_an_unchanged_gcs_reply_triggers_no_plan(plans: list[int]) -> None:
@@ -108,9 +108,8 @@ async def test_an_unchanged_gcs_reply_triggers_no_plan(plans: list[int]) -> None
             _reply(3, idle_ms=3_000, demand=True),
         ]
     )
-    poller = GcsPoller(Source(replies), interval_s=1.0)
     pods = Pods({"rc-head": pod("rc-head", "headgroup", head=True, container="ray-head")})
-    rec = _reconciler(poller, pods, View(cluster(group("cpu", max_replicas=5))))
+    poller, rec = _wired(replies, pods, View(cluster(group("cpu", max_replicas=5))))
 
     await poller.poll_once()
     await rec.reconcile({"gcs"})
@@ -131,8 +130,6 @@ async def test_an_unchanged_gcs_reply_triggers_no_plan(plans: list[int]) -> None
 
 
 async def test_a_pod_event_that_changes_no_host_triggers_no_plan(plans: list[int]) -> None:
-    poller = GcsPoller(Source(iter([_reply(1, idle_ms=0)])), interval_s=1.0)
-    await poller.poll_once()
     pods = Pods(
         {
             "rc-head": pod("rc-head", "headgroup", head=True, container="ray-head"),
@@ -140,7 +137,8 @@ async def test_a_pod_event_that_changes_no_host_triggers_no_plan(plans: list[int
         }
     )
     view = View(cluster(group("cpu", replicas=1, min_replicas=1, max_replicas=5)))
-    rec = _reconciler(poller, pods, view)
+    poller, rec = _wired(iter([_reply(1, idle_ms=0)]), pods, view)
+    await poller.poll_once()
     await rec.reconcile({"pods"})
     assert len(plans) == 1
 
