@@ -38,6 +38,10 @@ def run_daemon(settings: Settings) -> int:
     )
     if settings.ray_auth_token is not None:
         register_secret(settings.ray_auth_token.get_secret_value())
+    # Everything imported so far lives as long as the process: leave it out of every later
+    # collection, so a full collection (during plan(), say) walks only what the loop allocates.
+    gc.collect()
+    gc.freeze()
     return asyncio.run(Daemon(settings).run())
 
 
@@ -187,19 +191,12 @@ class Daemon:
     async def _loop(self) -> None:
         assert self.reconciler is not None
         s = self.settings
-        frozen = False
         while not self.stop.is_set():
             reasons = await self.trigger.wait(max_wait=s.resync_interval_s, debounce=s.debounce_s)
             if self.stop.is_set():
                 break
             log.debug("reconcile", reasons=sorted(reasons))
             await self.reconciler.reconcile(reasons)
-            if not frozen and self.reconciler.status.last_plan is not None:
-                # Startup garbage collected once, then everything alive now (imports, caches,
-                # the synced pods) is left out of every later collection: keeps plan() linear.
-                gc.collect()
-                gc.freeze()
-                frozen = True
 
     def _on_pods(self) -> None:
         if self._view is not None:
