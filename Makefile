@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint demo e2e bench bench-quick bench-planner clean image
+.PHONY: install test lint demo e2e bench bench-quick bench-planner clean image ray-matrix
 
 $(STAMP): pyproject.toml standins/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ e2e: install
 image: install
 	scripts/build-image.sh
 	$(BIN)/pytest -q -m image tests/image
+
+# GCS client core tests against the newest (.venv) and older Ray heads (cached venvs).
+ray-matrix: install
+	scripts/ray-matrix.sh
 
 # Ours vs Ray v1/v2 side by side (docs/benchmarks.md); QUICK=1 (or bench-quick): ≤ 5 min.
 bench: install

@@ -16,14 +16,14 @@ from kuberay_scaler.kube.access import detect_access
 from kuberay_scaler.kube.events import EventRecorder
 from kuberay_scaler.kube.informer import Informer, Source
 from kuberay_scaler.kube.raycluster import RayClusterView
-from kuberay_scaler.kube.session import open_api
+from kuberay_scaler.kube.session import SessionError, open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
 from kuberay_scaler.parse.pods import slim_pod
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
-from kuberay_scaler.settings import ConfigError, Settings
+from kuberay_scaler.settings import ConfigError, Settings, credentials_hint
 from kuberay_scaler.web.server import Probes, make_app, start_server
 
 log = structlog.get_logger(__name__)
@@ -93,7 +93,10 @@ class Daemon:
     async def _run_tasks(self) -> None:
         s = self.settings
         kubeconfig = str(s.kubeconfig) if s.kubeconfig else None
-        api = await open_api(kubeconfig, request_timeout=s.k8s_request_timeout_s)
+        try:
+            api = await open_api(kubeconfig, request_timeout=s.k8s_request_timeout_s)
+        except SessionError as err:  # checked before start; the files changed since
+            raise ConfigError(credentials_hint(str(err), kubeconfig)) from None
         gcs = GcsClient(
             s.gcs_address,
             token=s.ray_auth_token.get_secret_value() if s.ray_auth_token else None,
@@ -139,6 +142,7 @@ class Daemon:
             silent_timeout=s.watch_silence_timeout_s,
             debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),
+            crd_version=s.crd_version,
         )
         self._poller = GcsPoller(
             gcs,
@@ -165,7 +169,9 @@ class Daemon:
             cluster=self._view,
             feed=self._poller,
             gcs=gcs,
-            writer=RayClusterWriter(api, namespace=s.cluster_namespace, name=s.cluster_name),
+            writer=RayClusterWriter(
+                api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
+            ),
             events=events,
         )
         if s.dry_run:
@@ -182,7 +188,8 @@ class Daemon:
         await self.stop.wait()
         try:
             # Let an in-flight reconcile (and its patch) finish, within a bound.
-            await asyncio.wait_for(asyncio.shield(loop_task), self.settings.shutdown_grace_s)
+            async with asyncio.timeout(self.settings.shutdown_grace_s):
+                await asyncio.shield(loop_task)
         except TimeoutError:
             log.warning("abandoning an in-flight reconcile at shutdown")
         for task in (*workers, loop_task):

@@ -5,7 +5,8 @@ The daemon executes the writes (control/execute.py), the `plan` command prints t
 
 1. `RecordIntent`: annotate the RayCluster with the slices about to be drained, so a restart in
    the middle finishes the scale-down instead of forgetting it;
-2. one `Drain` per idle slice (every host, pinned to the GCS the plan was made from);
+2. one `Drain` per idle slice (every host, pinned to the GCS the plan was made from), and one
+   per busy slice above maxReplicas with reason preemption (not deleted by this patch);
 3. `Patch`: the guarded JSON patch (replicas, workersToDelete, the record cleared).
 
 The patch is computed as if every drain is accepted; `patch_after_drains` gives the one to send
@@ -20,6 +21,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
+from kuberay_scaler.defaults import DRAIN_DEADLINE_S
 from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import Problem
 from kuberay_scaler.model.hosts import Host
@@ -32,8 +34,6 @@ from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.patch.intent import clear_ops, read_draining, record_ops, with_record
 from kuberay_scaler.patch.ops import Op, PatchError, build_patch, drop_deletions
 from kuberay_scaler.planner.core import Policy, plan
-
-DEFAULT_DRAIN_DEADLINE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,9 @@ class Drain:
     cluster_id: str | None  # the GCS the plan was made from
     deadline_ms: int  # epoch milliseconds
     message: str
+    # Reason preemption: a busy slice above maxReplicas, deleted by a later plan once drained
+    # or past `deadline_ms` (never by this decision's patch). Otherwise idle termination.
+    preempt: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def decide(
     memory: Memory,
     policy: Policy,
     now: datetime,
-    drain_deadline_s: float = DEFAULT_DRAIN_DEADLINE_S,
+    drain_deadline_s: float = DRAIN_DEADLINE_S,
 ) -> Decision:
     """Plan from `observed` at `now` and list the writes that carry the plan out."""
     raw = observed.raycluster
@@ -175,6 +178,7 @@ def writes_for(
         base = with_record(raw, draining)
         deadline_ms = int((now.timestamp() + drain_deadline_s) * 1000)
         writes += _drains(result, gcs.cluster_id if gcs else None, deadline_ms)
+    writes += _preemptions(result, gcs.cluster_id if gcs else None)
     ops = _patch_ops(base, result)
     if ops:
         writes.append(Patch(tuple(ops)))
@@ -208,6 +212,9 @@ def write_document(write: Write) -> dict[str, Any]:
             "slice": write.slice_key,
             "node_ids": list(write.node_ids),
             "cluster_id": write.cluster_id,
+            "reason": "preemption" if write.preempt else "idle_termination",
+            "deadline_ms": write.deadline_ms,
+            "message": write.message,
         }
     return {"write": "patch", "ops": list(write.ops)}
 
@@ -225,12 +232,34 @@ def _ray_state(gcs: GcsView | None) -> tuple[RayState | None, PlanProblem | None
         return None, PlanProblem(ProblemKind.RAY_STATE, f"unusable GCS reply: {err}")
 
 
+# Deletions whose joined hosts are drained (idle termination) before the patch, all or nothing.
+DRAINED_FIRST = (DeleteKind.IDLE, DeleteKind.SURPLUS)
+
+
 def _slices_to_drain(result: Plan) -> dict[str, list[str]]:
     return {
-        d.group: [x.slice_key for x in d.deletions if x.kind is DeleteKind.IDLE]
+        d.group: [x.slice_key for x in d.deletions if x.kind in DRAINED_FIRST]
         for d in result.groups
-        if any(x.kind is DeleteKind.IDLE for x in d.deletions)
+        if any(x.kind in DRAINED_FIRST for x in d.deletions)
     }
+
+
+def _preemptions(result: Plan, cluster_id: str | None) -> list[Drain]:
+    """Busy slices above maxReplicas: drained with the deadline the planner keeps for them."""
+    return [
+        Drain(
+            group=d.group,
+            slice_key=x.slice_key,
+            node_ids=x.node_ids,
+            cluster_id=cluster_id,
+            deadline_ms=int(result.memory.preempting[x.slice_key].timestamp() * 1000),
+            message=f"kuberay-scaler: {x.reason}",
+            preempt=True,
+        )
+        for d in result.groups
+        for x in d.preempt
+        if x.node_ids
+    ]
 
 
 def _drains(result: Plan, cluster_id: str | None, deadline_ms: int) -> list[Drain]:
@@ -245,7 +274,7 @@ def _drains(result: Plan, cluster_id: str | None, deadline_ms: int) -> list[Drai
         )
         for d in result.groups
         for x in d.deletions
-        if x.kind is DeleteKind.IDLE and x.node_ids
+        if x.kind in DRAINED_FIRST and x.node_ids
     ]
 
 

@@ -19,7 +19,12 @@ from kuberay_scaler.decision import Decision, Drain, Patch, patch_after_drains
 from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.model.plan import Plan
 from kuberay_scaler.patch.ops import Op, PatchError
-from kuberay_scaler.ray_gcs.drain import SliceDrainResult, drain_slice
+from kuberay_scaler.ray_gcs.drain import (
+    IDLE_TERMINATION,
+    PREEMPTION,
+    SliceDrainResult,
+    drain_slice,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +97,7 @@ async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:
         reason_message=d.message,
         deadline_ms=d.deadline_ms,
         cluster_id=d.cluster_id,
+        reason=PREEMPTION if d.preempt else IDLE_TERMINATION,
     )
 
 

@@ -51,6 +51,7 @@ class Gcs(Protocol):
         *,
         reason_message: str,
         deadline_timestamp_ms: int,
+        reason: int = ...,
         cluster_id: str | None = None,
     ) -> object: ...
 
@@ -58,11 +59,9 @@ class Gcs(Protocol):
 
 
 class GcsFeed(Protocol):
-    """The poller's side channel: ask for a poll soon, acknowledge a full report."""
+    """The poller's side channel: ask for a poll soon (right after drains)."""
 
     def poll_soon(self) -> None: ...
-
-    def mark_reported(self, epoch: int) -> None: ...
 
 
 class Writer(Protocol):

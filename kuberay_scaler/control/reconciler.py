@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import structlog
 
+from kuberay_scaler import defaults as D
 from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.control.execute import Executed, execute
 from kuberay_scaler.control.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Writer
@@ -24,6 +26,7 @@ from kuberay_scaler.control.report import report_from_plan
 from kuberay_scaler.decision import Decision, GcsView, Observation, decide
 from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.writer import PatchOutcome
+from kuberay_scaler.liveness import HostClock, LivenessTracker
 from kuberay_scaler.metrics import (
     DECISIONS,
     RECONCILE_SECONDS,
@@ -31,12 +34,13 @@ from kuberay_scaler.metrics import (
     SLICES,
     TARGET_REPLICAS,
 )
+from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.plan import GroupDecision, Memory, Plan
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import Action
 from kuberay_scaler.model.slices import SliceState
 from kuberay_scaler.parse.pod_cache import PodCache
-from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
+from kuberay_scaler.parse.ray_state import RayStateError, alive_instance_ids, parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.ray_gcs.errors import GcsError
@@ -52,9 +56,9 @@ _SETTLED = ("no change", "dry run")  # outcomes after which the same inputs give
 @dataclass(frozen=True)
 class LoopConfig:
     dry_run: bool = False
-    gcs_stale_after_s: float = 15.0
-    drain_deadline_s: float = 30.0
-    expectation_timeout_s: float = 60.0
+    gcs_stale_after_s: float = D.GCS_STALE_AFTER_S
+    drain_deadline_s: float = D.DRAIN_DEADLINE_S
+    expectation_timeout_s: float = D.WRITE_EXPECTATION_TIMEOUT_S
 
 
 @dataclass
@@ -120,6 +124,11 @@ class Reconciler:
         self.memory = Memory()
         self.status = LoopStatus(last_progress=monotonic())
         self._observation: GcsObservation | None = None
+        # When the daemon itself last saw each Ray node and pod (slices are judged from it).
+        self._liveness = LivenessTracker(
+            grace_s=policy.timeouts.missing_node_grace_s,
+            stale_after_s=config.gcs_stale_after_s,
+        )
         self._uid: str | None = None
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
@@ -132,6 +141,11 @@ class Reconciler:
     def observe_gcs(self, observation: GcsObservation) -> None:
         """The poller pushes every observation here; a reconcile uses the latest one."""
         self._observation = observation
+        self._liveness.observe_ray(
+            observation.observed_at,
+            (observation.cluster_id, observation.gcs_epoch),
+            _alive_instances(observation.reply),
+        )
 
     def gcs_changed(self, _: GcsObservation | None = None) -> None:
         """The poller saw new content (the `on_change` callback): the next reconcile plans."""
@@ -178,24 +192,28 @@ class Reconciler:
             self._publish(decision)
             # Launches this plan adds are reported only when they are about to be written.
             writes = not self._config.dry_run and now.mono >= self._not_before
-            if decision.error is None:
-                if not decision.writes or self._config.dry_run:
-                    await self._report(decision, now, launches_asked=writes)
-                    return self._without_writes(decision)
-                if now.mono < self._not_before:
-                    await self._report(decision, now, launches_asked=writes)
-                    self.status.last_outcome = "write backoff"
-                    return decision.plan
-                # The patch first: it is what grows the cluster; the report only informs Ray.
-                done = await self._carry_out(decision)
-                await self._report(decision, now, launches_asked=writes)
-                if done:
-                    return decision.plan
-            else:
-                log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
+            # The patch first: it is what grows the cluster; the report only informs Ray.
+            done = await self._act(decision, now)
+            await self._report(decision, now, launches_asked=writes)
+            if done:
+                return decision.plan
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
         return None
+
+    async def _act(self, decision: Decision, now: Instant) -> bool:
+        """Carry the decision out. True when done with it (written, nothing to write, dry run,
+        backing off, or given up); False when the RayCluster changed under it: replan."""
+        if decision.error is not None:
+            log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
+            return False
+        if not decision.writes or self._config.dry_run:
+            self._without_writes(decision)
+            return True
+        if now.mono < self._not_before:
+            self.status.last_outcome = "write backoff"
+            return True
+        return await self._carry_out(decision)
 
     # --- observe and decide (no writes) --------------------------------------------------------
 
@@ -206,14 +224,19 @@ class Reconciler:
             return None
         self._notice_recreation(raw)
         self._last_inputs = self._inputs(raw, now.mono)
-        spec = parse_raycluster(raw)
+        parsed = self._pod_cache.hosts(self._pods.store, parse_raycluster(raw))
         return Observation(
             raycluster=raw,
             gcs=gcs,
             synced=self._pods.synced and self._cluster.synced,
             awaiting_write=self._awaiting(raw, now.mono),
-            parsed_pods=self._pod_cache.hosts(self._pods.store, spec),
+            clock=self._host_clock(parsed[0], now.mono),
+            parsed_pods=parsed,
         )
+
+    def _host_clock(self, hosts: Sequence[Host], now: float) -> HostClock:
+        self._liveness.observe_pods(now, hosts)
+        return self._liveness.clock(now)
 
     def _inputs(self, raw: Mapping[str, Any], now: float) -> tuple[object, ...]:
         """What the plan reads, by content (never by resourceVersion or GCS version)."""
@@ -288,17 +311,17 @@ class Reconciler:
 
     # --- writes ------------------------------------------------------------------------------
 
-    def _without_writes(self, decision: Decision) -> Plan:
+    def _without_writes(self, decision: Decision) -> None:
         self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
         if decision.plan.changes:
             self._log_decisions(decision.plan, dry_run=True)
-        return decision.plan
 
     async def _carry_out(self, decision: Decision) -> bool:
         """Execute the writes. True when done (applied or given up), False to replan."""
         done = await execute(
             decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
         )
+        self._keep_preemptions(decision, done.refused)
         if done.step == "patch" and done.sent:
             self.status.last_patch = list(done.sent)
         if done.replan:
@@ -312,6 +335,15 @@ class Reconciler:
             self.status.last_outcome = "nothing to patch"
             return True
         return self._handle_failure(done.outcome)
+
+    def _keep_preemptions(self, decision: Decision, refused: frozenset[tuple[str, str]]) -> None:
+        """Remember the deadlines of slices drained for preemption (a refused one is retried)."""
+        keep = {
+            key: deadline
+            for key, deadline in decision.plan.memory.preempting.items()
+            if not any(key == s for _, s in refused)
+        }
+        self.memory = replace(self.memory, preempting=MappingProxyType(keep))
 
     def _applied(self, result: Plan, outcome: PatchOutcome) -> None:
         now = self._monotonic()
@@ -367,7 +399,6 @@ class Reconciler:
         )
         try:
             await self._gcs.report(build_autoscaling_state(report))
-            self._feed.mark_reported(gcs.epoch)
         except GcsError as err:
             log.debug("report to GCS failed", error=str(err))
 
@@ -412,6 +443,20 @@ class Reconciler:
 
 _background: set[asyncio.Task[None]] = set()
 _EVENT_REASONS = {Action.SCALE_UP: "ScaledUp", Action.SCALE_DOWN: "ScaledDown"}
+
+
+def _alive_instances(reply: Any) -> list[str] | None:
+    """Instance ids (pod names) of the live Ray nodes in a reply; None when it is unusable."""
+    if reply is None:
+        return None
+    fast = alive_instance_ids(reply)  # every poll comes here: no full parse of the reply
+    if fast is not None:
+        return fast
+    try:
+        ray = reply if isinstance(reply, RayState) else parse_ray_state(reply)
+    except RayStateError:
+        return None
+    return list(ray.node_by_instance())
 
 
 def _version(reply: Any) -> int:

@@ -28,6 +28,7 @@ import structlog
 from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.backoff import Backoff
+from kuberay_scaler.defaults import CRD_VERSION, WATCH_SILENCE_TIMEOUT_S, rayclusters_path
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, open_stream, request_json
 from kuberay_scaler.metrics import WATCH_RESTARTS
 from kuberay_scaler.model.labels import LABEL_CLUSTER
@@ -60,11 +61,11 @@ class Source:
         )
 
     @classmethod
-    def raycluster(cls, namespace: str, name: str) -> Source:
+    def raycluster(cls, namespace: str, name: str, crd_version: str = CRD_VERSION) -> Source:
         """A single RayCluster, by field selector (needs list+watch on rayclusters)."""
         return cls(
             resource="rayclusters",
-            path=f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters",
+            path=rayclusters_path(namespace, crd_version),
             field_selector=f"metadata.name={name}",
         )
 
@@ -124,7 +125,7 @@ class Informer:
         api: ApiClient,
         source: Source,
         *,
-        silent_timeout: float = 120.0,
+        silent_timeout: float = WATCH_SILENCE_TIMEOUT_S,
         watch_timeout: float = 300.0,
         page_size: int = 500,
         connect_timeout: float = 10.0,
@@ -272,7 +273,8 @@ class Informer:
         received = 0
         while True:
             try:
-                line = await asyncio.wait_for(stream.readline(), self._silent_timeout)
+                async with asyncio.timeout(self._silent_timeout):
+                    line = await stream.readline()
             except TimeoutError:
                 self._restart("silent")
                 self._log.info("watch silent, reconnecting", silent_timeout=self._silent_timeout)

@@ -147,7 +147,8 @@ async def _call(
 
 async def _read_error_body(response: aiohttp.ClientResponse, limit_s: float) -> bytes:
     try:
-        return await asyncio.wait_for(response.read(), limit_s)
+        async with asyncio.timeout(limit_s):
+            return await response.read()
     except (aiohttp.ClientError, TimeoutError):
         return b""  # the status code alone still classifies the error
 

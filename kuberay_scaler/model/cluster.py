@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from types import MappingProxyType
+from typing import TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 INT32_MAX = 2_147_483_647
 # Bounds on numbers read from a RayCluster. The CRD allows far more; past these a group is skipped
@@ -18,7 +22,7 @@ DEFAULT_IDLE_TIMEOUT_S = 60.0
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
-def frozen_map(items: Mapping[str, object] | None = None) -> Mapping[str, object]:
+def frozen_map(items: Mapping[K, V] | None = None) -> Mapping[K, V]:
     """A read-only copy, so frozen dataclasses really are immutable."""
     return MappingProxyType(dict(items or {}))
 
@@ -73,7 +77,6 @@ class WorkerGroup:
     container: ContainerShape
     node_selector: Mapping[str, str]
     workers_to_delete: tuple[str, ...]
-    scale_strategy_present: bool
 
     @property
     def is_multi_host(self) -> bool:

@@ -151,7 +151,6 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
         container=_ray_container(pod_spec),
         node_selector=_string_map(pod_spec.get("nodeSelector"), "template nodeSelector"),
         workers_to_delete=_workers_to_delete(scale_strategy),
-        scale_strategy_present=isinstance(scale_strategy, Mapping),
     )
 
 
@@ -232,7 +231,7 @@ def _ray_container(pod_spec: Mapping[str, Any]) -> ContainerShape:
         memory_bytes=_resource(limits, requests, "memory"),
         gpu=_gpu(limits, requests),
         tpu=_resource(limits, requests, "google.com/tpu"),
-        accelerators=frozen_map(_other_accelerators(limits)),  # type: ignore[arg-type]
+        accelerators=frozen_map(_other_accelerators(limits)),
     )
 
 

@@ -29,6 +29,7 @@ from ray.core.generated import (
 )
 
 from kuberay_scaler.backoff import Backoff
+from kuberay_scaler.defaults import GCS_RPC_TIMEOUT_S
 from kuberay_scaler.metrics import GCS_ERRORS, GCS_RTT_SECONDS
 from kuberay_scaler.ray_gcs.errors import (
     GcsAuthError,
@@ -43,6 +44,7 @@ log = structlog.get_logger(__name__)
 
 CLUSTER_ID_METADATA = "ray_cluster_id"
 _WRONG_CLUSTER_ID = "WrongClusterID"
+_OLD_WRONG_CLUSTER_ID = "AuthError"
 _UNREACHABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
@@ -81,7 +83,7 @@ class GcsClient:
         *,
         token: str | None = None,
         tls: TlsFiles | None = None,
-        rpc_timeout_s: float = 10.0,
+        rpc_timeout_s: float = GCS_RPC_TIMEOUT_S,
         connect_timeout_s: float = 5.0,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = MAX_RECONNECT_BACKOFF_S,
@@ -218,16 +220,17 @@ class GcsClient:
             return self._conn
 
     async def _open(self) -> _Connection:
-        channel = self._new_channel()
+        try:
+            channel = self._new_channel()
+        except OSError as err:  # TLS files removed or replaced after start: hold and retry
+            failure = GcsAuthError("connect", "TLS_FILES", f"cannot read TLS files: {err}")
+            self._connect_failed(failure)
+            raise failure from None
         try:
             cluster_id = await self._fetch_cluster_id(channel)
         except GcsError as err:
             await channel.close()
-            self._next_connect_at = self._monotonic() + self._backoff.next_delay()
-            if self._backoff.failures == 1:  # once per outage, not on every retry
-                log.warning("gcs_connect_failed", address=self._address, error=str(err))
-            else:
-                log.debug("gcs_connect_failed", address=self._address, error=str(err))
+            self._connect_failed(err)
             raise
         if self._backoff.failures:
             log.info(
@@ -237,6 +240,13 @@ class GcsClient:
         self._note_cluster_id(cluster_id)
         stub = autoscaler_pb2_grpc.AutoscalerStateServiceStub(channel)
         return _Connection(channel=channel, autoscaler=stub, cluster_id=cluster_id)
+
+    def _connect_failed(self, err: GcsError) -> None:
+        self._next_connect_at = self._monotonic() + self._backoff.next_delay()
+        if self._backoff.failures == 1:  # once per outage, not on every retry
+            log.warning("gcs_connect_failed", address=self._address, error=str(err))
+        else:
+            log.debug("gcs_connect_failed", address=self._address, error=str(err))
 
     async def _fetch_cluster_id(self, channel: Any) -> str:
         method = "GetClusterId"
@@ -302,6 +312,10 @@ def _classify(method: str, err: Any) -> GcsError:
         return GcsUnavailable(method, name, details)
     if code == grpc.StatusCode.UNAUTHENTICATED and _WRONG_CLUSTER_ID in details:
         return GcsReplaced(method, name, details)
+    if code == grpc.StatusCode.ABORTED and details == _OLD_WRONG_CLUSTER_ID:
+        # Ray before token auth (2.49 and older, seen in make ray-matrix) refuses a wrong
+        # cluster id with its Status::AuthError, which reaches gRPC as ABORTED "AuthError".
+        return GcsReplaced(method, name, f"{details} (older Ray's WrongClusterID)")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return GcsAuthError(method, name, f"{details} (is the GCS token right?)")
     return GcsCallError(method, name, details)

@@ -5,8 +5,8 @@ planner must hold on unknown, never read it as "no demand". `gcs_epoch` counts t
 incarnations we have seen: it grows when the cluster id changes (a new GCS) or when the
 `cluster_resource_state_version` counter, which only ever grows inside one GCS process, goes
 back (a GCS restarted with fault tolerance keeps its cluster id but loses that counter).
-After any unknown spell `needs_full_report` is raised, because a restarted GCS has forgotten our
-last `ReportAutoscalingState`; the caller clears it with `mark_reported` once it has reported.
+Every report the loop sends is a full one, so a GCS that forgot the last one is told again at
+the next reconcile.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ class GcsObservation:
     cluster_id: str | None
     error: str | None
     gcs_epoch: int
-    needs_full_report: bool = False
 
     @property
     def known(self) -> bool:
@@ -80,7 +79,6 @@ class GcsPoller:
         self._epoch = 0
         self._cluster_id: str | None = None
         self._last_version = -1
-        self._needs_full_report = True  # nothing reported yet in this process
         self._fingerprint: object = None
         self._cadence = Cadence(ceiling_s=interval_s)
         self._last_cost_s = 0.0
@@ -94,21 +92,11 @@ class GcsPoller:
             cluster_id=None,
             error="not polled yet",
             gcs_epoch=0,
-            needs_full_report=True,
         )
 
     @property
     def gcs_epoch(self) -> int:
         return self._epoch
-
-    @property
-    def needs_full_report(self) -> bool:
-        return self._needs_full_report
-
-    def mark_reported(self, epoch: int) -> None:
-        """A full report reached the GCS of `epoch`; a later epoch still needs its own."""
-        if epoch == self._epoch and self.latest.known:
-            self._needs_full_report = False
 
     def poll_soon(self) -> None:
         """Cut the current wait short (e.g. right after a drain or a patch)."""
@@ -120,7 +108,8 @@ class GcsPoller:
             await self.poll_once()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.next_interval())
+                async with asyncio.timeout(self.next_interval()):
+                    await self._wake.wait()
 
     def next_interval(self) -> float:
         return self._cadence.next_interval(
@@ -149,14 +138,12 @@ class GcsPoller:
             log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
         self._unknown_kind = kind
         GCS_CONNECTED.set(0)
-        self._needs_full_report = True
         return GcsObservation(
             reply=None,
             observed_at=self._monotonic(),
             cluster_id=self._cluster_id,
             error=error,
             gcs_epoch=self._epoch,
-            needs_full_report=True,
         )
 
     def _known(self, reply: Any) -> GcsObservation:
@@ -166,7 +153,6 @@ class GcsPoller:
         restarted = not replaced and version <= self._last_version
         if replaced or restarted:
             self._epoch += 1
-            self._needs_full_report = True
             log.warning(
                 "gcs_new_epoch",
                 gcs_epoch=self._epoch,
@@ -185,7 +171,6 @@ class GcsPoller:
             cluster_id=cluster_id,
             error=None,
             gcs_epoch=self._epoch,
-            needs_full_report=self._needs_full_report,
         )
 
     def _publish(self, observation: GcsObservation) -> GcsObservation:

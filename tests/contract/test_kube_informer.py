@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.backoff import Backoff
@@ -21,6 +22,8 @@ from tests.contract.conftest import (
     truth,
     view,
 )
+
+pytestmark = pytest.mark.contract
 
 RESTARTS = "kuberay_scaler_watch_restarts_total"
 
@@ -239,11 +242,14 @@ class VirtualSleep:
     """Records every backoff the informer asks for and returns at once: a minute of backoff
     passes in well under a second, so the bound below is exact, not a timing."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_after: float = float("inf")) -> None:
         self.slept: list[float] = []
+        self._stop_after = stop_after
 
     async def __call__(self, delay: float) -> None:
         self.slept.append(delay)
+        if self.total >= self._stop_after:
+            await asyncio.Event().wait()  # the virtual minute is over: nothing more happens
         await asyncio.sleep(0)
 
     @property
@@ -257,7 +263,7 @@ async def test_410_storm_relists_with_growing_jittered_backoff(
     """Catalogue row 3 under a storm: every watch answers 410. Before: 215-805 LISTs in 6 s."""
     for name in ("a", "b"):
         apiserver.create("pods", NAMESPACE, pod(name))
-    sleep = VirtualSleep()
+    sleep = VirtualSleep(stop_after=60)
     informer = Informer(api, Source.pods(NAMESPACE, "rc"), sleep=sleep)
     apiserver.faults.fail_next("GET", r"watch=", 410, count=1_000_000)
     async with running(informer.run()):

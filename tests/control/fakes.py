@@ -100,9 +100,17 @@ class FakeWriter:
     after_apply: Callable[[WriteCall], None] | None = None  # runs after each call (inject here)
     _script: deque[PatchOutcome] = field(default_factory=deque)
 
-    def answer(self, status: int, *, times: int = 1, retry_after: float | None = None) -> None:
-        """The next `times` patches fail with HTTP `status` (and are not applied)."""
-        kind = STATUS_OUTCOME[status]
+    def answer(
+        self,
+        status: int,
+        *,
+        times: int = 1,
+        retry_after: float | None = None,
+        kind: OutcomeKind | None = None,
+    ) -> None:
+        """The next `times` patches fail with HTTP `status` (and are not applied); `kind`
+        overrides the usual outcome (a 422 from a failed `test` op is "stale")."""
+        kind = kind or STATUS_OUTCOME[status]
         wait = retry_after if kind == "throttled" else None
         for _ in range(times):
             self._script.append(PatchOutcome(kind, message=f"HTTP {status}", retry_after=wait))
@@ -173,6 +181,7 @@ class DrainCall:
     node_id: str  # hex
     cluster_id: str | None
     deadline_ms: int
+    reason: int = 1  # DrainNodeReason: 1 idle termination, 2 preemption
 
 
 @dataclass
@@ -192,9 +201,10 @@ class FakeGcs:
         *,
         reason_message: str,
         deadline_timestamp_ms: int,
+        reason: int = 1,
         cluster_id: str | None = None,
     ) -> object:
-        self.drains.append(DrainCall(node_id.hex(), cluster_id, deadline_timestamp_ms))
+        self.drains.append(DrainCall(node_id.hex(), cluster_id, deadline_timestamp_ms, reason))
         if node_id.hex() in self.fail:
             raise GcsCallError("DrainNode", "UNAVAILABLE", "injected")
         if node_id.hex() in self.refuse:
@@ -215,13 +225,9 @@ class FakeGcs:
 @dataclass
 class FakeFeed:
     polls_asked: int = 0
-    reported_epochs: list[int] = field(default_factory=list)
 
     def poll_soon(self) -> None:
         self.polls_asked += 1
-
-    def mark_reported(self, epoch: int) -> None:
-        self.reported_epochs.append(epoch)
 
 
 @dataclass

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from kuberay_scaler.control.reconciler import MAX_REPLANS, LoopConfig
+from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.model.reasons import Action, ScaleDownKind
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
-from tests.control.fakes import Loop, WriteCall, make_loop
+from tests.control.fakes import Loop, WriteCall, make_loop, reply_of
 from tests.factories import (
     cluster,
     group,
@@ -160,7 +162,9 @@ async def test_a_refused_record_write_drains_nothing() -> None:
 
 async def test_drains_are_pinned_to_the_observation_the_plan_was_made_from() -> None:
     loop = idle_slices_loop("tpu-a")
-    newer = state([head_node()])  # a replaced GCS that knows none of these nodes
+    planned_from = reply_of(state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]), 5)
+    loop.see_ray(planned_from)
+    newer = reply_of(state([head_node()]), 1)  # a replaced GCS that knows none of these nodes
 
     def gcs_replaced_mid_reconcile(call: WriteCall) -> None:
         loop.see_ray(newer, cluster_id="cluster-2", epoch=2)
@@ -168,7 +172,11 @@ async def test_drains_are_pinned_to_the_observation_the_plan_was_made_from() -> 
     loop.writer.after_apply = gcs_replaced_mid_reconcile
     await loop.reconciler.reconcile()
     assert loop.gcs.drains and {d.cluster_id for d in loop.gcs.drains} == {"cluster-1"}
-    assert loop.feed.reported_epochs == [1]
+    # One now per reconcile: the drain deadline counts from the instant the plan was made.
+    deadline = int((loop.clock.wall().timestamp() + LoopConfig().drain_deadline_s) * 1000)
+    assert {d.deadline_ms for d in loop.gcs.drains} == {deadline}
+    (report,) = loop.gcs.reports  # told from the observation the plan was made from
+    assert report.last_seen_cluster_resource_state_version == 5
     decision = loop.reconciler.status.last_decision
     assert decision is not None and decision.gcs is not None
     assert decision.gcs.cluster_id == "cluster-1"
@@ -219,3 +227,26 @@ async def test_recreated_raycluster_drops_memory_and_expectations() -> None:
     loop.see_ray(state([head_node()]))
     await loop.reconciler.reconcile()
     assert loop.reconciler.expectations.groups() == frozenset()
+
+
+async def test_decision_metrics_are_labelled_from_the_enums() -> None:
+    labels = {"group": "tpu", "action": "scale_down", "reason": "idle"}
+    before = REGISTRY.get_sample_value("kuberay_scaler_decisions_total", labels) or 0.0
+    loop = idle_slices_loop("tpu-a")
+    await loop.reconciler.reconcile()
+    after = REGISTRY.get_sample_value("kuberay_scaler_decisions_total", labels)
+    assert after == before + 1
+    assert Action.SCALE_DOWN.value == labels["action"]
+    assert ScaleDownKind.IDLE.value == labels["reason"]
+
+
+async def test_a_422_failed_test_is_stale_and_replanned_but_a_422_invalid_is_not() -> None:
+    loop = scale_up_loop()
+    loop.writer.answer(422, kind="stale")
+    await loop.reconciler.reconcile()
+    assert [c.outcome.kind for c in loop.writer.calls] == ["stale", "applied"]
+    other = scale_up_loop()
+    other.writer.answer(422)
+    await other.reconciler.reconcile()
+    assert [c.outcome.kind for c in other.writer.calls] == ["invalid"]
+    assert "replicas" not in spec_group(other) or spec_group(other)["replicas"] == 0

@@ -138,12 +138,19 @@ def test_only_the_daemon_is_in_the_image() -> None:
     assert target == "/opt/kuberay-scaler/bin/kuberay-scaler-ray"
     assert specs == "None True"
     assert root == "read-only"
-    refused = run_image("-lc", "ray status", entrypoint="/bin/bash")
-    assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines() == [
-        "kuberay-scaler: this image runs kuberay-scaler, not Ray: `ray status` is not available"
-        " (only `ray kuberay-autoscaler`, which starts `kuberay-scaler run`)"
-    ]
+    # Login shell (KubeRay 1.2-1.3, or ENABLE_LOGIN_SHELL), plain shell (1.4-1.7) and the
+    # exec form on the image's PATH (1.1): each finds our `ray`.
+    for args, entrypoint in (
+        (("-lc", "ray status"), "/bin/bash"),
+        (("-c", "ray status"), "/bin/bash"),
+        (("status",), "ray"),
+    ):
+        refused = run_image(*args, entrypoint=entrypoint)
+        assert refused.returncode == 2, (args, refused.stderr)
+        assert refused.stderr.strip().splitlines() == [
+            "kuberay-scaler: this image runs kuberay-scaler, not Ray: `ray status` is not"
+            " available (only `ray kuberay-autoscaler`, which starts `kuberay-scaler run`)"
+        ]
 
 
 @pytest.fixture

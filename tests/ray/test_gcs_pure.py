@@ -108,6 +108,7 @@ class FakeDrainClient:
     answers: dict[bytes, Any]
     cluster_id: str | None = "c0ffee"
     calls: list[tuple[bytes, str | None, int]] = field(default_factory=list)
+    reasons: list[int] = field(default_factory=list)
 
     async def drain_node(
         self,
@@ -115,9 +116,11 @@ class FakeDrainClient:
         *,
         reason_message: str,
         deadline_timestamp_ms: int,
+        reason: int = 1,
         cluster_id: str | None = None,
     ) -> object:
         self.calls.append((node_id, cluster_id, deadline_timestamp_ms))
+        self.reasons.append(reason)
         answer = self.answers[node_id]
         if isinstance(answer, Exception):
             raise answer
@@ -241,26 +244,13 @@ async def test_epochs_count_replacements_and_counter_resets() -> None:
     assert "UNAVAILABLE" in observations[2].error
 
 
-async def test_full_report_is_needed_after_any_unknown_spell() -> None:
+async def test_an_unknown_blip_with_a_growing_version_is_not_a_new_gcs() -> None:
     down = GcsUnavailable("GetClusterResourceState", "DEADLINE_EXCEEDED", "slow")
     script = iter([("A", _reply(1)), ("A", _reply(2)), ("A", down), ("A", _reply(9))])
     poller = GcsPoller(FakeSource(script), interval_s=1.0)
-    first = await poller.poll_once()
-    assert first.needs_full_report  # nothing reported yet
-    poller.mark_reported(first.gcs_epoch)
-    assert not (await poller.poll_once()).needs_full_report
-    assert (await poller.poll_once()).needs_full_report
-    back = await poller.poll_once()
-    assert back.gcs_epoch == 0  # a blip, not a new GCS
-    assert back.needs_full_report
-
-
-async def test_mark_reported_is_ignored_while_unknown() -> None:
-    refused = GcsReplaced("GetClusterResourceState", "UNAUTHENTICATED", "WrongClusterID")
-    poller = GcsPoller(FakeSource(iter([("A", refused)])), interval_s=1.0)
-    observation = await poller.poll_once()
-    poller.mark_reported(observation.gcs_epoch)
-    assert poller.needs_full_report
+    observations = await _poll_all(poller, 4)
+    assert [o.known for o in observations] == [True, True, False, True]
+    assert observations[-1].gcs_epoch == 0  # a blip, not a new GCS
 
 
 async def test_on_change_ignores_counters_and_idle_clocks() -> None:
@@ -387,3 +377,14 @@ def test_polls_are_frequent_while_cheap_and_spaced_out_when_costly() -> None:
     assert cadence.next_interval(cost_s=0.05, **quiet) == 5.0  # 10k nodes idle: the ceiling
     assert cadence.next_interval(cost_s=0.05, **busy) == pytest.approx(1.0)  # 5 % of a core
     assert Cadence(ceiling_s=0.05).next_interval(cost_s=0.0005, **quiet) == 0.05
+
+
+async def test_preemption_drain_sends_reason_preemption() -> None:
+    from kuberay_scaler.ray_gcs.drain import PREEMPTION
+
+    client = FakeDrainClient({b"a": "accept", b"b": "accept"})
+    result = await drain_slice(
+        client, [b"a", b"b"], reason_message="above max", deadline_ms=5, reason=PREEMPTION
+    )
+    assert result.may_delete
+    assert client.reasons == [PREEMPTION, PREEMPTION]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from pathlib import Path
 from typing import Any
 
 from structlog.testing import capture_logs
 
 from kuberay_scaler.metrics import REGISTRY
-from kuberay_scaler.ray_gcs.client import MAX_RECONNECT_BACKOFF_S, GcsClient
+from kuberay_scaler.ray_gcs.client import MAX_RECONNECT_BACKOFF_S, GcsClient, TlsFiles
 from kuberay_scaler.ray_gcs.errors import GcsError, GcsUnavailable
 from kuberay_scaler.ray_gcs.poller import GcsPoller
 
@@ -110,3 +111,18 @@ def _reply() -> Any:
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     reply.cluster_resource_state.cluster_resource_state_version = 1
     return reply
+
+
+async def test_tls_files_gone_after_start_fail_the_connect_not_the_daemon(tmp_path: Path) -> None:
+    """Catalogue row 23, after start: replaced or removed TLS files are a failed connect (held,
+    reported, retried with backoff), never an exception that ends the poller."""
+    tls = TlsFiles(ca_cert=tmp_path / "ca.pem", cert=tmp_path / "c.pem", key=tmp_path / "k.pem")
+    client = GcsClient(f"127.0.0.1:{closed_port()}", tls=tls, connect_timeout_s=2)
+    poller = GcsPoller(client, interval_s=0.5)
+    try:
+        observation = await poller.poll_once()
+    finally:
+        await client.close()
+    assert not observation.known
+    assert observation.error is not None and "TLS" in observation.error
+    assert client.next_connect_in() > 0  # backing off, not hammering

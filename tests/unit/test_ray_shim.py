@@ -62,16 +62,28 @@ def test_installed_entry_point_refuses_with_one_line() -> None:
     ]
 
 
-def test_kuberay_shell_line_reaches_kuberay_scaler_run(tmp_path: Path) -> None:
-    """`/bin/bash -c -- "ray kuberay-autoscaler ..."` with our `ray` first on PATH runs
-    `kuberay-scaler run` with that cluster: an invalid namespace from the command line is
-    reported by run's own settings check (exit 2, one line naming the variable)."""
+LINE = "ray kuberay-autoscaler --cluster-name rc --cluster-namespace Not_A_Namespace"
+# The command lines KubeRay's BuildAutoscalerContainer renders (after $(VAR) expansion):
+# v1.1 execs `ray` with split args, v1.2-1.3 `/bin/bash -lc --`, v1.4-1.7 `/bin/bash -c --`
+# (`-cl` with the operator's ENABLE_LOGIN_SHELL=true). Login shells reset PATH from
+# /etc/profile, so that form is run in the image (tests/image), not here.
+KUBERAY_FORMS = {
+    "v1.1": LINE.split(),
+    "v1.4-v1.7": ["/bin/bash", "-c", "--", LINE],
+}
+
+
+@pytest.mark.parametrize("form", sorted(KUBERAY_FORMS))
+def test_kuberay_command_line_reaches_kuberay_scaler_run(tmp_path: Path, form: str) -> None:
+    """With our `ray` first on PATH the command KubeRay renders runs `kuberay-scaler run` with
+    that cluster: an invalid namespace from the command line is reported by run's own settings
+    check (exit 2, one line naming the variable)."""
     (tmp_path / "ray").symlink_to(SHIM)
-    line = "ray kuberay-autoscaler --cluster-name rc --cluster-namespace Not_A_Namespace"
     env = _clean_env(PATH=f"{tmp_path}:{os.environ['PATH']}")
-    done = subprocess.run(
-        ["/bin/bash", "-c", "--", line], capture_output=True, text=True, env=env, timeout=60
-    )
+    argv = KUBERAY_FORMS[form]
+    if argv[0] == "ray":
+        argv = [str(tmp_path / "ray"), *argv[1:]]  # the runtime resolves it on the image PATH
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2, done.stderr
     [message] = done.stderr.strip().splitlines()
     assert message.startswith("kuberay-scaler: ")

@@ -29,7 +29,7 @@ def tls_files(tmp_path: Path) -> dict[str, str]:
         ("RAY_TLS_CA_CERT", "ca.crt"),
     ):
         path = tmp_path / name
-        path.write_text("pem")
+        path.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
         env[var] = str(path)
     return env
 
