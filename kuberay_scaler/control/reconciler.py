@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -50,6 +51,7 @@ from kuberay_scaler.ray_gcs.report import build_autoscaling_state
 
 log = structlog.get_logger(__name__)
 
+RECENT_DECISIONS = 20  # kept for /debug/slices
 MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often per reconcile
 
 
@@ -72,6 +74,8 @@ class LoopStatus:
     last_patch: list[dict[str, Any]] = field(default_factory=list)
     last_outcome: str = "not run yet"
     reconciles: int = 0
+    # The last decisions that changed something (newest last), for /debug/slices.
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))
     last_success: float = field(default_factory=time.monotonic)  # or the start
     consecutive_failures: int = 0
     last_error: str | None = None  # of the latest failed reconcile (kept after a success)
@@ -102,6 +106,7 @@ class LoopStatus:
             "last_outcome": self.last_outcome,
             "last_patch_sent": self.last_patch,
             "reconciles": self.reconciles,
+            "recent_decisions": list(self.recent),
             "last_error": self.last_error,
             "consecutive_failures": self.consecutive_failures,
         }
@@ -403,6 +408,17 @@ class Reconciler:
             if not d.changes:
                 continue
             DECISIONS.labels(d.group, d.action.value, d.reason_code).inc()
+            self.status.recent.append(
+                {
+                    "at": self._wall().isoformat(timespec="seconds"),
+                    "group": d.group,
+                    "action": d.action.value,
+                    "replicas": f"{d.current}->{d.target}",
+                    "slices": [x.slice_key for x in (*d.deletions, *d.preempt)],
+                    "reasons": [str(r) for r in d.reasons],
+                    "dry_run": dry_run,
+                }
+            )
             log.info(
                 "decision",
                 group=d.group,
