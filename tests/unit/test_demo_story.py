@@ -17,7 +17,7 @@ def test_moments_learnt_late_are_printed_where_they_happened() -> None:
     printer.flush(now=10.5)  # nothing is old enough yet
     assert out.getvalue() == ""
     printer.flush(now=11.2)
-    kinds = [line.split()[1] for line in out.getvalue().splitlines()]
+    kinds = [line.split("]", 1)[1].split()[0] for line in out.getvalue().splitlines()]
     assert kinds == ["plan", "drain", "patch"]
 
 
