@@ -12,7 +12,8 @@ RAY_API_GROUP = "ray.io"
 CRD_VERSION = "v1"
 
 # GCS side.
-GCS_POLL_INTERVAL_S = 1.0
+# The longest wait between polls; small or busy clusters are polled sooner (ray_gcs/cadence.py).
+GCS_POLL_INTERVAL_S = 5.0
 GCS_RPC_TIMEOUT_S = 5.0
 GCS_STALE_AFTER_S = 15.0
 DRAIN_DEADLINE_S = 30.0
@@ -23,6 +24,11 @@ WATCH_SILENCE_TIMEOUT_S = 120.0
 RESYNC_INTERVAL_S = 30.0
 DEBOUNCE_S = 0.2
 WRITE_EXPECTATION_TIMEOUT_S = 60.0
+
+# Liveness: /healthz fails after this many failed reconciles in a row, or this long without a
+# successful one (a held reconcile, e.g. GCS unknown, is a success: the loop works, it waits).
+UNHEALTHY_AFTER_FAILURES = 5
+UNHEALTHY_AFTER_S = 300.0
 
 # Slices and replacement.
 MAX_PROVISION_TIME_S = 900.0

@@ -131,7 +131,8 @@ class Settings(BaseSettings):
         gt=0,
         le=60,
         validation_alias=_ours("gcs_poll_interval_s"),
-        description="Seconds between GetClusterResourceState polls.",
+        description="Longest wait between GetClusterResourceState polls; the poller polls sooner"
+        " (down to 0.1 s) while a poll is cheap, demand is pending or the state just moved.",
     )
     gcs_rpc_timeout_s: float = Field(
         default=D.GCS_RPC_TIMEOUT_S,
@@ -234,6 +235,18 @@ class Settings(BaseSettings):
         gt=0,
         validation_alias=_ours("drain_deadline_s"),
         description="Deadline handed to DrainNode for each host of a slice.",
+    )
+    unhealthy_after_failures: int = Field(
+        default=D.UNHEALTHY_AFTER_FAILURES,
+        ge=1,
+        validation_alias=_ours("unhealthy_after_failures"),
+        description="/healthz fails after this many failed reconciles in a row.",
+    )
+    unhealthy_after_s: float = Field(
+        default=D.UNHEALTHY_AFTER_S,
+        gt=0,
+        validation_alias=_ours("unhealthy_after_s"),
+        description="/healthz fails when no reconcile has succeeded for this long.",
     )
     shutdown_grace_s: float = Field(
         default=10.0,
