@@ -1,10 +1,17 @@
-"""Jittered exponential backoff (pure: the random source is injectable)."""
+"""Exponential backoff: the one delay rule, and a jittered retry counter (pure: the random
+source is injectable). The planner's replacement backoff and every retry loop use this rule."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+
+def exponential_delay(failures: int, initial: float, cap: float, factor: float = 2.0) -> float:
+    """`initial * factor**failures`, capped: the delay after `failures` earlier failures."""
+    # The exponent is bounded so a long outage cannot overflow the float.
+    return min(cap, initial * factor ** min(max(failures, 0), 64))
 
 
 @dataclass
@@ -23,8 +30,7 @@ class Backoff:
 
     def next_delay(self) -> float:
         """Delay before the next attempt; each call counts one more consecutive failure."""
-        # The exponent is bounded so a long outage cannot overflow the float.
-        step = min(self.cap, self.initial * self.factor ** min(self._failures, 64))
+        step = exponential_delay(self._failures, self.initial, self.cap, self.factor)
         self._failures += 1
         return step * self.uniform(0.5, 1.0)
 

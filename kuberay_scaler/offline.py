@@ -90,7 +90,7 @@ def plan_files(
         raise InputError(f"Ray state {ray_state}: {_why(err)}") from None
     except RayStateError as err:
         raise InputError(f"Ray state {ray_state}: {err}") from None
-    snapshot = Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(map(str, pod_problems)))
+    snapshot = Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(pod_problems))
     result = plan(snapshot, state, Memory(), policy, now or datetime.now(UTC))
     try:
         ops = build_patch(rc, result)

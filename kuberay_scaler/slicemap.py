@@ -7,14 +7,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import ClusterSpec, Problem, WorkerGroup, frozen_map
 from kuberay_scaler.model.hosts import Host, HostPhase
+from kuberay_scaler.model.labels import (
+    LABEL_LEGACY_REPLICA,
+    LABEL_REPLICA_NAME,
+    TPU_SLICE_LABEL,
+    TPU_WORKER_LABEL,
+)
 from kuberay_scaler.model.ray import RayNode, RayState
+from kuberay_scaler.model.reasons import SliceFault
+from kuberay_scaler.model.reasons import SliceFault as F
 from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
-from kuberay_scaler.parse.pods import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
-
-TPU_SLICE_LABEL = "ray.io/tpu-slice-name"
-TPU_WORKER_LABEL = "ray.io/tpu-worker-id"
 
 
 @dataclass(frozen=True)
@@ -31,9 +36,17 @@ def build_slice_map(
     ray: RayState | None,
     now: datetime,
     timeouts: SliceTimeouts = SliceTimeouts(),
+    clock: HostClock | None = None,
 ) -> SliceMap:
-    """Group hosts into slices and judge each one. `ray` None means Ray's view is unknown."""
+    """Group hosts into slices and judge each one. `ray` None means Ray's view is unknown.
+
+    Durations (provisioning age, how long a Ray node has been missing) come from `clock`, the
+    daemon's own monotonic memory; without one (one-shot use) from the pods' timestamps.
+    """
+    hosts = list(hosts)
     nodes = ray.node_by_instance() if ray else {}
+    if clock is None:
+        clock = HostClock.from_timestamps(hosts, nodes, now)
     by_group: dict[str, list[Host]] = defaultdict(list)
     head: list[Host] = []
     orphans: list[Host] = []
@@ -49,7 +62,9 @@ def build_slice_map(
         if host.group not in spec.skipped_groups:
             problems.append(Problem(f"pod {host.pod_name} is in no worker group of the spec"))
     groups = {
-        g.name: _group_slices(g, by_group.get(g.name, []), nodes, ray is not None, now, timeouts)
+        g.name: _group_slices(
+            g, by_group.get(g.name, []), nodes, ray is not None, now, timeouts, clock
+        )
         for g in spec.groups
     }
     for gs in groups.values():
@@ -70,13 +85,14 @@ def _group_slices(
     ray_known: bool,
     now: datetime,
     timeouts: SliceTimeouts,
+    clock: HostClock,
 ) -> GroupSlices:
     members: dict[str, list[Host]] = defaultdict(list)
     for host in hosts:
         members[host.slice_key].append(host)
     doomed = set(group.workers_to_delete)
     slices = [
-        _judge(group, key, sorted(m, key=_host_order), nodes, ray_known, doomed, now, timeouts)
+        _judge(group, key, sorted(m, key=_host_order), nodes, ray_known, doomed, timeouts, clock)
         for key, m in members.items()
     ]
     slices.sort(key=lambda s: (s.created_at or now, s.key))
@@ -94,13 +110,13 @@ def _judge(
     nodes: Mapping[str, RayNode],
     ray_known: bool,
     doomed: set[str],
-    now: datetime,
     timeouts: SliceTimeouts,
+    clock: HostClock,
 ) -> Slice:
     joined = {h.pod_name: nodes[h.pod_name] for h in hosts if h.pod_name in nodes}
     marked = any(h.pod_name in doomed for h in hosts)
     created = min((h.created_at for h in hosts if h.created_at), default=None)
-    state, reason = _state(group, hosts, joined, ray_known, marked, created, now, timeouts)
+    state, reason, fault = _state(group, hosts, joined, ray_known, marked, timeouts, clock)
     return Slice(
         key=key,
         group=group.name,
@@ -109,6 +125,7 @@ def _judge(
         nodes=frozen_map(joined),  # type: ignore[arg-type]
         state=state,
         reason=reason,
+        fault=fault,
         created_at=created,
         marked_for_deletion=marked,
     )
@@ -120,32 +137,35 @@ def _state(
     joined: Mapping[str, RayNode],
     ray_known: bool,
     marked: bool,
-    created: datetime | None,
-    now: datetime,
     timeouts: SliceTimeouts,
-) -> tuple[SliceState, str]:
+    clock: HostClock,
+) -> tuple[SliceState, str, SliceFault | None]:
     want = group.num_of_hosts
     terminating = [h for h in hosts if h.phase is HostPhase.TERMINATING]
     if marked or terminating:
         why = "named in workersToDelete" if marked else f"{len(terminating)} host(s) terminating"
-        return SliceState.TERMINATING, why
+        return SliceState.TERMINATING, why, None
     if want > 1 and not _identified(hosts[0]):
         # Without a replica label we cannot tell its siblings: never judge it broken and replace.
-        return SliceState.PARTIAL, f"slice unknown: no replica label ({hosts[0].detail})"
+        return SliceState.PARTIAL, f"slice unknown: no replica label ({hosts[0].detail})", None
     failed = [h for h in hosts if h.phase is HostPhase.FAILED]
     if failed:
-        return SliceState.BROKEN, f"host {_label(failed[0])} {failed[0].detail}"
+        return SliceState.BROKEN, f"host {_label(failed[0])} {failed[0].detail}", F.HOST_FAILED
     if len(hosts) > want:
-        return SliceState.BROKEN, f"{len(hosts)} hosts, more than numOfHosts {want}"
-    age = (now - created).total_seconds() if created else 0.0
+        why = f"{len(hosts)} hosts, more than numOfHosts {want}"
+        return SliceState.BROKEN, why, F.TOO_MANY_HOSTS
+    age = max((clock.age_s.get(h.pod_name, 0.0) for h in hosts), default=0.0)
     if len(hosts) < want:
-        state = SliceState.BROKEN if age > timeouts.max_provision_s else SliceState.PARTIAL
-        return state, f"{len(hosts)} of {want} hosts"
-    missing = _missing_for(hosts, joined, now) if ray_known else {}
+        if age > timeouts.max_provision_s:
+            return SliceState.BROKEN, f"{len(hosts)} of {want} hosts", F.HOSTS_MISSING
+        return SliceState.PARTIAL, f"{len(hosts)} of {want} hosts", None
+    # Ray's view judges only after one full grace of fresh replies (see liveness.py).
+    judge_ray = ray_known and clock.settling is None
+    missing = _missing_for(hosts, joined, clock) if judge_ray else {}
     late = {p: s for p, s in missing.items() if s > timeouts.missing_node_grace_s}
     if late:
         pod, secs = max(late.items(), key=lambda kv: kv[1])
-        return SliceState.BROKEN, f"Ray node of {pod} missing for {_dur(secs)}"
+        return SliceState.BROKEN, f"Ray node of {pod} missing for {_dur(secs)}", F.RAY_NODE_MISSING
     not_running = [h for h in hosts if h.phase is not HostPhase.RUNNING]
     if not_running or (ray_known and len(joined) < want):
         why = (
@@ -153,21 +173,23 @@ def _state(
             if not_running
             else f"{len(joined)} of {want} hosts joined Ray"
         )
-        if age > timeouts.max_provision_s:
-            return SliceState.BROKEN, f"not up after {_dur(age)}: {why}"
-        return SliceState.PENDING, why
-    return SliceState.COMPLETE, f"{want} of {want} hosts up"
+        if age > timeouts.max_provision_s and (not_running or judge_ray):
+            return SliceState.BROKEN, f"not up after {_dur(age)}: {why}", F.NOT_UP_IN_TIME
+        return SliceState.PENDING, why, None
+    return SliceState.COMPLETE, f"{want} of {want} hosts up", None
 
 
 def _missing_for(
-    hosts: list[Host], joined: Mapping[str, RayNode], now: datetime
+    hosts: list[Host], joined: Mapping[str, RayNode], clock: HostClock
 ) -> dict[str, float]:
-    """Seconds each running host has gone without a live Ray node."""
-    out: dict[str, float] = {}
-    for host in hosts:
-        if host.phase is HostPhase.RUNNING and host.pod_name not in joined and host.running_since:
-            out[host.pod_name] = max(0.0, (now - host.running_since).total_seconds())
-    return out
+    """Seconds each running host has gone without a live Ray node, by the daemon's clock."""
+    return {
+        h.pod_name: clock.missing_s[h.pod_name]
+        for h in hosts
+        if h.phase is HostPhase.RUNNING
+        and h.pod_name not in joined
+        and h.pod_name in clock.missing_s
+    }
 
 
 def _identified(host: Host) -> bool:

@@ -333,7 +333,7 @@ def snapshot_of(rc: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) -
     """Parse a RayCluster dict and pod dicts the way the daemon does."""
     spec = parse_raycluster(rc)
     hosts, problems = parse_pods(list(pods), spec)
-    return Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(map(str, problems)))
+    return Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(problems))
 
 
 def plan_of(

@@ -28,6 +28,7 @@ from kuberay_scaler.metrics import (
     TARGET_REPLICAS,
 )
 from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Memory, Plan, Snapshot
+from kuberay_scaler.model.reasons import Action
 from kuberay_scaler.model.slices import SliceState
 from kuberay_scaler.parse.pods import parse_pods
 from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
@@ -139,7 +140,7 @@ class Reconciler:
         spec = parse_raycluster(raw)
         hosts, pod_problems = parse_pods(list(self._pods.store.values()), spec)
         synced = self._pods.synced and self._cluster.synced
-        snapshot = Snapshot(spec, tuple(hosts), synced, tuple(map(str, pod_problems)))
+        snapshot = Snapshot(spec, tuple(hosts), synced, tuple(pod_problems))
         memory = replace(
             self.memory,
             awaiting_write=self._awaiting(raw),
@@ -305,49 +306,29 @@ class Reconciler:
         for d in result.groups:
             if not d.changes:
                 continue
-            action = _action(d)
-            DECISIONS.labels(d.group, action, _reason_code(d)).inc()
+            DECISIONS.labels(d.group, d.action.value, d.reason_code).inc()
             log.info(
                 "decision",
                 group=d.group,
-                action=action,
+                action=d.action.value,
+                reason_code=d.reason_code,
                 replicas=f"{d.current}->{d.target}",
                 slices=[x.slice_key for x in d.deletions],
-                reason="; ".join(d.reasons),
+                reason="; ".join(map(str, d.reasons)),
                 dry_run=dry_run,
             )
 
     def _record_event(self, d: GroupDecision) -> None:
-        reason = {"scale_up": "ScaledUp", "scale_down": "ScaledDown"}.get(_action(d), "Updated")
+        reason = _EVENT_REASONS.get(d.action, "Updated")
         slices = ", ".join(x.slice_key for x in d.deletions)
         message = f"group {d.group}: replicas {d.current}->{d.target}" + (
             f"; slices {slices}" if slices else ""
         )
-        message += f" ({'; '.join(d.reasons)[:500]})"
+        message += f" ({'; '.join(map(str, d.reasons))[:500]})"
         task = asyncio.get_running_loop().create_task(self._events.record(reason, message))
         _background.add(task)
         task.add_done_callback(_background.discard)
 
 
 _background: set[asyncio.Task[None]] = set()
-
-
-def _action(d: GroupDecision) -> str:
-    if d.target > d.current:
-        return "scale_up"
-    if any(x.kind is DeleteKind.REPLACE for x in d.deletions):
-        return "replace"
-    if d.target < d.current or d.deletions:
-        return "scale_down"
-    return "clear_workers_to_delete"
-
-
-def _reason_code(d: GroupDecision) -> str:
-    action = _action(d)
-    if action == "scale_up":
-        return "pending_demand"
-    if action == "replace":
-        return "broken_slice"
-    if action == "scale_down":
-        return "idle" if d.deletions else "demand_gone"
-    return "deletion_done"
+_EVENT_REASONS = {Action.SCALE_UP: "ScaledUp", Action.SCALE_DOWN: "ScaledDown"}

@@ -37,7 +37,7 @@ def report_from_plan(plan: Plan, now_s: int, observed_version: int = 0) -> Autos
                 FailedRequest(
                     group=decision.group,
                     count=sum(len(d.pods) for d in replaced),
-                    reason="; ".join(d.reason for d in replaced),
+                    reason="; ".join(str(d.reason) for d in replaced),
                     started_at_s=now_s,
                     failed_at_s=now_s,
                 )

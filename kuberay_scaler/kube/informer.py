@@ -27,6 +27,7 @@ from kubernetes_asyncio.client import ApiClient
 from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, open_stream, request_json
 from kuberay_scaler.metrics import WATCH_RESTARTS
+from kuberay_scaler.model.labels import LABEL_CLUSTER
 
 log = structlog.get_logger(__name__)
 
@@ -52,7 +53,7 @@ class Source:
         return cls(
             resource="pods",
             path=f"/api/v1/namespaces/{namespace}/pods",
-            label_selector=f"ray.io/cluster={cluster_name}",
+            label_selector=f"{LABEL_CLUSTER}={cluster_name}",
         )
 
     @classmethod

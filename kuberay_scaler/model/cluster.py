@@ -8,6 +8,11 @@ from enum import StrEnum
 from types import MappingProxyType
 
 INT32_MAX = 2_147_483_647
+# Bounds on numbers read from a RayCluster. The CRD allows far more; past these a group is skipped
+# with a problem instead of costing minutes and gigabytes per plan (docs/reliability.md).
+MAX_HOSTS_PER_SLICE = 4096  # numOfHosts; the largest TPU slices have about 2,300 hosts
+MAX_GROUP_HOSTS = 10_000  # replicas (and minReplicas) × numOfHosts; 5× Ray's tested 2,000 nodes
+MAX_RESOURCE = (2**63 - 1) / 10_000  # Ray keeps resource amounts as int64 in 1/10000 units
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 EMPTY: Mapping[str, str] = MappingProxyType({})
 

@@ -1,4 +1,4 @@
-"""What the planner decided, with a reason a person can read for every decision."""
+"""What the planner decided, with a typed reason (model/reasons.py) for every decision."""
 
 from __future__ import annotations
 
@@ -9,8 +9,19 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from kuberay_scaler.model.cluster import ClusterSpec
+from kuberay_scaler.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.model.hosts import Host
+from kuberay_scaler.model.reasons import (
+    Action,
+    Demand,
+    Hold,
+    InfeasibleKind,
+    PlanProblem,
+    Reason,
+    Replace,
+    ScaleDown,
+    ScaleUp,
+)
 from kuberay_scaler.model.slices import SliceMap
 
 
@@ -25,7 +36,7 @@ class SliceDeletion:
     pods: tuple[str, ...]
     node_ids: tuple[str, ...]  # Ray nodes to drain (hex ids)
     kind: DeleteKind
-    reason: str
+    reason: ScaleDown | Replace
 
 
 @dataclass(frozen=True)
@@ -37,35 +48,75 @@ class GroupDecision:
     target: int
     deletions: tuple[SliceDeletion, ...] = ()
     clear_workers_to_delete: bool = False
-    held: str | None = None  # why nothing (or only part) was decided for this group
-    reasons: tuple[str, ...] = ()
+    held: Hold | None = None  # why nothing (or only part) was decided for this group
+    reasons: tuple[Reason, ...] = ()
     launching_hosts: int = 0  # hosts asked for and not yet in Ray, for the report to Ray
 
     @property
     def changes(self) -> bool:
         return self.target != self.current or bool(self.deletions) or self.clear_workers_to_delete
 
+    @property
+    def action(self) -> Action:
+        if self.target > self.current:
+            return Action.SCALE_UP
+        if any(x.kind is DeleteKind.REPLACE for x in self.deletions):
+            return Action.REPLACE
+        if self.target < self.current or self.deletions:
+            return Action.SCALE_DOWN
+        if self.clear_workers_to_delete:
+            return Action.CLEAR_WORKERS_TO_DELETE
+        return Action.NONE
+
+    @property
+    def reason_code(self) -> str:
+        """The kind of the reason behind `action`: a metrics label from a small, fixed set."""
+        action = self.action
+        if action is Action.SCALE_UP:
+            ups = [r for r in self.reasons if isinstance(r, ScaleUp)]
+            return ups[0].kind.value if ups else "replicas_below_min"
+        if action is Action.REPLACE:
+            faults = [x.reason.kind for x in self.deletions if x.kind is DeleteKind.REPLACE]
+            return str(faults[0] or "broken")
+        if action is Action.SCALE_DOWN:
+            return str(self.deletions[0].reason.kind) if self.deletions else "replicas_above_max"
+        if action is Action.CLEAR_WORKERS_TO_DELETE:
+            return "workers_deleted"
+        return "none"
+
 
 @dataclass(frozen=True)
 class Infeasible:
-    demand: str
-    reason: str
+    demand: Demand
+    kind: InfeasibleKind
+    missing: str = ""  # the bundle no host offers (placement groups)
     count: int = 1
     certain: bool = True  # no group of this cluster can ever serve it, whatever the replicas
 
+    @property
+    def reason(self) -> str:
+        """The sentence for logs and the report to Ray."""
+        if self.kind is InfeasibleKind.NO_GROUP_OFFERS_PACKED:
+            return f"no worker group's host offers all bundles together {self.missing}"
+        if self.kind is InfeasibleKind.NO_GROUP_OFFERS_BUNDLE:
+            return f"no worker group's host offers bundle {self.missing}"
+        return "no worker group's host offers this"
+
 
 @dataclass(frozen=True)
-class Backoff:
+class ReplaceBackoff:
+    """A group that replaced broken slices recently: the next replacement waits until `until`."""
+
     until: datetime
-    failures: int
-    reason: str
+    failures: int  # consecutive replacements; the next delay grows with it
+    replaced: int  # slices replaced the last time
 
 
 @dataclass(frozen=True)
 class Memory:
     """What the planner carries between loops. The loop keeps it; the planner returns a new one."""
 
-    backoff: Mapping[str, Backoff] = field(default_factory=lambda: MappingProxyType({}))
+    backoff: Mapping[str, ReplaceBackoff] = field(default_factory=lambda: MappingProxyType({}))
     # Groups with a write not yet observed (expectations, kept by the loop): plan nothing for them.
     awaiting_write: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Slices recorded on the RayCluster as being drained (group → slice keys): a restart in the
@@ -80,7 +131,7 @@ class Snapshot:
     spec: ClusterSpec
     hosts: tuple[Host, ...]
     synced: bool = True  # False while the pod cache or the RayCluster view is not trustworthy
-    problems: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()  # pods that cannot be used
 
 
 @dataclass(frozen=True)
@@ -90,10 +141,10 @@ class Plan:
     resource_version: str
     groups: tuple[GroupDecision, ...]
     infeasible: tuple[Infeasible, ...]
-    problems: tuple[str, ...]
+    problems: tuple[PlanProblem, ...]
     slice_map: SliceMap | None
     memory: Memory
-    held: str | None = None  # the whole plan held (unsynced view, unknown demand)
+    held: Hold | None = None  # the whole plan held (unsynced view, unknown demand)
 
     @property
     def changes(self) -> bool:
@@ -106,26 +157,56 @@ class Plan:
         """The plan as the `plan` command and /debug/plan print it (without the patch)."""
         return {
             "cluster": self.cluster,
-            "held": self.held,
+            "held": _hold_doc(self.held),
             "groups": [
                 {
                     "name": g.group,
                     "num_of_hosts": g.num_of_hosts,
                     "replicas": {"current": g.current, "target": g.target},
                     "delete": [
-                        {"slice": d.slice_key, "pods": list(d.pods), "kind": d.kind.value}
+                        {
+                            "slice": d.slice_key,
+                            "pods": list(d.pods),
+                            "kind": d.kind.value,
+                            "reason": _reason_doc(d.reason),
+                        }
                         for d in g.deletions
                     ],
                     "drain": [n for d in g.deletions for n in d.node_ids],
                     "clear_workers_to_delete": g.clear_workers_to_delete,
-                    "held": g.held,
-                    "reasons": list(g.reasons),
+                    "held": _hold_doc(g.held),
+                    "reasons": [_reason_doc(r) for r in g.reasons],
                 }
                 for g in self.groups
             ],
             "infeasible": [
-                {"demand": i.demand, "count": i.count, "reason": i.reason, "certain": i.certain}
+                {
+                    "demand": str(i.demand),
+                    "count": i.count,
+                    "kind": i.kind.value,
+                    "reason": i.reason,
+                    "certain": i.certain,
+                }
                 for i in self.infeasible
             ],
-            "problems": list(self.problems),
+            "problems": [
+                {"kind": p.kind.value, "group": p.group, "text": str(p)} for p in self.problems
+            ],
         }
+
+
+def _hold_doc(hold: Hold | None) -> dict[str, Any] | None:
+    return None if hold is None else {"kind": hold.kind.value, "text": str(hold)}
+
+
+def _reason_doc(reason: Reason) -> dict[str, Any]:
+    """A reason for the documents people read: its kind, its sentence and its slice if any."""
+    doc: dict[str, Any] = {"type": type(reason).__name__, "kind": str(reason.kind)}
+    slice_key = getattr(reason, "slice", None)
+    if slice_key is not None:
+        doc["slice"] = slice_key
+    count = getattr(reason, "count", None)
+    if count:
+        doc["count"] = count
+    doc["text"] = str(reason)
+    return doc

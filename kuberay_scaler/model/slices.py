@@ -10,6 +10,7 @@ from enum import StrEnum
 from kuberay_scaler.model.cluster import Problem, WorkerGroup
 from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.ray import RayNode
+from kuberay_scaler.model.reasons import SliceFault
 
 
 class SliceState(StrEnum):
@@ -31,6 +32,7 @@ class Slice:
     nodes: Mapping[str, RayNode]  # pod name → live Ray node, for hosts that joined
     state: SliceState
     reason: str
+    fault: SliceFault | None  # why it is broken (BROKEN only)
     created_at: datetime | None
     marked_for_deletion: bool
 

@@ -9,14 +9,16 @@ from typing import Any
 
 from kuberay_scaler.model.cluster import ClusterSpec, Problem, frozen_map
 from kuberay_scaler.model.hosts import Host, HostPhase
+from kuberay_scaler.model.labels import (
+    LABEL_CLUSTER,
+    LABEL_GROUP,
+    LABEL_HOST_INDEX,
+    LABEL_LEGACY_REPLICA,
+    LABEL_NODE_TYPE,
+    LABEL_REPLICA_INDEX,
+    LABEL_REPLICA_NAME,
+)
 
-LABEL_CLUSTER = "ray.io/cluster"
-LABEL_NODE_TYPE = "ray.io/node-type"
-LABEL_GROUP = "ray.io/group"
-LABEL_REPLICA_NAME = "ray.io/worker-group-replica-name"
-LABEL_REPLICA_INDEX = "ray.io/worker-group-replica-index"
-LABEL_HOST_INDEX = "ray.io/replica-host-index"
-LABEL_LEGACY_REPLICA = "replicaIndex"  # set by the GKE TPU webhook on older operators
 HEAD_GROUP = "headgroup"
 _SMALL_INT = re.compile(r"[0-9]{1,9}")
 

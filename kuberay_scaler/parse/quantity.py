@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from decimal import Decimal
+
+from kuberay_scaler.model.cluster import MAX_RESOURCE
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -38,6 +42,43 @@ def parse_quantity(raw: object) -> float:
     if not value.is_finite() or value < 0 or math.isinf(float(value)):
         raise ValueError(f"not a quantity: {raw!r}")
     return float(value)
+
+
+def parse_amount(raw: object) -> float:
+    """A quantity used as a Ray resource amount: also at most what Ray can hold."""
+    return check_amount(parse_quantity(raw), repr(raw))
+
+
+def check_amount(value: float, what: str) -> float:
+    """A resource amount Ray can hold: finite, not negative, at most MAX_RESOURCE."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"not a finite, non-negative amount: {what}")
+    if value > MAX_RESOURCE:
+        raise ValueError(f"{what} is more than Ray can hold ({MAX_RESOURCE:.3g})")
+    return value
+
+
+def resources_json(raw: str) -> dict[str, float]:
+    """rayStartParams `resources`: a JSON object, often wrapped in an extra pair of quotes."""
+    text = raw.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1].replace('\\"', '"')
+    try:
+        parsed = json.loads(text)  # accepts NaN, Infinity and 1e400 (inf): checked below
+    except ValueError:
+        raise ValueError(f"{raw!r} is not JSON") from None
+    if not isinstance(parsed, Mapping):
+        raise ValueError(f"{raw!r} is not a JSON object")
+    out: dict[str, float] = {}
+    for key, value in parsed.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{raw!r} has a non-numeric value for {key!r}")
+        try:
+            amount = float(value)
+        except OverflowError:  # a JSON integer with hundreds of digits
+            raise ValueError(f"{raw!r}: {key} is more than Ray can hold") from None
+        out[str(key)] = check_amount(amount, f"{key}={value!r}")
+    return out
 
 
 def _split_suffix(text: str) -> tuple[str, Decimal]:

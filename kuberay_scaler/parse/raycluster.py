@@ -8,6 +8,8 @@ from typing import Any
 
 from kuberay_scaler.model.cluster import (
     INT32_MAX,
+    MAX_GROUP_HOSTS,
+    MAX_HOSTS_PER_SLICE,
     AutoscalerOptions,
     ClusterSpec,
     ContainerShape,
@@ -16,7 +18,7 @@ from kuberay_scaler.model.cluster import (
     WorkerGroup,
     frozen_map,
 )
-from kuberay_scaler.parse.quantity import parse_quantity
+from kuberay_scaler.parse.quantity import parse_amount, resources_json
 
 
 class GroupError(ValueError):
@@ -110,6 +112,7 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
     if num_of_hosts < 1:
         # KubeRay would create no pods for it; planning slices of zero hosts is meaningless.
         raise GroupError(f"numOfHosts must be at least 1, got {num_of_hosts}")
+    _check_sizes(replicas, min_replicas, num_of_hosts)
     idle = raw.get("idleTimeoutSeconds")
     if idle is not None and (not _is_int(idle) or idle < 0):
         raise GroupError(f"idleTimeoutSeconds must be a non-negative integer, got {idle!r}")
@@ -121,6 +124,9 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
         raise GroupError(f"suspend must be a boolean, got {suspend!r}")
     pod_spec = _mapping(_mapping(raw.get("template")).get("spec"))
     scale_strategy = raw.get("scaleStrategy")
+    ray_start_params = _string_map(raw.get("rayStartParams"), "rayStartParams")
+    resources = _string_map(raw.get("resources"), "resources")
+    _check_amounts(ray_start_params, resources)
     return WorkerGroup(
         name=name,
         index=index,
@@ -132,14 +138,45 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
         idle_timeout_s=float(idle) if idle is not None else None,
         priority=int(priority),
         suspend=suspend,
-        ray_start_params=_string_map(raw.get("rayStartParams"), "rayStartParams"),
-        resources=_string_map(raw.get("resources"), "resources"),
+        ray_start_params=ray_start_params,
+        resources=resources,
         labels=_string_map(raw.get("labels"), "labels"),
         container=_ray_container(pod_spec),
         node_selector=_string_map(pod_spec.get("nodeSelector"), "template nodeSelector"),
         workers_to_delete=_workers_to_delete(scale_strategy),
         scale_strategy_present=isinstance(scale_strategy, Mapping),
     )
+
+
+def _check_sizes(replicas: int, min_replicas: int, num_of_hosts: int) -> None:
+    # Bounded here so that no plan ever builds millions of hosts (docs/reliability.md).
+    if num_of_hosts > MAX_HOSTS_PER_SLICE:
+        raise GroupError(f"numOfHosts {num_of_hosts} is more than {MAX_HOSTS_PER_SLICE}")
+    for key, count in (("replicas", replicas), ("minReplicas", min_replicas)):
+        if count * num_of_hosts > MAX_GROUP_HOSTS:
+            raise GroupError(
+                f"{key} {count} × numOfHosts {num_of_hosts} is more than {MAX_GROUP_HOSTS} hosts"
+            )
+
+
+def _check_amounts(params: Mapping[str, str], resources: Mapping[str, str]) -> None:
+    """Every resource amount the group states is finite and within what Ray can hold."""
+    for key in ("num-cpus", "num-gpus", "memory"):
+        if key in params:
+            try:
+                parse_amount(params[key])
+            except ValueError as err:
+                raise GroupError(f"rayStartParams {key}: {err}") from None
+    if params.get("resources"):
+        try:
+            resources_json(params["resources"])
+        except ValueError as err:
+            raise GroupError(f"rayStartParams resources: {err}") from None
+    for key, raw in resources.items():
+        try:
+            parse_amount(raw)
+        except ValueError as err:
+            raise GroupError(f"resources {key}: {err}") from None
 
 
 def _int_field(raw: Mapping[str, Any], key: str, default: int) -> int:
@@ -196,7 +233,7 @@ def _resource(limits: Mapping[str, Any], requests: Mapping[str, Any], key: str) 
     if raw is None:
         return None
     try:
-        return parse_quantity(raw)
+        return parse_amount(raw)
     except ValueError as err:
         raise GroupError(f"container resource {key}: {err}") from None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from kuberay_scaler.model.cluster import WorkerGroup
 from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Plan
+from kuberay_scaler.model.reasons import Keep, KeepKind
 
 Op = dict[str, Any]
 
@@ -97,6 +98,6 @@ def drop_deletions(plan: Plan, slice_keys: Collection[tuple[str, str]]) -> Plan:
             continue
         kept = tuple(x for x in d.deletions if x not in dropped)
         back = sum(1 for x in dropped if x.kind is DeleteKind.IDLE)
-        reasons = (*d.reasons, *(f"keep slice {x.slice_key}: drain refused" for x in dropped))
+        reasons = (*d.reasons, *(Keep(KeepKind.DRAIN_REFUSED, slice=x.slice_key) for x in dropped))
         groups.append(replace(d, deletions=kept, target=d.target + back, reasons=reasons))
     return replace(plan, groups=tuple(groups))

@@ -1,158 +1,131 @@
-"""Bins (hosts with free resources) and the fitting of bundles onto them.
-
-Bins are mutable scratch state inside one call of `plan`; nothing outside the planner sees them.
-"""
+"""Turn the slice map and Ray's nodes into bins: the capacity demand can use right now."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from kuberay_scaler.model.ray import (
-    Bundle,
-    GangDemand,
-    GangStrategy,
-    LabelConstraint,
-    LabelSelector,
-    selectors_match,
-)
-from kuberay_scaler.planner.shapes import ACCELERATORS, HostShape
+from kuberay_scaler.model.hosts import Host, HostPhase
+from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
+from kuberay_scaler.model.slices import SliceMap, SliceState
+from kuberay_scaler.planner.bins import Bin, accelerators_of, bins_for_new_slice
+from kuberay_scaler.planner.shapes import SliceShape
 
-EPSILON = 1e-9
-UNBOUNDED = 1 << 30
+COUNTED = (SliceState.COMPLETE, SliceState.PENDING, SliceState.PARTIAL, SliceState.BROKEN)
 
 
-@dataclass(eq=False)
-class Bin:
-    """One host that can take work: an existing Ray node, a launching pod, or a planned host."""
-
-    name: str
-    group: str | None
-    slice_key: str | None
-    free: dict[str, float]
-    labels: Mapping[str, str]
-    accelerators: frozenset[str] = frozenset()  # from total resources, not what is free now
-    idle_ms: int | None = None  # None: busy, launching or planned
-    planned: bool = False  # part of a slice this plan adds
-    launching: bool = False  # asked for earlier, no Ray node yet (pending pod or no pod)
-    used: bool = field(default=False)
+@dataclass
+class Capacity:
+    available: list[Bin] = field(default_factory=list)  # free resources now
+    total: list[Bin] = field(default_factory=list)  # whole hosts, for the request_resources floor
+    virtual: dict[str, int] = field(default_factory=dict)  # group → replicas without pods yet
 
 
-def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
-    return frozenset(k for k in ACCELERATORS if resources.get(k, 0) > 0)
+def build_capacity(
+    slice_map: SliceMap,
+    ray: RayState,
+    shapes: Mapping[str, SliceShape],
+    replacing: Collection[str] = (),
+) -> Capacity:
+    """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
+
+    `replacing` names the groups whose broken slices this plan replaces: KubeRay brings up a
+    fresh replica for each, so they count as launching capacity rather than nothing.
+    """
+    cap = Capacity()
+    owner = _slice_of_pod(slice_map)
+    for node in ray.nodes:
+        if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
+            continue
+        group, key, state = owner.get(node.instance_id, (None, None, None))
+        if state is not None and state not in (SliceState.COMPLETE, SliceState.PENDING):
+            continue  # broken, partial and terminating slices are never capacity as they are
+        cap.available.append(_node_bin(node, group, key, node.available))
+        cap.total.append(_node_bin(node, group, key, node.total))
+    for name, gs in slice_map.groups.items():
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        for sl in gs.slices:
+            if sl.state is SliceState.PENDING:
+                _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
+            elif sl.state is SliceState.PARTIAL or (
+                sl.state is SliceState.BROKEN and name in replacing
+            ):
+                # KubeRay deletes a replica missing pods and recreates it whole; a replaced
+                # one is recreated too. Either way a complete fresh slice is on its way.
+                _add_fresh_slice(cap, name, sl.key, shape)
+        counted = sum(1 for s in gs.slices if s.state in COUNTED)
+        virtual = max(0, gs.group.effective_replicas - counted)
+        cap.virtual[name] = virtual
+        for i in range(virtual):
+            _add_fresh_slice(cap, name, f"launching:{name}:{i}", shape)
+    return cap
 
 
-def bins_for_new_slice(group: str, key: str, hosts: Sequence[HostShape]) -> list[Bin]:
-    return [
-        Bin(
-            name=f"{key}/host-{i}",
-            group=group,
-            slice_key=key,
-            free=dict(h.resources),
-            labels=h.labels,
-            accelerators=h.accelerators,
-            planned=True,
-        )
-        for i, h in enumerate(hosts)
-    ]
+def _add_fresh_slice(cap: Capacity, group: str, key: str, shape: SliceShape) -> None:
+    for bins in (cap.available, cap.total):
+        bins.extend(_as_launching(bins_for_new_slice(group, key, shape.hosts)))
 
 
-def needs_accelerator(bundle: Bundle) -> bool:
-    return any(bundle.resources.get(k, 0) > 0 for k in ACCELERATORS) or any(
-        k.startswith(("TPU-", "accelerator_type:")) for k in bundle.resources
+def _slice_of_pod(slice_map: SliceMap) -> dict[str, tuple[str, str, SliceState]]:
+    return {
+        host.pod_name: (name, sl.key, sl.state)
+        for name, gs in slice_map.groups.items()
+        for sl in gs.slices
+        for host in sl.hosts
+    }
+
+
+def _node_bin(
+    node: RayNode, group: str | None, key: str | None, resources: Mapping[str, float]
+) -> Bin:
+    return Bin(
+        name=node.instance_id or node.node_id,
+        group=group,
+        slice_key=key,
+        free=dict(resources),
+        labels=node.labels,
+        accelerators=accelerators_of(node.total),
+        idle_ms=node.idle_ms if node.status is NodeStatus.IDLE else None,
     )
 
 
-def signature(bundle: Bundle) -> str:
-    """Equal for bundles that fit exactly the same bins; a string, so its hash is cached."""
-    selectors = [
-        [(c.key, c.negated, sorted(c.values)) for c in s.constraints] for s in bundle.selectors
-    ]
-    return repr((sorted(bundle.resources.items()), selectors))
-
-
-def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[str, str]) -> int:
-    """How many copies of `bundle` fit into `free` on a host with `labels`."""
-    if not selectors_match(bundle.selectors, labels):
-        return 0
-    copies = UNBOUNDED
-    for resource, need in bundle.resources.items():
-        if need <= 0:
+def _launching_hosts(
+    cap: Capacity,
+    key: str,
+    group: str,
+    shape: SliceShape,
+    joined: Mapping[str, RayNode],
+    hosts: list[Host],
+) -> None:
+    """Hosts of a slice still coming up count at full size until their Ray node joins."""
+    for position, host in enumerate(hosts):
+        if host.pod_name in joined or host.phase is HostPhase.TERMINATING:
             continue
-        copies = min(copies, math.floor((free.get(resource, 0.0) + EPSILON) / need))
-        if copies == 0:
-            return 0
-    return copies
+        index = host.host_index if host.host_index is not None else position
+        _add_launching(cap, f"{key}/{host.pod_name}", group, key, shape, index)
 
 
-def take(bin_: Bin, bundle: Bundle, copies: int = 1) -> None:
-    for resource, need in bundle.resources.items():
-        if need > 0:
-            bin_.free[resource] = bin_.free.get(resource, 0.0) - need * copies
-    bin_.used = True
+def _add_launching(
+    cap: Capacity, name: str, group: str, key: str, shape: SliceShape, index: int
+) -> None:
+    host = shape.hosts[min(index, len(shape.hosts) - 1)]
+    for bins in (cap.available, cap.total):
+        bins.append(
+            Bin(
+                name=name,
+                group=group,
+                slice_key=key,
+                free=dict(host.resources),
+                labels=host.labels,
+                accelerators=host.accelerators,
+                launching=True,
+            )
+        )
 
 
-def give_back(bin_: Bin, bundle: Bundle, copies: int = 1) -> None:
-    for resource, need in bundle.resources.items():
-        if need > 0:
-            bin_.free[resource] = bin_.free.get(resource, 0.0) + need * copies
-
-
-def place_copies(bundle: Bundle, count: int, bins: Iterable[Bin]) -> int:
-    """Place up to `count` copies, first fit in the given order; returns how many were placed."""
-    left = count
+def _as_launching(bins: list[Bin]) -> list[Bin]:
     for bin_ in bins:
-        if left == 0:
-            break
-        fits = copies_that_fit(bundle, bin_.free, bin_.labels)
-        if fits:
-            placed = min(fits, left)
-            take(bin_, bundle, placed)
-            left -= placed
-    return count - left
-
-
-def gang_units(gang: GangDemand) -> list[Bundle]:
-    """What must each fit on one host: STRICT_PACK is one unit of all bundles together."""
-    if gang.strategy is GangStrategy.STRICT_PACK:
-        return [merge_bundles(gang.bundles)]
-    return list(gang.bundles)
-
-
-def merge_bundles(bundles: Sequence[Bundle]) -> Bundle:
-    """One bundle asking for the sum, on a host matching every bundle's selectors."""
-    total: dict[str, float] = {}
-    for bundle in bundles:
-        for resource, need in bundle.resources.items():
-            total[resource] = total.get(resource, 0.0) + need
-    # Each bundle's selectors are alternatives; all bundles must hold: AND of ORs, expanded.
-    alternatives: list[tuple[LabelConstraint, ...]] = [()]
-    for bundle in bundles:
-        if bundle.selectors:
-            alternatives = [a + s.constraints for a in alternatives for s in bundle.selectors]
-    selectors = tuple(LabelSelector(a) for a in alternatives if a)
-    return Bundle(resources=total, selectors=selectors)
-
-
-def bundle_size(bundle: Bundle) -> tuple[int, float]:
-    """Sort key: accelerator demand first, then the sum of what it asks for."""
-    return (int(needs_accelerator(bundle)), sum(bundle.resources.values()))
-
-
-def preference(bundle_wants_accelerator: bool) -> Callable[[Bin], tuple[int, int, int, int, str]]:
-    """Order bins for one kind of demand.
-
-    Running hosts before launching ones (work that fits a running host must not keep a
-    launching replica alive while that host is scaled down), busy hosts first and idle ones
-    least-idle first, so the longest-idle slices stay free to be scaled down; accelerator hosts
-    last for demand that needs no accelerator, so they are not held up by CPU work a plain
-    host can take.
-    """
-
-    def key(bin_: Bin) -> tuple[int, int, int, int, str]:
-        wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
-        idle = bin_.idle_ms if bin_.idle_ms is not None else -1
-        return (int(bin_.planned), wasted, int(bin_.launching), idle, bin_.name)
-
-    return key
+        bin_.planned, bin_.launching = False, True
+    return bins

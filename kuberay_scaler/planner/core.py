@@ -6,26 +6,38 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import MappingProxyType
 
-from kuberay_scaler.model.cluster import DEFAULT_IDLE_TIMEOUT_S, ClusterSpec, UpscalingMode
+from kuberay_scaler.model.cluster import ClusterSpec, Problem, UpscalingMode
 from kuberay_scaler.model.plan import (
-    Backoff,
     DeleteKind,
     GroupDecision,
     Infeasible,
     Memory,
     Plan,
+    ReplaceBackoff,
     SliceDeletion,
     Snapshot,
 )
 from kuberay_scaler.model.ray import RayState
-from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
-from kuberay_scaler.planner.capacity import bins_for_new_slice
-from kuberay_scaler.planner.first_fit import Pool
-from kuberay_scaler.planner.intent import finish_recorded_drains
-from kuberay_scaler.planner.pool import Capacity, build_capacity
+from kuberay_scaler.model.reasons import (
+    ClearWorkersToDelete,
+    DemandKind,
+    Hold,
+    HoldKind,
+    PlanProblem,
+    ProblemKind,
+    Reason,
+    ScaleUp,
+    Waiting,
+)
+from kuberay_scaler.model.slices import GroupSlices, SliceMap, SliceState
+from kuberay_scaler.planner.bins import bins_for_new_slice
+from kuberay_scaler.planner.capacity import Capacity, build_capacity
+from kuberay_scaler.planner.pool import Pool
+from kuberay_scaler.planner.replace import backing_off, live_backoff, replacements
+from kuberay_scaler.planner.scale_down import finish_recorded_drains, idle_deletions, idle_timeout
 from kuberay_scaler.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 from kuberay_scaler.planner.shapes import ShapeError, SliceShape, slice_shape
 from kuberay_scaler.slicemap import SliceTimeouts, build_slice_map
@@ -47,26 +59,29 @@ class _Group:
 
     slices: GroupSlices
     shape: SliceShape | None
-    hold_all: str | None = None  # nothing at all is decided for this group
-    hold_down: str | None = None  # no deletions (scale-up still allowed)
+    hold_all: Hold | None = None  # nothing at all is decided for this group
+    hold_down: Hold | None = None  # no deletions (scale-up still allowed)
     clear_wtd: bool = False
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[Reason] = field(default_factory=list)
 
 
 def plan(
     snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
 ) -> Plan:
     spec = snapshot.spec
-    problems = [str(p) for p in spec.problems] + list(snapshot.problems)
+    problems = _problems(ProblemKind.SPEC, spec.problems) + _problems(
+        ProblemKind.POD, snapshot.problems
+    )
     if not snapshot.synced:
-        return _held_plan(spec, None, memory, problems, "cluster view not synced yet: holding")
+        return _held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED))
     slice_map = build_slice_map(spec, snapshot.hosts, ray, now, policy.timeouts)
-    problems += [str(p) for p in slice_map.problems]
-    groups = _analyse(spec, slice_map, memory, now, problems)
+    problems += _problems(ProblemKind.SLICE_MAP, slice_map.problems)
+    groups = _analyse(slice_map, memory, problems)
     if spec.suspended:
-        return _held_plan(spec, slice_map, memory, problems, "RayCluster is suspended", groups)
+        why = Hold(HoldKind.CLUSTER_SUSPENDED)
+        return _held_plan(spec, slice_map, memory, problems, why, groups)
     if ray is None:
-        why = "Ray demand unknown (GCS unreachable, restarted or stale): holding"
+        why = Hold(HoldKind.DEMAND_UNKNOWN)
         return _held_plan(spec, slice_map, memory, problems, why, groups)
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
     capacity = build_capacity(slice_map, ray, shapes, _replacing(groups, memory, now))
@@ -80,11 +95,15 @@ def plan(
         for n, g in groups.items()
     ]
     decisions.sort(key=lambda d: d.index)
-    if fit.waiting_on_existing:
-        problems += [
-            f"{n}× {text} waits for an existing node (never launched for)"
-            for text, n in fit.waiting_on_existing.items()
-        ]
+    problems += [
+        PlanProblem(
+            ProblemKind.WAITS_ON_EXISTING_NODE,
+            f"{n}× {demand} waits for an existing node (never launched for)",
+            demand=demand,
+            count=n,
+        )
+        for demand, n in fit.waiting_on_existing.items()
+    ]
     result = Plan(
         cluster=spec.name,
         uid=spec.uid,
@@ -93,24 +112,28 @@ def plan(
         infeasible=tuple(_merge_infeasible(fit.infeasible)),
         problems=tuple(problems),
         slice_map=slice_map,
-        memory=replace(memory, backoff=MappingProxyType(_live_backoff(backoff, now))),
+        memory=replace(memory, backoff=MappingProxyType(live_backoff(backoff, now))),
     )
     return finish_recorded_drains(result, memory.draining)
 
 
-def _analyse(
-    spec: ClusterSpec, slice_map: SliceMap, memory: Memory, now: datetime, problems: list[str]
-) -> dict[str, _Group]:
+def _problems(kind: ProblemKind, found: tuple[Problem, ...]) -> list[PlanProblem]:
+    """Problems of the input, tagged with where they were found."""
+    return [PlanProblem(kind, p.message, p.group) for p in found]
+
+
+def _analyse(slice_map: SliceMap, memory: Memory, problems: list[PlanProblem]) -> dict[str, _Group]:
     out: dict[str, _Group] = {}
     for name, gs in slice_map.groups.items():
         note = _Group(slices=gs, shape=None)
         try:
             note.shape = slice_shape(gs.group)
         except ShapeError as err:
-            problems.append(f"group {name!r}: {err}; not scaled")
-            note.hold_all = f"resources unknown: {err}"
+            problems.append(PlanProblem(ProblemKind.SHAPE, f"{err}; not scaled", name))
+            note.hold_all = Hold(HoldKind.SHAPE_UNKNOWN, name, detail=str(err))
         if name in memory.awaiting_write:
-            note.hold_all = memory.awaiting_write[name]
+            detail = memory.awaiting_write[name]
+            note.hold_all = Hold(HoldKind.AWAITING_WRITE, name, detail=detail)
         _workers_to_delete_state(note)
         out[name] = note
     return out
@@ -121,13 +144,8 @@ def _replacing(groups: Mapping[str, _Group], memory: Memory, now: datetime) -> s
     return {
         name
         for name, g in groups.items()
-        if not g.hold_all and not g.hold_down and not _backing_off(memory.backoff, name, now)
+        if not g.hold_all and not g.hold_down and not backing_off(memory.backoff, name, now)
     }
-
-
-def _backing_off(backoff: Mapping[str, Backoff], name: str, now: datetime) -> bool:
-    current = backoff.get(name)
-    return current is not None and current.until > now
 
 
 def _workers_to_delete_state(note: _Group) -> None:
@@ -137,14 +155,10 @@ def _workers_to_delete_state(note: _Group) -> None:
     present = {p for s in note.slices.slices for p in s.pod_names}
     remaining = [p for p in group.workers_to_delete if p in present]
     if remaining:
-        note.hold_down = (
-            f"waiting for KubeRay to delete {len(remaining)} pod(s) named in workersToDelete"
-        )
+        note.hold_down = Hold(HoldKind.WORKERS_TO_DELETE_PENDING, group.name, count=len(remaining))
     else:
         note.clear_wtd = True
-        note.reasons.append(
-            f"clear workersToDelete: all {len(group.workers_to_delete)} named pod(s) are gone"
-        )
+        note.reasons.append(ClearWorkersToDelete(len(group.workers_to_delete)))
 
 
 def _room(
@@ -161,17 +175,21 @@ def _room(
     if g.hold_all:
         room.blocked, room.holds_demand = g.hold_all, True
     elif group.suspend:
-        room.blocked = "group is suspended"
+        room.blocked = Hold(HoldKind.GROUP_SUSPENDED, group.name)
     elif back is not None and back.until > now:
-        room.blocked = f"backing off until {back.until.isoformat()} ({back.reason})"
+        room.blocked = Hold(
+            HoldKind.BACKING_OFF, group.name, until=back.until, failures=back.failures
+        )
     elif group.effective_replicas >= group.max_replicas:
-        room.blocked = f"at maxReplicas {group.max_replicas}"
+        room.blocked = Hold(HoldKind.AT_MAX_REPLICAS, group.name, limit=group.max_replicas)
     else:
         room.room = group.max_replicas - group.effective_replicas
-        if mode is UpscalingMode.CONSERVATIVE:
-            room.room = min(room.room, _conservative_limit(g, cap, ray))
+        room.exhausted = Hold(HoldKind.AT_MAX_REPLICAS, group.name, limit=group.max_replicas)
+        if mode is UpscalingMode.CONSERVATIVE and _conservative_limit(g, cap, ray) < room.room:
+            room.room = _conservative_limit(g, cap, ray)
+            room.exhausted = Hold(HoldKind.CONSERVATIVE_UPSCALING, group.name)
         if room.room <= 0:
-            room.blocked = "Conservative upscaling: waiting for launching slices"
+            room.blocked = Hold(HoldKind.CONSERVATIVE_UPSCALING, group.name)
             room.holds_demand = True
     return room
 
@@ -193,7 +211,7 @@ def _fit_demand(ray: RayState, cap: Capacity, rooms: Mapping[str, GroupRoom]) ->
     total = Pool(cap.total)
     available = Pool(cap.available)
     before = {n: r.added for n, r in rooms.items()}
-    fit_tasks(ray.constraint, total, rooms, alive, fit, what="request_resources")
+    fit_tasks(ray.constraint, total, rooms, alive, fit, what=DemandKind.REQUEST_RESOURCES)
     for name, room in rooms.items():
         if room.added > before[name]:
             assert room.shape is not None
@@ -216,7 +234,7 @@ def _decide(
     virtual: int,
     spec: ClusterSpec,
     policy: Policy,
-    backoff: dict[str, Backoff],
+    backoff: dict[str, ReplaceBackoff],
     now: datetime,
 ) -> GroupDecision:
     group = g.slices.group
@@ -229,19 +247,22 @@ def _decide(
     )
     reasons = list(g.reasons)
     if g.hold_all:
-        return replace(base, held=g.hold_all, reasons=(*reasons, f"hold: {g.hold_all}"))
-    reasons += [f"add slice(s) for {n}× {text}" for text, n in room.reasons.items()]
-    reasons += [f"{n}× {text}: waiting" for text, n in room.waiting.items()]
+        return replace(base, held=g.hold_all, reasons=(*reasons, g.hold_all))
+    reasons += [ScaleUp(demand, n) for demand, n in room.reasons.items()]
+    reasons += [Waiting(demand, n, hold) for (demand, hold), n in room.waiting.items()]
     deletions: list[SliceDeletion] = []
     if g.hold_down:
-        reasons.append(f"no scale-down: {g.hold_down}")
+        reasons.append(g.hold_down)
     else:
-        replaced = _replacements(g, backoff, policy, now, reasons)
-        deletions += replaced
+        deletions += replacements(
+            g.slices, backoff, policy.replace_backoff_s, policy.max_backoff_s, now, reasons
+        )
         # Replicas asked for but without pods are never cancelled: the operator may be rebuilding
         # them right now (e.g. after a host pod was deleted). If demand is really gone they come
         # up, turn idle and leave through the idle path, drained like any other slice.
-        deletions += _idle_deletions(g, room, needed, spec, policy, reasons)
+        timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
+        keep = group.effective_replicas + room.added - group.min_replicas
+        deletions += idle_deletions(g.slices, keep, needed, timeout_s, reasons)
     idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
     scaled = room.added or idle_deleted
     target = group.effective_replicas + room.added - idle_deleted if scaled else group.replicas
@@ -253,81 +274,6 @@ def _decide(
         held=g.hold_down,
         reasons=tuple(reasons),
         launching_hosts=_launching_hosts(g, virtual + room.added),
-    )
-
-
-def _replacements(
-    g: _Group, backoff: dict[str, Backoff], policy: Policy, now: datetime, reasons: list[str]
-) -> list[SliceDeletion]:
-    broken = g.slices.by_state(SliceState.BROKEN)
-    if not broken:
-        return []
-    name = g.slices.group.name
-    current = backoff.get(name)
-    if current is not None and _backing_off(backoff, name, now):
-        reasons.append(
-            f"{len(broken)} broken slice(s) left for now: backing off ({current.reason})"
-        )
-        return []
-    failures = (current.failures if current else 0) + 1
-    delay = min(policy.replace_backoff_s * 2 ** (failures - 1), policy.max_backoff_s)
-    backoff[name] = Backoff(
-        until=now + timedelta(seconds=delay),
-        failures=failures,
-        reason=f"replaced {len(broken)} broken slice(s)",
-    )
-    out = []
-    for sl in broken:
-        reasons.append(f"replace slice {sl.key}: {sl.reason}")
-        out.append(_deletion(sl, DeleteKind.REPLACE, sl.reason))
-    return out
-
-
-def _idle_deletions(
-    g: _Group,
-    room: GroupRoom,
-    needed: set[tuple[str | None, str | None]],
-    spec: ClusterSpec,
-    policy: Policy,
-    reasons: list[str],
-) -> list[SliceDeletion]:
-    group = g.slices.group
-    timeout_s = _idle_timeout(group.idle_timeout_s, spec, policy)
-    idle: list[tuple[int, Slice]] = []
-    for sl in g.slices.by_state(SliceState.COMPLETE):
-        idle_ms = sl.idle_ms()
-        if idle_ms is None or idle_ms < timeout_s * 1000 or (group.name, sl.key) in needed:
-            continue
-        idle.append((idle_ms, sl))
-    idle.sort(key=lambda pair: (-pair[0], pair[1].key))  # longest idle first
-    keep = group.effective_replicas + room.added - group.min_replicas
-    chosen = idle[: max(0, keep)]
-    if len(chosen) < len(idle):
-        reasons.append(
-            f"{len(idle) - len(chosen)} idle slice(s) kept: minReplicas {group.min_replicas}"
-        )
-    out = []
-    for idle_ms, sl in chosen:
-        why = f"all {len(sl.hosts)} hosts idle for {idle_ms / 1000:.0f} s ≥ {timeout_s:.0f} s"
-        reasons.append(f"remove slice {sl.key}: {why}")
-        out.append(_deletion(sl, DeleteKind.IDLE, why))
-    return out
-
-
-def _idle_timeout(group_timeout: float | None, spec: ClusterSpec, policy: Policy) -> float:
-    for candidate in (
-        policy.idle_timeout_override_s,
-        group_timeout,
-        spec.autoscaler.idle_timeout_s,
-    ):
-        if candidate is not None:
-            return candidate
-    return DEFAULT_IDLE_TIMEOUT_S
-
-
-def _deletion(sl: Slice, kind: DeleteKind, why: str) -> SliceDeletion:
-    return SliceDeletion(
-        slice_key=sl.key, pods=sl.pod_names, node_ids=sl.node_ids, kind=kind, reason=why
     )
 
 
@@ -346,8 +292,8 @@ def _held_plan(
     spec: ClusterSpec,
     slice_map: SliceMap | None,
     memory: Memory,
-    problems: list[str],
-    why: str,
+    problems: list[PlanProblem],
+    why: Hold,
     groups: Mapping[str, _Group] | None = None,
 ) -> Plan:
     decisions = []
@@ -363,7 +309,7 @@ def _held_plan(
                 target=group.replicas,
                 clear_workers_to_delete=clear,
                 held=why,
-                reasons=(*(note.reasons if clear and note else []), f"hold: {why}"),
+                reasons=(*(note.reasons if clear and note else []), why),
             )
         )
     return Plan(
@@ -380,12 +326,7 @@ def _held_plan(
 
 
 def _merge_infeasible(items: list[Infeasible]) -> list[Infeasible]:
-    merged: Counter[tuple[str, str, bool]] = Counter()
+    merged: Counter[Infeasible] = Counter()
     for item in items:
-        merged[(item.demand, item.reason, item.certain)] += item.count
-    return [Infeasible(d, r, n, c) for (d, r, c), n in merged.items()]
-
-
-def _live_backoff(backoff: dict[str, Backoff], now: datetime) -> dict[str, Backoff]:
-    # Keep expired entries for a while: the failure count decides the next delay.
-    return {k: v for k, v in backoff.items() if v.until + timedelta(hours=1) > now}
+        merged[replace(item, count=1)] += item.count
+    return [replace(item, count=n) for item, n in merged.items()]

@@ -1,131 +1,194 @@
-"""Turn the slice map and Ray's nodes into bins: the capacity demand can use right now."""
+"""First fit over thousands of bins without rescanning them for every bundle.
+
+The decisions are those of a plain scan in preference order (tests hold it to that); only the
+bins that provably cannot fit are passed over faster:
+
+- a bundle with label selectors only looks at the bins whose labels match (labels never change);
+- a jump table skips bins with nothing left of the bundle's scarcest resource;
+- a cursor per bundle shape remembers the first bin that may still fit that shape.
+
+Free resources only shrink while demand is placed, which keeps jumps and cursors true. Giving
+resources back (an abandoned gang trial) must be followed by `released()`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Sequence
 
-from kuberay_scaler.model.hosts import Host, HostPhase
-from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
-from kuberay_scaler.model.slices import SliceMap, SliceState
-from kuberay_scaler.planner.capacity import Bin, accelerators_of, bins_for_new_slice
-from kuberay_scaler.planner.shapes import SliceShape
+from kuberay_scaler.model.ray import Bundle, LabelSelector, selectors_match
+from kuberay_scaler.planner.bins import (
+    EPSILON,
+    Bin,
+    copies_that_fit,
+    needs_accelerator,
+    preference,
+    signature,
+    take,
+)
 
-COUNTED = (SliceState.COMPLETE, SliceState.PENDING, SliceState.PARTIAL, SliceState.BROKEN)
+# Which resource to skip on: the rarer it is among hosts, the more bins a jump passes over.
+_SKIP_PREFERENCE = ("TPU", "GPU", "CPU")
 
-
-@dataclass
-class Capacity:
-    available: list[Bin] = field(default_factory=list)  # free resources now
-    total: list[Bin] = field(default_factory=list)  # whole hosts, for the request_resources floor
-    virtual: dict[str, int] = field(default_factory=dict)  # group → replicas without pods yet
-
-
-def build_capacity(
-    slice_map: SliceMap,
-    ray: RayState,
-    shapes: Mapping[str, SliceShape],
-    replacing: Collection[str] = (),
-) -> Capacity:
-    """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
-
-    `replacing` names the groups whose broken slices this plan replaces: KubeRay brings up a
-    fresh replica for each, so they count as launching capacity rather than nothing.
-    """
-    cap = Capacity()
-    owner = _slice_of_pod(slice_map)
-    for node in ray.nodes:
-        if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
-            continue
-        group, key, state = owner.get(node.instance_id, (None, None, None))
-        if state is not None and state not in (SliceState.COMPLETE, SliceState.PENDING):
-            continue  # broken, partial and terminating slices are never capacity as they are
-        cap.available.append(_node_bin(node, group, key, node.available))
-        cap.total.append(_node_bin(node, group, key, node.total))
-    for name, gs in slice_map.groups.items():
-        shape = shapes.get(name)
-        if shape is None:
-            continue
-        for sl in gs.slices:
-            if sl.state is SliceState.PENDING:
-                _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
-            elif sl.state is SliceState.PARTIAL or (
-                sl.state is SliceState.BROKEN and name in replacing
-            ):
-                # KubeRay deletes a replica missing pods and recreates it whole; a replaced
-                # one is recreated too. Either way a complete fresh slice is on its way.
-                _add_fresh_slice(cap, name, sl.key, shape)
-        counted = sum(1 for s in gs.slices if s.state in COUNTED)
-        virtual = max(0, gs.group.effective_replicas - counted)
-        cap.virtual[name] = virtual
-        for i in range(virtual):
-            _add_fresh_slice(cap, name, f"launching:{name}:{i}", shape)
-    return cap
+_OrderKey = tuple[bool, bool]  # (demand wants an accelerator, spare new accelerator hosts)
 
 
-def _add_fresh_slice(cap: Capacity, group: str, key: str, shape: SliceShape) -> None:
-    for bins in (cap.available, cap.total):
-        bins.extend(_as_launching(bins_for_new_slice(group, key, shape.hosts)))
+class Pool:
+    """The bins demand may use, kept in preference order per kind of demand."""
 
+    def __init__(self, bins: Iterable[Bin]) -> None:
+        self.bins: list[Bin] = list(bins)
+        self._orders: dict[_OrderKey, list[Bin]] = {}
+        self._views: dict[tuple[_OrderKey, tuple[LabelSelector, ...], str | None], _View] = {}
+        self._cursors: dict[tuple[_OrderKey, str], int] = {}
 
-def _slice_of_pod(slice_map: SliceMap) -> dict[str, tuple[str, str, SliceState]]:
-    return {
-        host.pod_name: (name, sl.key, sl.state)
-        for name, gs in slice_map.groups.items()
-        for sl in gs.slices
-        for host in sl.hosts
-    }
+    def add(self, bins: Sequence[Bin]) -> None:
+        self.bins.extend(bins)
+        for (_, spare), order in self._orders.items():
+            # Planned bins sort last anyway, so appending keeps each order sorted.
+            order.extend(b for b in bins if not (spare and new_accelerator(b)))
 
-
-def _node_bin(
-    node: RayNode, group: str | None, key: str | None, resources: Mapping[str, float]
-) -> Bin:
-    return Bin(
-        name=node.instance_id or node.node_id,
-        group=group,
-        slice_key=key,
-        free=dict(resources),
-        labels=node.labels,
-        accelerators=accelerators_of(node.total),
-        idle_ms=node.idle_ms if node.status is NodeStatus.IDLE else None,
-    )
-
-
-def _launching_hosts(
-    cap: Capacity,
-    key: str,
-    group: str,
-    shape: SliceShape,
-    joined: Mapping[str, RayNode],
-    hosts: list[Host],
-) -> None:
-    """Hosts of a slice still coming up count at full size until their Ray node joins."""
-    for position, host in enumerate(hosts):
-        if host.pod_name in joined or host.phase is HostPhase.TERMINATING:
-            continue
-        index = host.host_index if host.host_index is not None else position
-        _add_launching(cap, f"{key}/{host.pod_name}", group, key, shape, index)
-
-
-def _add_launching(
-    cap: Capacity, name: str, group: str, key: str, shape: SliceShape, index: int
-) -> None:
-    host = shape.hosts[min(index, len(shape.hosts) - 1)]
-    for bins in (cap.available, cap.total):
-        bins.append(
-            Bin(
-                name=name,
-                group=group,
-                slice_key=key,
-                free=dict(host.resources),
-                labels=host.labels,
-                accelerators=host.accelerators,
-                launching=True,
+    def ordered(self, wants_accelerator: bool, spare_new_accelerators: bool = False) -> list[Bin]:
+        """Bins in preference order; optionally without accelerator hosts this plan adds."""
+        key = (wants_accelerator, spare_new_accelerators)
+        if key not in self._orders:
+            usable = (
+                [b for b in self.bins if not new_accelerator(b)]
+                if spare_new_accelerators
+                else self.bins
             )
-        )
+            self._orders[key] = sorted(usable, key=preference(wants_accelerator))
+        return self._orders[key]
+
+    def place(self, bundle: Bundle, count: int, spare_new_accelerators: bool) -> int:
+        """Place up to `count` copies, first fit; returns how many were placed."""
+        view, key = self._view_of(bundle, spare_new_accelerators)
+        index, left = self._cursors.get(key, 0), count
+        while left:
+            index = view.next_with_some(index)
+            if index >= len(view.bins):
+                break
+            bin_ = view.bins[index]
+            fits = copies_that_fit(bundle, bin_.free, bin_.labels)
+            if fits:
+                placed = min(fits, left)
+                take(bin_, bundle, placed)
+                left -= placed
+                if left == 0:
+                    break  # this bin may still fit more: the cursor stays on it
+            index += 1
+        self._cursors[key] = index
+        return count - left
+
+    def first_fit(
+        self, unit: Bundle, spare_new_accelerators: bool, exclude: Collection[int] = ()
+    ) -> Bin | None:
+        """The first bin that fits `unit` and whose id is not in `exclude`."""
+        view, key = self._view_of(unit, spare_new_accelerators)
+        index = start = self._cursors.get(key, 0)
+        advancing = True
+        while True:
+            index = view.next_with_some(index)
+            if index >= len(view.bins):
+                break
+            bin_ = view.bins[index]
+            if copies_that_fit(unit, bin_.free, bin_.labels):
+                if id(bin_) not in exclude:
+                    if advancing:
+                        self._cursors[key] = index
+                    return bin_
+                advancing = False  # a fitting bin held back: the cursor must not pass it
+            if advancing:
+                start = index + 1
+            index += 1
+        self._cursors[key] = start
+        return None
+
+    def released(self) -> None:
+        """Resources were given back: remembered positions and jumps may be too far now."""
+        self._cursors.clear()
+        for view in self._views.values():
+            view.forget_jumps()
+
+    def _view_of(self, bundle: Bundle, spare: bool) -> tuple[_View, tuple[_OrderKey, str]]:
+        order_key = (needs_accelerator(bundle), spare)
+        resource = _scarcest(bundle)
+        view_key = (order_key, bundle.selectors, resource)
+        view = self._views.get(view_key)
+        if view is None:
+            order = self.ordered(*order_key)
+            view = self._views[view_key] = _View(order, bundle.selectors, resource)
+        view.sync()
+        return view, (order_key, signature(bundle))
 
 
-def _as_launching(bins: list[Bin]) -> list[Bin]:
-    for bin_ in bins:
-        bin_.planned, bin_.launching = False, True
-    return bins
+def new_accelerator(bin_: Bin) -> bool:
+    """An accelerator host this plan adds."""
+    return bin_.planned and bool(bin_.accelerators)
+
+
+def _scarcest(bundle: Bundle) -> str | None:
+    asked = [r for r, need in bundle.resources.items() if need > 0]
+    preferred = [r for r in _SKIP_PREFERENCE if r in asked]
+    others = sorted(r for r in asked if r not in _SKIP_PREFERENCE and r != "memory")
+    return next(iter(preferred + others), None)
+
+
+def _required_label(selectors: tuple[LabelSelector, ...]) -> tuple[str, frozenset[str]] | None:
+    """A label every matching host must carry with one of some values, if there is one."""
+    if len(selectors) != 1:
+        return None  # alternatives: no single label is required
+    return next(((c.key, c.values) for c in selectors[0].constraints if not c.negated), None)
+
+
+class _View:
+    """The bins of one order whose labels match some selectors, with jumps over empty ones.
+
+    `_jumps[i]` is a position at or after i such that no bin in between has any of `resource`
+    left (a union-find over positions, compressed as it is walked).
+    """
+
+    def __init__(
+        self, order: list[Bin], selectors: tuple[LabelSelector, ...], resource: str | None
+    ) -> None:
+        self._order = order
+        self._selectors = selectors
+        self._resource = resource
+        self._seen = 0  # how much of `order` has been filtered into `bins`
+        self.bins: list[Bin] = []
+        self._jumps: list[int] = []
+
+    def sync(self) -> None:
+        """Take in bins appended to the order since the last call."""
+        new = self._order[self._seen :]
+        self._seen = len(self._order)
+        if not self._selectors:
+            self.bins.extend(new)
+            return
+        quick = _required_label(self._selectors)
+        if quick is not None:  # a cheap look at one label rules most bins out
+            key, values = quick
+            new = [b for b in new if b.labels.get(key) in values]
+        self.bins.extend(b for b in new if selectors_match(self._selectors, b.labels))
+
+    def forget_jumps(self) -> None:
+        self._jumps.clear()
+
+    def next_with_some(self, index: int) -> int:
+        """The first position at or after `index` whose bin has some of the resource left."""
+        if self._resource is None:
+            return index
+        bins, resource, jumps = self.bins, self._resource, self._jumps
+        jumps.extend(range(len(jumps), len(bins)))
+        path = []
+        while index < len(bins):
+            if jumps[index] != index:
+                path.append(index)
+                index = jumps[index]
+            elif bins[index].free.get(resource, 0.0) > EPSILON:
+                break
+            else:
+                path.append(index)
+                index += 1
+        for position in path:
+            jumps[position] = index
+        return index

@@ -10,7 +10,8 @@ from functools import cached_property
 from kuberay_scaler.model.cluster import WorkerGroup
 from kuberay_scaler.model.plan import Infeasible
 from kuberay_scaler.model.ray import Bundle, GangDemand, GangStrategy, RayNode, TaskDemand
-from kuberay_scaler.planner.capacity import (
+from kuberay_scaler.model.reasons import Demand, DemandKind, Hold, HoldKind, InfeasibleKind
+from kuberay_scaler.planner.bins import (
     Bin,
     bins_for_new_slice,
     bundle_size,
@@ -22,7 +23,7 @@ from kuberay_scaler.planner.capacity import (
     signature,
     take,
 )
-from kuberay_scaler.planner.first_fit import Pool
+from kuberay_scaler.planner.pool import Pool
 from kuberay_scaler.planner.shapes import SliceShape
 
 
@@ -33,13 +34,14 @@ class GroupRoom:
     group: WorkerGroup
     shape: SliceShape | None
     room: int
-    blocked: str | None = None  # why room is 0, for "waiting" reasons
+    blocked: Hold | None = None  # why room is 0, for "waiting" reasons
+    exhausted: Hold = field(default_factory=lambda: Hold(HoldKind.NO_ROOM))  # what limits room
     # Blocked only for now (its own write in flight, rate limit): demand it would serve waits
     # for it instead of launching a slice of another group (that would be counted twice).
     holds_demand: bool = False
     added: int = 0
-    reasons: Counter[str] = field(default_factory=Counter)
-    waiting: Counter[str] = field(default_factory=Counter)
+    reasons: Counter[Demand] = field(default_factory=Counter)  # demand → units served
+    waiting: Counter[tuple[Demand, Hold]] = field(default_factory=Counter)
     _hosts_shape: dict[str, bool] = field(default_factory=dict, repr=False)
 
     @property
@@ -82,7 +84,7 @@ class GroupRoom:
 @dataclass
 class DemandFit:
     infeasible: list[Infeasible] = field(default_factory=list)
-    waiting_on_existing: Counter[str] = field(default_factory=Counter)
+    waiting_on_existing: Counter[Demand] = field(default_factory=Counter)
 
 
 def candidates(bundle: Bundle, rooms: Iterable[GroupRoom]) -> list[GroupRoom]:
@@ -120,7 +122,7 @@ def fit_tasks(
     rooms: Mapping[str, GroupRoom],
     nodes: Sequence[RayNode],
     fit: DemandFit,
-    what: str = "pending task/actor",
+    what: DemandKind = DemandKind.TASK,
 ) -> None:
     for demand in sorted(tasks, key=lambda d: bundle_size(d.bundle), reverse=True):
         options = candidates(demand.bundle, rooms.values())
@@ -134,7 +136,7 @@ def fit_tasks(
             new_bins = room.new_slice()
             pool.add(new_bins)
             placed = place_copies(demand.bundle, left, new_bins)
-            room.reasons[f"{what} {demand.bundle.describe()}"] += placed
+            room.reasons[Demand(what, demand.bundle.describe())] += placed
             left -= placed
             if placed == 0:  # cannot happen for a candidate; guard against looping forever
                 break
@@ -240,11 +242,11 @@ def _open_slice_for(
 
 
 def _commit(gang: GangDemand, trial: _GangTrial, pool: Pool) -> None:
-    text = f"placement group ({gang.strategy.value}) {_gang_text(gang)}"
+    demand = _gang_demand(gang)
     for room, planned in trial.opened:
         room.adopt()  # slices are adopted in the order their keys were given out
         pool.add(planned)
-        room.reasons[text] += 1
+        room.reasons[demand] += 1
 
 
 def _gang_order(gang: GangDemand) -> tuple[int, int]:
@@ -258,24 +260,24 @@ def _unserved(
     options: Sequence[GroupRoom],
     nodes: Sequence[RayNode],
     fit: DemandFit,
-    what: str,
+    what: DemandKind,
 ) -> None:
-    text = f"{what} {bundle.describe()}"
+    demand = Demand(what, bundle.describe())
     if options:
         room = _blocking(options)
-        room.waiting[f"{text}: {room.blocked or 'no room'}"] += count
+        room.waiting[(demand, room.blocked or room.exhausted)] += count
     elif _fits_a_live_node(bundle, nodes):
         # Only an existing node (e.g. a bundle pinned to one TPU slice) can serve it: never launch.
-        fit.waiting_on_existing[text] += count
+        fit.waiting_on_existing[demand] += count
     else:
-        fit.infeasible.append(Infeasible(text, "no worker group's host offers this", count))
+        fit.infeasible.append(Infeasible(demand, InfeasibleKind.NO_GROUP_OFFERS, count=count))
 
 
 def _unserved_gang(
     gang: GangDemand, rooms: Mapping[str, GroupRoom], nodes: Sequence[RayNode], fit: DemandFit
 ) -> bool:
     """Record why the gang waits (True) or that it can never be placed (False)."""
-    text = f"placement group ({gang.strategy.value}) {_gang_text(gang)}"
+    demand = _gang_demand(gang)
     units = gang_units(gang)
     options = [candidates(u, rooms.values()) for u in units]
     unservable = [
@@ -283,16 +285,18 @@ def _unserved_gang(
     ]
     missing = unservable[0] if unservable else None
     if missing is not None:
-        what = "all bundles together" if gang.strategy is GangStrategy.STRICT_PACK else "bundle"
-        fit.infeasible.append(
-            Infeasible(text, f"no worker group's host offers {what} {missing.describe()}")
+        kind = (
+            InfeasibleKind.NO_GROUP_OFFERS_PACKED
+            if gang.strategy is GangStrategy.STRICT_PACK
+            else InfeasibleKind.NO_GROUP_OFFERS_BUNDLE
         )
+        fit.infeasible.append(Infeasible(demand, kind, missing=missing.describe()))
         return False
     if not any(options):
-        fit.waiting_on_existing[text] += 1
+        fit.waiting_on_existing[demand] += 1
     else:
         room = _blocking([r for o in options for r in o])
-        room.waiting[f"{text}: {room.blocked or 'needs more slices than allowed'}"] += 1
+        room.waiting[(demand, room.blocked or room.exhausted)] += 1
     return True
 
 
@@ -305,6 +309,7 @@ def _fits_a_live_node(bundle: Bundle, nodes: Sequence[RayNode]) -> bool:
     return any(copies_that_fit(bundle, n.total, n.labels) for n in nodes if n.alive)
 
 
-def _gang_text(gang: GangDemand) -> str:
+def _gang_demand(gang: GangDemand) -> Demand:
     counts = Counter(b.describe() for b in gang.bundles)
-    return " + ".join(f"{n}× {text}" if n > 1 else text for text, n in counts.items())
+    shape = " + ".join(f"{n}× {text}" if n > 1 else text for text, n in counts.items())
+    return Demand(DemandKind.PLACEMENT_GROUP, shape, strategy=gang.strategy.value)

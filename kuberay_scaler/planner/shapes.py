@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
 from kuberay_scaler.model.cluster import WorkerGroup
-from kuberay_scaler.parse.quantity import parse_quantity
+from kuberay_scaler.model.labels import (
+    ACCELERATOR_TYPE_LABEL,
+    GKE_TPU_ACCELERATOR,
+    GKE_TPU_TOPOLOGY,
+    NODE_GROUP_LABEL,
+    TPU_POD_TYPE_LABEL,
+    TPU_TOPOLOGY_LABEL,
+    TPU_WORKER_LABEL,
+)
+from kuberay_scaler.parse.quantity import parse_quantity, resources_json
 
-GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
-GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 TPU_GENERATIONS = {
     "tpu-v4-podslice": "v4",
     "tpu-v5-lite-device": "v5litepod",
@@ -23,8 +29,6 @@ TPU_GENERATIONS = {
 }
 SINGLE_CORE_GENERATIONS = ("v5litepod", "v6e")
 STANDARD = ("CPU", "GPU", "TPU", "memory")
-# KubeRay sets RAY_NODE_TYPE_NAME=<groupName> on every Ray container; Ray turns it into this label.
-NODE_GROUP_LABEL = "ray.io/node-group"
 ACCELERATORS = ("GPU", "TPU")
 
 
@@ -91,10 +95,10 @@ def slice_shape(group: WorkerGroup) -> SliceShape:
 def _tpu_labels(pod_type: str, selector: Mapping[str, str], index: int) -> dict[str, str]:
     # The slice name is only known once the slice exists, so new slices never match a pin on it.
     return {
-        "ray.io/tpu-worker-id": str(index),
-        "ray.io/tpu-pod-type": pod_type,
-        "ray.io/tpu-topology": selector.get(GKE_TPU_TOPOLOGY, ""),
-        "ray.io/accelerator-type": f"TPU-{pod_type.split('-')[0].upper()}",
+        TPU_WORKER_LABEL: str(index),
+        TPU_POD_TYPE_LABEL: pod_type,
+        TPU_TOPOLOGY_LABEL: selector.get(GKE_TPU_TOPOLOGY, ""),
+        ACCELERATOR_TYPE_LABEL: f"TPU-{pod_type.split('-')[0].upper()}",
     }
 
 
@@ -147,16 +151,7 @@ def _custom_from_params(params: Mapping[str, str]) -> dict[str, float]:
     raw = params.get("resources")
     if not raw:
         return {}
-    text = raw.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        text = text[1:-1].replace('\\"', '"')
     try:
-        parsed = json.loads(text)
-    except ValueError:
-        raise ShapeError(f"rayStartParams resources {raw!r} is not JSON") from None
-    if not isinstance(parsed, dict):
-        raise ShapeError(f"rayStartParams resources {raw!r} is not a JSON object")
-    try:
-        return {str(k): float(v) for k, v in parsed.items()}
-    except (TypeError, ValueError):
-        raise ShapeError(f"rayStartParams resources {raw!r} has a non-numeric value") from None
+        return resources_json(raw)
+    except ValueError as err:
+        raise ShapeError(f"rayStartParams resources: {err}") from None

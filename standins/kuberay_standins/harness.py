@@ -25,9 +25,9 @@ from typing import Any
 
 import structlog
 
+from kuberay_scaler.model.labels import GKE_TPU_TOPOLOGY
 from kuberay_scaler.parse.raycluster import GroupError, parse_group
 from kuberay_scaler.planner.shapes import (
-    GKE_TPU_TOPOLOGY,
     ShapeError,
     host_resources,
     tpu_pod_type,

@@ -8,6 +8,7 @@ import jsonpatch
 import pytest
 
 from kuberay_scaler.model.plan import Plan
+from kuberay_scaler.model.reasons import Keep, KeepKind
 from kuberay_scaler.patch.ops import PatchError, build_patch, drop_deletions
 from tests.factories import (
     cluster,
@@ -221,7 +222,8 @@ def test_drop_deletions_restores_the_target_and_keeps_the_rest() -> None:
     assert after is not None
     assert after.target == 2
     assert [d.slice_key for d in after.deletions] == ["tpu-c"]
-    assert any("keep slice tpu-a: drain refused" in r for r in after.reasons)
+    refused = [r for r in after.reasons if isinstance(r, Keep)]
+    assert [(r.kind, r.slice) for r in refused] == [(KeepKind.DRAIN_REFUSED, "tpu-a")]
     assert_patch_gives_the_plan(rc, kept)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.model.reasons import InfeasibleKind, ProblemKind
 from kuberay_scaler.parse.ray_state import parse_ray_state
 from kuberay_scaler.planner.core import Policy
 from tests.factories import (
@@ -75,7 +76,9 @@ def test_pinned_slice_bundles_never_launch() -> None:
     assert targets(result) == {"tpu-group": 1, "cpu-group": 0}  # the idle CPU host may go
     assert deleted_pods(result, "tpu-group") == []
     assert result.infeasible == ()
-    assert any(SLICE_NAME in p and "waits for an existing node" in p for p in result.problems)
+    waiting = [p for p in result.problems if p.kind is ProblemKind.WAITS_ON_EXISTING_NODE]
+    assert waiting and all(p.demand is not None for p in waiting)
+    assert any(p.demand and SLICE_NAME in p.demand.shape for p in waiting)
 
 
 def test_busy_slice_is_kept_whatever_the_timeout() -> None:
@@ -116,8 +119,8 @@ def test_pending_placement_groups() -> None:
     assert targets(result) == {"tpu-group": 0, "cpu-group": 3}
     # STRICT_PACK 2 × {CPU: 1, TPU: 4} needs 8 chips on one host: no v6e host has them.
     (infeasible,) = result.infeasible
-    assert "STRICT_PACK" in infeasible.demand
-    assert "all bundles together" in infeasible.reason
+    assert infeasible.demand.strategy == "STRICT_PACK"
+    assert infeasible.kind is InfeasibleKind.NO_GROUP_OFFERS_PACKED
 
 
 def test_request_resources_floor_launches_one_slice() -> None:

@@ -12,7 +12,7 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kuberay_scaler.model.plan import Backoff, DeleteKind, Memory, Plan
+from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, ReplaceBackoff
 from kuberay_scaler.model.ray import (
     Bundle,
     GangDemand,
@@ -22,9 +22,9 @@ from kuberay_scaler.model.ray import (
     TaskDemand,
 )
 from kuberay_scaler.patch.ops import build_patch
-from kuberay_scaler.planner.capacity import Bin, copies_that_fit, give_back, place_copies, take
+from kuberay_scaler.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
 from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.planner.first_fit import Pool
+from kuberay_scaler.planner.pool import Pool
 from tests.factories import (
     NOW,
     bundle,
@@ -166,7 +166,7 @@ def _draw_options(draw: st.DrawFn) -> dict[str, Any]:
 def _draw_memory(draw: st.DrawFn, names: list[str]) -> Memory:
     awaiting = {n: "write in flight" for n in names if draw(_rarely)}
     backoff = {
-        n: Backoff(NOW + timedelta(seconds=draw(st.sampled_from([-60, 60]))), 1, "replaced")
+        n: ReplaceBackoff(NOW + timedelta(seconds=draw(st.sampled_from([-60, 60]))), 1, 1)
         for n in names
         if draw(_rarely)
     }

@@ -7,7 +7,16 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.plan import Backoff, DeleteKind, Memory
+from kuberay_scaler.model.plan import DeleteKind, Memory, ReplaceBackoff
+from kuberay_scaler.model.reasons import (
+    Hold,
+    HoldKind,
+    Keep,
+    KeepKind,
+    ProblemKind,
+    Replace,
+    SliceFault,
+)
 from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.slicemap import SliceTimeouts
 from tests.factories import (
@@ -47,7 +56,9 @@ def test_slice_with_a_failed_host_is_replaced_whole() -> None:
     (deletion,) = decision.deletions
     assert deletion.kind is DeleteKind.REPLACE
     assert sorted(deletion.pods) == [f"tpu-a-{i}" for i in range(4)]
-    assert "Failed" in deletion.reason and "Evicted" in deletion.reason
+    assert isinstance(deletion.reason, Replace)
+    assert (deletion.reason.fault, deletion.reason.slice) == (SliceFault.HOST_FAILED, "tpu-a")
+    assert "Evicted" in deletion.reason.cause  # the pod's own status, passed through
     backoff = result.memory.backoff["tpu"]
     assert backoff.failures == 1
     assert backoff.until == NOW + timedelta(seconds=POLICY.replace_backoff_s)
@@ -61,7 +72,9 @@ def test_slice_whose_ray_node_is_missing_past_the_grace_is_replaced() -> None:
     assert decision is not None
     (deletion,) = decision.deletions
     assert deletion.kind is DeleteKind.REPLACE
-    assert "tpu-a-3" in deletion.reason and "missing" in deletion.reason
+    assert isinstance(deletion.reason, Replace)
+    assert deletion.reason.fault is SliceFault.RAY_NODE_MISSING
+    assert "tpu-a-3" in deletion.reason.cause  # names the host whose node is missing
     assert len(deletion.pods) == 4
 
 
@@ -84,8 +97,9 @@ def test_slice_pending_past_max_provision_time_is_replaced() -> None:
     assert decision is not None
     (deletion,) = decision.deletions
     assert deletion.kind is DeleteKind.REPLACE
-    assert "not up after" in deletion.reason
-    assert any("replace slice tpu-a" in r for r in decision.reasons)
+    assert isinstance(deletion.reason, Replace)
+    assert deletion.reason.fault is SliceFault.NOT_UP_IN_TIME
+    assert [r.slice for r in decision.reasons if isinstance(r, Replace)] == ["tpu-a"]
 
 
 def test_replacement_serves_the_demand_no_extra_slice_is_launched() -> None:
@@ -109,19 +123,20 @@ def test_partial_slice_past_max_provision_time_is_replaced_as_a_unit() -> None:
 
 def test_replacement_waits_out_the_groups_backoff() -> None:
     pods, nodes = _failed_host_slice()
-    memory = Memory(backoff={"tpu": Backoff(NOW + timedelta(seconds=30), 1, "replaced 1")})
+    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW + timedelta(seconds=30), 1, 1)})
     result = plan_of(
         cluster(tpu_group(replicas=1)), pods, state(nodes), memory=memory, policy=POLICY
     )
     decision = result.group("tpu")
     assert decision is not None
     assert decision.deletions == ()
-    assert any("backing off" in r for r in decision.reasons)
+    kept = [r for r in decision.reasons if isinstance(r, Keep)]
+    assert [(r.kind, r.count) for r in kept] == [(KeepKind.REPLACE_BACKING_OFF, 1)]
 
 
 def test_backoff_doubles_with_each_failure_up_to_the_cap() -> None:
     pods, nodes = _failed_host_slice()
-    memory = Memory(backoff={"tpu": Backoff(NOW - timedelta(seconds=1), 3, "replaced 1")})
+    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW - timedelta(seconds=1), 3, 1)})
     result = plan_of(
         cluster(tpu_group(replicas=1)), pods, state(nodes), memory=memory, policy=POLICY
     )
@@ -134,7 +149,7 @@ def test_backoff_of_one_group_does_not_stop_another() -> None:
     pods, nodes = _failed_host_slice()
     pods += [pod("cpu-a", "cpu")]
     nodes += cpu_nodes(["cpu-a"], idle_s=600)
-    memory = Memory(backoff={"tpu": Backoff(NOW + timedelta(seconds=30), 1, "replaced 1")})
+    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW + timedelta(seconds=30), 1, 1)})
     rc = cluster(tpu_group(replicas=1), group("cpu", replicas=1))
     result = plan_of(rc, pods, state(nodes), memory=memory, policy=POLICY)
     assert deleted_pods(result, "tpu") == []
@@ -144,7 +159,7 @@ def test_backoff_of_one_group_does_not_stop_another() -> None:
 def test_unknown_demand_holds_everything() -> None:
     pods = slice_pods("tpu", "tpu-a", 4)
     result = plan_of(cluster(tpu_group(replicas=1)), pods, ray=None)
-    assert result.held is not None and "demand unknown" in result.held
+    assert result.held is not None and result.held.kind is HoldKind.DEMAND_UNKNOWN
     assert not result.changes
     assert all(g.held for g in result.groups)
 
@@ -152,7 +167,7 @@ def test_unknown_demand_holds_everything() -> None:
 def test_unsynced_view_holds_everything() -> None:
     pods, nodes = _failed_host_slice()
     result = plan_of(cluster(tpu_group(replicas=1)), pods, state(nodes), synced=False)
-    assert result.held is not None and "not synced" in result.held
+    assert result.held is not None and result.held.kind is HoldKind.NOT_SYNCED
     assert not result.changes
 
 
@@ -172,7 +187,8 @@ def test_pending_workers_to_delete_block_scale_down_of_that_group_only() -> None
     assert tpu is not None
     assert tpu.deletions == ()  # tpu-b is idle too, but nothing is stacked on a pending delete
     assert tpu.target == 1
-    assert tpu.held is not None and "workersToDelete" in tpu.held
+    assert tpu.held is not None
+    assert (tpu.held.kind, tpu.held.count) == (HoldKind.WORKERS_TO_DELETE_PENDING, 4)
     assert deleted_pods(result, "cpu") == ["cpu-a"]
 
 
@@ -215,7 +231,10 @@ def test_group_awaiting_its_write_is_held_entirely_and_others_go_on() -> None:
     result = plan_of(rc, pods, state(nodes, [tasks({"TPU": 4}, 8)]), memory=memory, policy=POLICY)
     tpu = result.group("tpu")
     assert tpu is not None
-    assert (tpu.target, tpu.deletions, tpu.held) == (1, (), "replicas 1 → 2 not yet observed")
+    assert (tpu.target, tpu.deletions) == (1, ())
+    assert tpu.held == Hold(
+        HoldKind.AWAITING_WRITE, "tpu", detail="replicas 1 → 2 not yet observed"
+    )
     assert deleted_pods(result, "cpu") == ["cpu-a"]
 
 
@@ -224,7 +243,10 @@ def test_multi_host_pods_without_slice_labels_are_left_alone() -> None:
     nodes = [head_node(), *tpu_slice_nodes("tpu", 4, idle_s=900)]
     result = plan_of(cluster(tpu_group(replicas=1)), pods, state(nodes), policy=POLICY)
     assert deleted_pods(result, "tpu") == []
-    assert any("cannot be told apart" in p for p in result.problems)
+    assert any(
+        p.kind is ProblemKind.SLICE_MAP and p.group == "tpu" and "cannot be told apart" in p.message
+        for p in result.problems
+    )
 
 
 @pytest.mark.parametrize("phase", ["Failed", "Succeeded", "Unknown"])

@@ -9,6 +9,7 @@ import pytest
 
 from kuberay_scaler.model.plan import DeleteKind
 from kuberay_scaler.model.ray import NodeStatus, RayNode
+from kuberay_scaler.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.planner.core import Policy
 from tests.factories import (
     cluster,
@@ -54,7 +55,10 @@ def test_idle_v6e_slice_is_deleted_whole_with_every_host_drained() -> None:
     assert deletion.slice_key == "tpu-a"
     assert sorted(deletion.pods) == [f"tpu-a-{i}" for i in range(4)]
     assert sorted(deletion.node_ids) == sorted(node_id_of(f"tpu-a-{i}") for i in range(4))
-    assert "120 s" in deletion.reason
+    assert isinstance(deletion.reason, ScaleDown)
+    why = deletion.reason
+    assert (why.kind, why.slice, why.hosts, why.idle_s) == (ScaleDownKind.IDLE, "tpu-a", 4, 120.0)
+    assert why.idle_s >= why.timeout_s
 
 
 def test_slice_with_one_busy_host_is_kept() -> None:
@@ -118,7 +122,8 @@ def test_min_replicas_floor_keeps_the_least_idle_slices() -> None:
     assert decision is not None
     assert decision.target == 2
     assert [d.slice_key for d in decision.deletions] == ["tpu-b"]  # longest idle goes first
-    assert any("minReplicas 2" in r for r in decision.reasons)
+    kept = [r for r in decision.reasons if isinstance(r, Keep)]
+    assert [(r.kind, r.count, r.min_replicas) for r in kept] == [(KeepKind.MIN_REPLICAS, 2, 2)]
 
 
 def test_all_slices_idle_at_the_same_moment_are_planned_together() -> None:

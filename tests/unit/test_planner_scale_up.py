@@ -7,8 +7,18 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.plan import Backoff, Memory
+from kuberay_scaler.model.plan import Memory, ReplaceBackoff
 from kuberay_scaler.model.ray import GangStrategy, TaskDemand
+from kuberay_scaler.model.reasons import (
+    Demand,
+    DemandKind,
+    Hold,
+    HoldKind,
+    InfeasibleKind,
+    ProblemKind,
+    ScaleUp,
+    Waiting,
+)
 from tests.factories import (
     NOW,
     bundle,
@@ -115,7 +125,8 @@ def test_slice_reservation_launches_exactly_one_v6e_16_slice() -> None:
     assert targets(result) == {"tpu": 1}
     decision = result.group("tpu")
     assert decision is not None
-    assert any("placement group" in r for r in decision.reasons)
+    ups = [r for r in decision.reasons if isinstance(r, ScaleUp)]
+    assert [(r.kind, r.count) for r in ups] == [(DemandKind.PLACEMENT_GROUP, 1)]
 
 
 def test_two_slice_reservations_launch_two_slices() -> None:
@@ -139,8 +150,8 @@ def test_reservation_for_another_pod_type_is_infeasible() -> None:
     )
     assert targets(result) == {"tpu": 0}
     assert len(result.infeasible) == 1
-    assert "TPU-v6e-256-head" in result.infeasible[0].demand
-    assert "no worker group" in result.infeasible[0].reason
+    assert "TPU-v6e-256-head" in result.infeasible[0].demand.shape
+    assert result.infeasible[0].kind is InfeasibleKind.NO_GROUP_OFFERS_BUNDLE
 
 
 def test_bundles_pinned_to_an_existing_slice_never_launch() -> None:
@@ -152,7 +163,7 @@ def test_bundles_pinned_to_an_existing_slice_never_launch() -> None:
     )
     assert targets(result) == {"tpu": 1}
     assert result.infeasible == ()
-    assert any("waits for an existing node" in p for p in result.problems)
+    assert any(p.kind is ProblemKind.WAITS_ON_EXISTING_NODE for p in result.problems)
 
 
 def test_pinned_tasks_never_launch_either() -> None:
@@ -203,7 +214,7 @@ def test_strict_pack_bigger_than_any_host_is_infeasible() -> None:
     result = plan_of(cluster(group("cpu")), ray=state([head_node()], gangs=[demand]))
     assert targets(result) == {"cpu": 0}
     assert len(result.infeasible) == 1
-    assert "STRICT_PACK" in result.infeasible[0].demand
+    assert result.infeasible[0].demand.strategy == "STRICT_PACK"
 
 
 def test_placement_group_is_all_or_nothing_at_max_replicas() -> None:
@@ -214,7 +225,10 @@ def test_placement_group_is_all_or_nothing_at_max_replicas() -> None:
     decision = result.group("cpu")
     assert decision is not None
     assert decision.target == 0  # two hosts would not place it: launch nothing
-    assert any("STRICT_SPREAD" in r and "waiting" in r for r in decision.reasons)
+    waiting = [r for r in decision.reasons if isinstance(r, Waiting)]
+    assert [(r.demand.strategy, r.kind, r.blocked.limit) for r in waiting] == [
+        ("STRICT_SPREAD", HoldKind.AT_MAX_REPLICAS, 2)
+    ]
 
 
 def test_strict_pack_with_different_selectors_needs_a_host_matching_all() -> None:
@@ -274,7 +288,8 @@ def test_max_replicas_caps_the_target_and_says_why() -> None:
     decision = result.group("cpu")
     assert decision is not None
     assert decision.target == 3
-    assert any("waiting" in r for r in decision.reasons)
+    waiting = [r for r in decision.reasons if isinstance(r, Waiting)]
+    assert [(r.kind, r.blocked.limit) for r in waiting] == [(HoldKind.AT_MAX_REPLICAS, 3)]
     assert result.infeasible == ()
 
 
@@ -301,14 +316,15 @@ def test_suspended_group_is_not_scaled_up() -> None:
     decision = result.group("cpu")
     assert decision is not None
     assert decision.target == 0
-    assert any("suspended" in r for r in decision.reasons)
+    waiting = [r for r in decision.reasons if isinstance(r, Waiting)]
+    assert [r.kind for r in waiting] == [HoldKind.GROUP_SUSPENDED]
 
 
 def test_suspended_cluster_is_held() -> None:
     result = plan_of(
         cluster(group("cpu"), suspend=True), ray=state([head_node()], [tasks({"CPU": 1}, 1)])
     )
-    assert result.held == "RayCluster is suspended"
+    assert result.held is not None and result.held.kind is HoldKind.CLUSTER_SUSPENDED
     assert not result.changes
 
 
@@ -358,7 +374,8 @@ def test_conservative_waits_while_slices_are_launching() -> None:
     decision = result.group("tpu")
     assert decision is not None
     assert decision.target == 1
-    assert any("Conservative" in r for r in decision.reasons)
+    waiting = [r for r in decision.reasons if isinstance(r, Waiting)]
+    assert [r.kind for r in waiting] == [HoldKind.CONSERVATIVE_UPSCALING]
 
 
 def test_cpu_demand_never_launches_a_tpu_slice_when_a_cpu_group_can_serve_it() -> None:
@@ -387,7 +404,9 @@ def test_demand_for_a_group_awaiting_its_write_is_not_sent_elsewhere() -> None:
     assert targets(result) == {"small": 0, "big": 0}
     decision = result.group("small")
     assert decision is not None
-    assert decision.held == "replicas 0 → 1 not yet observed"
+    assert decision.held == Hold(
+        HoldKind.AWAITING_WRITE, "small", detail="replicas 0 → 1 not yet observed"
+    )
 
 
 def test_mixed_cluster_sends_each_demand_to_its_own_group() -> None:
@@ -414,8 +433,8 @@ def test_gpu_demand_without_a_gpu_group_is_infeasible_with_a_reason() -> None:
     assert len(result.infeasible) == 1
     item = result.infeasible[0]
     assert item.count == 2
-    assert "GPU: 1" in item.demand
-    assert item.reason == "no worker group's host offers this"
+    assert item.demand == Demand(DemandKind.TASK, "{GPU: 1}")
+    assert item.kind is InfeasibleKind.NO_GROUP_OFFERS
 
 
 def test_demand_served_by_the_head_only_is_not_infeasible() -> None:
@@ -428,14 +447,15 @@ def test_demand_served_by_the_head_only_is_not_infeasible() -> None:
 
 
 def test_backing_off_group_is_not_scaled_up() -> None:
-    memory = Memory(backoff={"cpu": Backoff(NOW + timedelta(minutes=5), 1, "replaced 1")})
+    memory = Memory(backoff={"cpu": ReplaceBackoff(NOW + timedelta(minutes=5), 1, 1)})
     result = plan_of(
         cluster(group("cpu")), ray=state([head_node()], [tasks({"CPU": 1}, 1)]), memory=memory
     )
     decision = result.group("cpu")
     assert decision is not None
     assert decision.target == 0
-    assert any("backing off" in r for r in decision.reasons)
+    waiting = [r for r in decision.reasons if isinstance(r, Waiting)]
+    assert [(r.kind, r.blocked.failures) for r in waiting] == [(HoldKind.BACKING_OFF, 1)]
 
 
 def test_gang_spanning_a_cpu_and_a_tpu_group_launches_both() -> None:
@@ -460,7 +480,8 @@ def test_gang_with_an_unservable_bundle_is_infeasible_and_launches_nothing() -> 
     result = plan_of(cluster(group("cpu"), tpu_group()), ray=state([head_node()], gangs=[demand]))
     assert targets(result) == {"cpu": 0, "tpu": 0}
     (item,) = result.infeasible
-    assert "GPU: 1" in item.reason
+    assert item.kind is InfeasibleKind.NO_GROUP_OFFERS_BUNDLE
+    assert item.missing == "{GPU: 1}"
 
 
 def test_waiting_gang_keeps_the_idle_host_it_will_need() -> None:

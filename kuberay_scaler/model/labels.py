@@ -1,0 +1,28 @@
+"""Every label and node-selector key the daemon reads or predicts, in one place.
+
+Pod labels are set by KubeRay; Ray node labels by Ray on KubeRay (RAY_NODE_TYPE_NAME, the TPU
+environment); node selectors by the user for GKE TPU node pools.
+"""
+
+from __future__ import annotations
+
+# Pod labels KubeRay sets.
+LABEL_CLUSTER = "ray.io/cluster"
+LABEL_NODE_TYPE = "ray.io/node-type"
+LABEL_GROUP = "ray.io/group"
+LABEL_REPLICA_NAME = "ray.io/worker-group-replica-name"
+LABEL_REPLICA_INDEX = "ray.io/worker-group-replica-index"
+LABEL_HOST_INDEX = "ray.io/replica-host-index"
+LABEL_LEGACY_REPLICA = "replicaIndex"  # set by the GKE TPU webhook on older operators
+
+# Ray node labels. KubeRay sets RAY_NODE_TYPE_NAME=<groupName>; Ray turns it into NODE_GROUP.
+NODE_GROUP_LABEL = "ray.io/node-group"
+TPU_SLICE_LABEL = "ray.io/tpu-slice-name"
+TPU_WORKER_LABEL = "ray.io/tpu-worker-id"
+TPU_POD_TYPE_LABEL = "ray.io/tpu-pod-type"
+TPU_TOPOLOGY_LABEL = "ray.io/tpu-topology"
+ACCELERATOR_TYPE_LABEL = "ray.io/accelerator-type"
+
+# GKE TPU node selectors.
+GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
+GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"

@@ -1,0 +1,259 @@
+"""Why the planner decided what it did: kinds with structured fields, rendered only at the edges.
+
+The planner produces these values; logs, Events, /debug/plan, the `plan` command, metrics and
+the report to Ray turn them into text or labels (`str()` renders the sentence a person reads,
+`kind` is the stable code). Tests assert kinds and fields, never the sentences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+
+class HoldKind(StrEnum):
+    """Why nothing (or only part) is decided for the whole cluster or for one group."""
+
+    NOT_SYNCED = "not_synced"  # pod cache or RayCluster view not trustworthy yet
+    CLUSTER_SUSPENDED = "cluster_suspended"
+    DEMAND_UNKNOWN = "demand_unknown"  # GCS unreachable, restarted or stale
+    SHAPE_UNKNOWN = "shape_unknown"  # the group's host resources cannot be worked out
+    AWAITING_WRITE = "awaiting_write"  # our last write to the group is not observed yet
+    WORKERS_TO_DELETE_PENDING = "workers_to_delete_pending"  # KubeRay still deleting named pods
+    GROUP_SUSPENDED = "group_suspended"
+    BACKING_OFF = "backing_off"  # replaced broken slices recently
+    AT_MAX_REPLICAS = "at_max_replicas"
+    CONSERVATIVE_UPSCALING = "conservative_upscaling"  # waiting for launching slices
+    NO_ROOM = "no_room"  # the demand needs more slices than the group may add
+
+
+@dataclass(frozen=True)
+class Hold:
+    kind: HoldKind
+    group: str | None = None
+    detail: str = ""  # free text from the source (a shape error, the expectation awaited)
+    count: int = 0  # pods still named in workersToDelete
+    limit: int | None = None  # maxReplicas
+    until: datetime | None = None  # end of a backoff
+    failures: int = 0  # replacements counted by a backoff
+
+    def __str__(self) -> str:
+        return _hold_text(self)
+
+
+def _hold_text(h: Hold) -> str:
+    match h.kind:
+        case HoldKind.NOT_SYNCED:
+            return "cluster view not synced yet: holding"
+        case HoldKind.CLUSTER_SUSPENDED:
+            return "RayCluster is suspended"
+        case HoldKind.DEMAND_UNKNOWN:
+            return "Ray demand unknown (GCS unreachable, restarted or stale): holding"
+        case HoldKind.SHAPE_UNKNOWN:
+            return f"resources unknown: {h.detail}"
+        case HoldKind.AWAITING_WRITE:
+            return h.detail or "waiting to observe our last write"
+        case HoldKind.WORKERS_TO_DELETE_PENDING:
+            return f"waiting for KubeRay to delete {h.count} pod(s) named in workersToDelete"
+        case HoldKind.GROUP_SUSPENDED:
+            return "group is suspended"
+        case HoldKind.BACKING_OFF:
+            until = h.until.isoformat() if h.until else "?"
+            return f"backing off until {until} (replaced broken slices {h.failures} time(s))"
+        case HoldKind.AT_MAX_REPLICAS:
+            return f"at maxReplicas {h.limit}"
+        case HoldKind.CONSERVATIVE_UPSCALING:
+            return "Conservative upscaling: waiting for launching slices"
+        case HoldKind.NO_ROOM:
+            return "needs more slices than allowed"
+
+
+class DemandKind(StrEnum):
+    """What asked for capacity: the key of scale-up and waiting reasons."""
+
+    TASK = "task"  # pending tasks and actors
+    REQUEST_RESOURCES = "request_resources"  # ray.autoscaler.sdk.request_resources floor
+    PLACEMENT_GROUP = "placement_group"
+
+
+_DEMAND_TEXT = {
+    DemandKind.TASK: "pending task/actor",
+    DemandKind.REQUEST_RESOURCES: "request_resources",
+    DemandKind.PLACEMENT_GROUP: "placement group",
+}
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One kind of unmet demand: `shape` describes the bundle(s), e.g. `{CPU: 1}`."""
+
+    kind: DemandKind
+    shape: str
+    strategy: str | None = None  # placement groups: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
+
+    def __str__(self) -> str:
+        if self.kind is DemandKind.PLACEMENT_GROUP:
+            return f"placement group ({self.strategy}) {self.shape}"
+        return f"{_DEMAND_TEXT[self.kind]} {self.shape}"
+
+
+@dataclass(frozen=True)
+class ScaleUp:
+    """Slices added for `count` units of `demand`."""
+
+    demand: Demand
+    count: int
+
+    @property
+    def kind(self) -> DemandKind:
+        return self.demand.kind
+
+    def __str__(self) -> str:
+        return f"add slice(s) for {self.count}× {self.demand}"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Demand this group would serve but may not add a slice for now."""
+
+    demand: Demand
+    count: int
+    blocked: Hold
+
+    @property
+    def kind(self) -> HoldKind:
+        return self.blocked.kind
+
+    def __str__(self) -> str:
+        return f"{self.count}× {self.demand}: {self.blocked}: waiting"
+
+
+class ScaleDownKind(StrEnum):
+    IDLE = "idle"  # every host idle for at least the idle timeout
+    RECORDED_DRAIN = "recorded_drain"  # finishing a drain recorded before a restart
+
+
+@dataclass(frozen=True)
+class ScaleDown:
+    kind: ScaleDownKind
+    slice: str
+    hosts: int = 0
+    idle_s: float = 0.0
+    timeout_s: float = 0.0
+
+    def __str__(self) -> str:
+        if self.kind is ScaleDownKind.RECORDED_DRAIN:
+            return f"remove slice {self.slice}: finishing a drain recorded before a restart"
+        return (
+            f"remove slice {self.slice}: all {self.hosts} hosts idle for"
+            f" {self.idle_s:.0f} s ≥ {self.timeout_s:.0f} s"
+        )
+
+
+class SliceFault(StrEnum):
+    """Why a slice is broken (set by the slice map, carried by replace reasons)."""
+
+    HOST_FAILED = "host_failed"  # a host pod Failed (evicted, preempted, crashed)
+    TOO_MANY_HOSTS = "too_many_hosts"  # more pods than numOfHosts
+    HOSTS_MISSING = "hosts_missing"  # fewer pods than numOfHosts for too long
+    RAY_NODE_MISSING = "ray_node_missing"  # a running host's Ray node is gone
+    NOT_UP_IN_TIME = "not_up_in_time"  # not running/joined within the provisioning timeout
+
+
+@dataclass(frozen=True)
+class Replace:
+    """A broken slice deleted as a unit; KubeRay creates a fresh replica."""
+
+    slice: str
+    fault: SliceFault | None
+    cause: str  # the slice map's diagnosis, e.g. "host 2 pod Failed (Evicted)"
+
+    @property
+    def kind(self) -> SliceFault | None:
+        return self.fault
+
+    def __str__(self) -> str:
+        return f"replace slice {self.slice}: {self.cause}"
+
+
+class KeepKind(StrEnum):
+    """Why slices that could go are kept."""
+
+    MIN_REPLICAS = "min_replicas"  # idle, but the group would fall below minReplicas
+    DRAIN_REFUSED = "drain_refused"  # a host refused DrainNode
+    REPLACE_BACKING_OFF = "replace_backing_off"  # broken, but replaced too recently
+
+
+@dataclass(frozen=True)
+class Keep:
+    kind: KeepKind
+    count: int = 1
+    slice: str | None = None
+    min_replicas: int = 0
+    detail: str = ""
+
+    def __str__(self) -> str:
+        if self.kind is KeepKind.MIN_REPLICAS:
+            return f"{self.count} idle slice(s) kept: minReplicas {self.min_replicas}"
+        if self.kind is KeepKind.DRAIN_REFUSED:
+            return f"keep slice {self.slice}: drain refused" + (
+                f" ({self.detail})" if self.detail else ""
+            )
+        return f"{self.count} broken slice(s) left for now: backing off ({self.detail})"
+
+
+@dataclass(frozen=True)
+class ClearWorkersToDelete:
+    """Every pod named in workersToDelete is gone: the list is emptied."""
+
+    count: int
+
+    kind = "clear_workers_to_delete"
+
+    def __str__(self) -> str:
+        return f"clear workersToDelete: all {self.count} named pod(s) are gone"
+
+
+Reason = ScaleUp | Waiting | ScaleDown | Replace | Keep | ClearWorkersToDelete | Hold
+
+
+class ProblemKind(StrEnum):
+    """Where a problem with the input was found."""
+
+    SPEC = "spec"  # the RayCluster object
+    POD = "pod"  # a pod that cannot be used
+    SLICE_MAP = "slice_map"  # pods that do not add up to slices
+    SHAPE = "shape"  # a group whose host resources cannot be worked out
+    WAITS_ON_EXISTING_NODE = "waits_on_existing_node"  # demand only an existing node can serve
+    RAY_STATE = "ray_state"  # the GCS reply cannot be used
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    kind: ProblemKind
+    message: str
+    group: str | None = None
+    demand: Demand | None = None  # WAITS_ON_EXISTING_NODE: what waits
+    count: int = 0  # units of that demand
+
+    def __str__(self) -> str:
+        return f"group {self.group!r}: {self.message}" if self.group else self.message
+
+
+class InfeasibleKind(StrEnum):
+    """Why demand can never be served by this cluster."""
+
+    NO_GROUP_OFFERS = "no_group_offers"  # no worker group's host fits the bundle
+    NO_GROUP_OFFERS_BUNDLE = "no_group_offers_bundle"  # one bundle of a placement group
+    NO_GROUP_OFFERS_PACKED = "no_group_offers_packed"  # STRICT_PACK: all bundles on one host
+
+
+class Action(StrEnum):
+    """What a group decision does to the RayCluster (metrics label, Event reason)."""
+
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+    REPLACE = "replace"
+    CLEAR_WORKERS_TO_DELETE = "clear_workers_to_delete"
+    NONE = "none"

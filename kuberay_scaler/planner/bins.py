@@ -1,0 +1,158 @@
+"""Bins (hosts with free resources) and the fitting of bundles onto them.
+
+Bins are mutable scratch state inside one call of `plan`; nothing outside the planner sees them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kuberay_scaler.model.ray import (
+    Bundle,
+    GangDemand,
+    GangStrategy,
+    LabelConstraint,
+    LabelSelector,
+    selectors_match,
+)
+from kuberay_scaler.planner.shapes import ACCELERATORS, HostShape
+
+EPSILON = 1e-9
+UNBOUNDED = 1 << 30
+
+
+@dataclass(eq=False)
+class Bin:
+    """One host that can take work: an existing Ray node, a launching pod, or a planned host."""
+
+    name: str
+    group: str | None
+    slice_key: str | None
+    free: dict[str, float]
+    labels: Mapping[str, str]
+    accelerators: frozenset[str] = frozenset()  # from total resources, not what is free now
+    idle_ms: int | None = None  # None: busy, launching or planned
+    planned: bool = False  # part of a slice this plan adds
+    launching: bool = False  # asked for earlier, no Ray node yet (pending pod or no pod)
+    used: bool = field(default=False)
+
+
+def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
+    return frozenset(k for k in ACCELERATORS if resources.get(k, 0) > 0)
+
+
+def bins_for_new_slice(group: str, key: str, hosts: Sequence[HostShape]) -> list[Bin]:
+    return [
+        Bin(
+            name=f"{key}/host-{i}",
+            group=group,
+            slice_key=key,
+            free=dict(h.resources),
+            labels=h.labels,
+            accelerators=h.accelerators,
+            planned=True,
+        )
+        for i, h in enumerate(hosts)
+    ]
+
+
+def needs_accelerator(bundle: Bundle) -> bool:
+    return any(bundle.resources.get(k, 0) > 0 for k in ACCELERATORS) or any(
+        k.startswith(("TPU-", "accelerator_type:")) for k in bundle.resources
+    )
+
+
+def signature(bundle: Bundle) -> str:
+    """Equal for bundles that fit exactly the same bins; a string, so its hash is cached."""
+    selectors = [
+        [(c.key, c.negated, sorted(c.values)) for c in s.constraints] for s in bundle.selectors
+    ]
+    return repr((sorted(bundle.resources.items()), selectors))
+
+
+def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[str, str]) -> int:
+    """How many copies of `bundle` fit into `free` on a host with `labels`."""
+    if not selectors_match(bundle.selectors, labels):
+        return 0
+    copies = UNBOUNDED
+    for resource, need in bundle.resources.items():
+        if need <= 0:
+            continue
+        copies = min(copies, math.floor((free.get(resource, 0.0) + EPSILON) / need))
+        if copies == 0:
+            return 0
+    return copies
+
+
+def take(bin_: Bin, bundle: Bundle, copies: int = 1) -> None:
+    for resource, need in bundle.resources.items():
+        if need > 0:
+            bin_.free[resource] = bin_.free.get(resource, 0.0) - need * copies
+    bin_.used = True
+
+
+def give_back(bin_: Bin, bundle: Bundle, copies: int = 1) -> None:
+    for resource, need in bundle.resources.items():
+        if need > 0:
+            bin_.free[resource] = bin_.free.get(resource, 0.0) + need * copies
+
+
+def place_copies(bundle: Bundle, count: int, bins: Iterable[Bin]) -> int:
+    """Place up to `count` copies, first fit in the given order; returns how many were placed."""
+    left = count
+    for bin_ in bins:
+        if left == 0:
+            break
+        fits = copies_that_fit(bundle, bin_.free, bin_.labels)
+        if fits:
+            placed = min(fits, left)
+            take(bin_, bundle, placed)
+            left -= placed
+    return count - left
+
+
+def gang_units(gang: GangDemand) -> list[Bundle]:
+    """What must each fit on one host: STRICT_PACK is one unit of all bundles together."""
+    if gang.strategy is GangStrategy.STRICT_PACK:
+        return [merge_bundles(gang.bundles)]
+    return list(gang.bundles)
+
+
+def merge_bundles(bundles: Sequence[Bundle]) -> Bundle:
+    """One bundle asking for the sum, on a host matching every bundle's selectors."""
+    total: dict[str, float] = {}
+    for bundle in bundles:
+        for resource, need in bundle.resources.items():
+            total[resource] = total.get(resource, 0.0) + need
+    # Each bundle's selectors are alternatives; all bundles must hold: AND of ORs, expanded.
+    alternatives: list[tuple[LabelConstraint, ...]] = [()]
+    for bundle in bundles:
+        if bundle.selectors:
+            alternatives = [a + s.constraints for a in alternatives for s in bundle.selectors]
+    selectors = tuple(LabelSelector(a) for a in alternatives if a)
+    return Bundle(resources=total, selectors=selectors)
+
+
+def bundle_size(bundle: Bundle) -> tuple[int, float]:
+    """Sort key: accelerator demand first, then the sum of what it asks for."""
+    return (int(needs_accelerator(bundle)), sum(bundle.resources.values()))
+
+
+def preference(bundle_wants_accelerator: bool) -> Callable[[Bin], tuple[int, int, int, int, str]]:
+    """Order bins for one kind of demand.
+
+    Running hosts before launching ones (work that fits a running host must not keep a
+    launching replica alive while that host is scaled down), busy hosts first and idle ones
+    least-idle first, so the longest-idle slices stay free to be scaled down; accelerator hosts
+    last for demand that needs no accelerator, so they are not held up by CPU work a plain
+    host can take.
+    """
+
+    def key(bin_: Bin) -> tuple[int, int, int, int, str]:
+        wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
+        idle = bin_.idle_ms if bin_.idle_ms is not None else -1
+        return (int(bin_.planned), wasted, int(bin_.launching), idle, bin_.name)
+
+    return key
