@@ -7,10 +7,10 @@ by the code under test). The rules:
 
 - ``partial-slice``: every live pod of a slice named in ``workersToDelete`` is named with it;
 - ``busy-deleted`` / ``undrained-deleted``: a slice whose hosts are all alive in Ray is deleted only
-  when every host's drain was accepted (DRAINING, or DEAD because an accepted IDLE_TERMINATION drain
-  makes the raylet exit). The partial-drain rule: a slice with a host that is DEAD, unknown to Ray
-  or whose pod is gone is broken and may be deleted whole, busy hosts and all (its multi-host work is
-  lost already; KubeRay replaces a broken replica whole too);
+  when every host's drain was accepted (DRAINING, or DEAD because an accepted IDLE_TERMINATION
+  drain makes the raylet exit). The partial-drain rule: a slice with a host that is DEAD, unknown
+  to Ray or whose pod is gone is broken and may be deleted whole, busy hosts and all (its
+  multi-host work is lost already; KubeRay replaces a broken replica whole too);
 - ``out-of-bounds``: a write that changes ``replicas`` leaves it within [minReplicas, maxReplicas]
   (KubeRay clamps to that range; a value we write outside it is a planner bug even when clamped);
 - ``second-scale-up``: no raise of a group's replicas while the previous raise by the same writer
@@ -136,13 +136,15 @@ def group_diff(write: Write, group: str) -> dict[str, Any]:
     }
 
 
-def slice_members(world: World, group: str) -> dict[str, list[str]]:
-    """Pods of `group` by slice key (replica name for multi-host, the pod name otherwise)."""
+def slice_members(world: World, group: str, hosts: int = 2) -> dict[str, list[str]]:
+    """Pods of `group` by slice: the replica name when numOfHosts > 1 (KubeRay sets and reads
+    it only then), otherwise each pod alone."""
     members: dict[str, list[str]] = {}
     for name, pod in world.pods.items():
         labels = _labels(pod)
         if labels.get(GROUP) == group and labels.get(NODE_TYPE) == "worker":
-            members.setdefault(labels.get(REPLICA_NAME) or name, []).append(name)
+            key = (labels.get(REPLICA_NAME) or name) if hosts > 1 else name
+            members.setdefault(key, []).append(name)
     return members
 
 
@@ -185,7 +187,7 @@ def _deletions(
     if not fresh:
         return []
     hosts = max(1, _int(group.get("numOfHosts"), 1))
-    members = slice_members(world, name)
+    members = slice_members(world, name, hosts)
     key_of = {pod: key for key, pods in members.items() for pod in pods}
     found: list[tuple[str, str]] = []
     for key in sorted({key_of[n] for n in fresh if n in key_of}):
@@ -254,6 +256,11 @@ def not_cleared(raycluster: Mapping[str, Any] | None, world: World) -> list[tupl
 class _Raise:
     target: int
     demand: Hashable
+    hosts: int = 1
+
+
+def _slice_count(world: World, group: str, hosts: int) -> int:
+    return len(slice_members(world, group, hosts))
 
 
 class InvariantChecker:
@@ -297,15 +304,16 @@ class InvariantChecker:
             if pending is not None and (pending.demand is None or pending.demand == world.demand):
                 message = (
                     f"raised to {new} while the raise to {pending.target} is not visible "
-                    f"({len(slice_members(world, name))} slices exist), same demand"
+                    f"({_slice_count(world, name, pending.hosts)} slices exist), same demand"
                 )
                 found.append(Violation("second-scale-up", name, message, write, world))
-            self._raises[name] = _Raise(new, world.demand)
+            hosts = max(1, _int(group.get("numOfHosts"), 1))
+            self._raises[name] = _Raise(new, world.demand, hosts)
         return found
 
     def _forget_visible(self, world: World) -> None:
-        for name in list(self._raises):
-            if len(slice_members(world, name)) >= self._raises[name].target:
+        for name, pending in list(self._raises.items()):
+            if _slice_count(world, name, pending.hosts) >= pending.target:
                 del self._raises[name]
 
     def daemon_exited(self, code: int | None, detail: str = "") -> None:
@@ -318,7 +326,9 @@ class InvariantChecker:
     def finish(self, raycluster: Mapping[str, Any] | None, world: World) -> list[Violation]:
         """End-of-run rules on the final state."""
         write = Write(raycluster, raycluster or {}, by="(final state)")
-        found = [Violation("not-cleared", g, m, write, world) for g, m in not_cleared(raycluster, world)]
+        found = [
+            Violation("not-cleared", g, m, write, world) for g, m in not_cleared(raycluster, world)
+        ]
         self.violations.extend(found)
         return found
 
@@ -429,7 +439,34 @@ async def gcs_node_states(address: str, token: str | None = None) -> dict[str, s
     return best
 
 
-# --- the local harness (stand-ins + real Ray): integration tests and the soak ----------------------
+# --- the local harness (stand-ins + real Ray): integration tests and the soak ---------------
+
+
+def watch_writes(
+    api: Any,
+    namespace: str,
+    name: str,
+    daemon: str | None,
+    ray_view: RayView | None,
+    *,
+    blind_since: Callable[[], float | None] = lambda: None,
+    demand: Callable[[], Hashable] = lambda: None,
+) -> WriteFeed:
+    """Judge every write to one RayCluster in a stand-in API server's write log."""
+    feed = WriteFeed(InvariantChecker(daemon), ray_view, blind_since=blind_since, demand=demand)
+
+    def on_write(logged: Any) -> None:
+        event = logged.event
+        if event.store != "rayclusters" or event.type != "MODIFIED" or event.prev is None:
+            return
+        if event.obj["metadata"]["name"] != name:
+            return
+        pods = {p["metadata"]["name"]: p for p in api.list("pods", namespace)}
+        feed.offer(Write(event.prev, event.obj, logged.user, request=logged.request), pods)
+
+    feed.start()
+    feed.cleanups.append(api.subscribe_writes(on_write))
+    return feed
 
 
 def watch_local_cluster(
@@ -438,12 +475,11 @@ def watch_local_cluster(
     blind_since: Callable[[], float | None] = lambda: None,
     demand: Callable[[], Hashable] = lambda: None,
 ) -> WriteFeed:
-    """Judge every RayCluster write of a `kuberay_standins.harness.LocalCluster` (started).
+    """Judge every RayCluster write of a started `kuberay_standins.harness.LocalCluster`.
 
     The daemon is the writer holding the cluster's token; the Ray view is read from whatever head
     the cluster has at the time (a soak restarts it).
     """
-    checker = InvariantChecker(daemon=cluster.api.user_of(cluster.token))
 
     async def ray_view() -> Mapping[str, str] | None:
         head = cluster.head
@@ -451,20 +487,16 @@ def watch_local_cluster(
             return None
         return await gcs_node_states(head.gcs_address, head.auth_token)
 
-    feed = WriteFeed(checker, ray_view, blind_since=blind_since, demand=demand)
-
-    def on_write(logged: Any) -> None:
-        event = logged.event
-        if event.store != "rayclusters" or event.type != "MODIFIED" or event.prev is None:
-            return
-        if event.obj["metadata"]["name"] != cluster.name:
-            return
-        pods = {p["metadata"]["name"]: p for p in cluster.api.list("pods", cluster.namespace)}
-        feed.offer(Write(event.prev, event.obj, logged.user, request=logged.request), pods)
-
-    feed.start()
-    feed.cleanups.append(cluster.api.subscribe_writes(on_write))
-    return feed
+    daemon = cluster.api.user_of(cluster.token)
+    return watch_writes(
+        cluster.api,
+        cluster.namespace,
+        cluster.name,
+        daemon,
+        ray_view,
+        blind_since=blind_since,
+        demand=demand,
+    )
 
 
 async def finish_local_cluster(feed: WriteFeed, cluster: Any) -> InvariantChecker:

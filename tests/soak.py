@@ -20,7 +20,9 @@ import logging
 import os
 import random
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver, RayStartError
+from tests import reaper
 from tests.invariants import WriteFeed, finish_local_cluster, watch_local_cluster
 
 SLICE_TOPOLOGY = "2x4"  # v6e, 2 hosts of 4 chips: small enough for a shared 2-core machine
@@ -41,6 +44,7 @@ DRIVER_LIFETIME_S = 240.0
 SETTLE_S = 150.0
 DAEMON_KILLS_AT = (0.15, 0.30)  # fractions of the run; the last daemon lives 70 % of it
 RSS_WARMUP_S = 30.0
+ECHOED = {"patch_replicas", "patch_delete", "patch_clear", "ray_host", "ray_host_gone"}
 
 
 def soak_raycluster() -> dict[str, Any]:
@@ -230,10 +234,10 @@ class Soak:
         except (RayStartError, OSError) as error:
             self.say(f"workload: driver failed to start: {error}")
             return
-        until = time.monotonic() + DRIVER_LIFETIME_S
-        while self.driver.process.poll() is None and time.monotonic() < until and not self.stopping:
-            await asyncio.sleep(1.0)
-        await asyncio.to_thread(self.driver.stop)
+        driver = self.driver
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a stuck driver is killed below
+            await asyncio.to_thread(driver.process.wait, DRIVER_LIFETIME_S)
+        await asyncio.to_thread(driver.stop)
         self.driver = None
 
     # -- faults ----------------------------------------------------------------------------
@@ -349,8 +353,21 @@ class Soak:
 def _stale_lists(cluster: LocalCluster) -> list[str]:
     names = {p["metadata"]["name"] for p in cluster.api.list("pods", cluster.namespace)}
     groups = cluster.current()["spec"]["workerGroupSpecs"]
-    listed = [n for g in groups for n in (g.get("scaleStrategy") or {}).get("workersToDelete") or []]
+    listed = [
+        n for g in groups for n in (g.get("scaleStrategy") or {}).get("workersToDelete") or []
+    ]
     return [n for n in listed if n not in names]
+
+
+def _keep_logs(cluster: LocalCluster, seed: int) -> Path:
+    """The daemons' JSON logs outlive the run (the cluster's workdir does not)."""
+    import shutil
+
+    kept = Path(tempfile.gettempdir()) / f"kuberay-scaler-soak-{seed}"
+    kept.mkdir(exist_ok=True)
+    for log in cluster.workdir.glob("daemon-*.log"):
+        shutil.copy(log, kept / log.name)
+    return kept
 
 
 def _rss_kb(pid: int) -> int | None:
@@ -434,6 +451,9 @@ async def run_soak(
     deadline = started + minutes * 60
     async with LocalCluster(soak_raycluster(), pod_start_delay=0.5) as cluster:
         soak = Soak(cluster, rng, deadline, out, only=only)
+        cluster.timeline.listeners.append(
+            lambda m: soak.say(f"  {m.text}") if m.kind in ECHOED else None
+        )
         soak.feed = watch_local_cluster(
             cluster, blind_since=lambda: soak.blind_since, demand=lambda: soak.demand_epoch
         )
@@ -462,6 +482,8 @@ async def run_soak(
             with contextlib.suppress(BaseException):
                 await tasks[2]
         _summary(soak, checker.violations, out)
+        kept = _keep_logs(cluster, seed)
+        print(f"  daemon logs kept in {kept}", file=out)
         code, _ = await asyncio.to_thread(soak.daemons.current.stop) if soak.daemons else (0, 0)
         if code != 0:
             print(f"  daemon exit code after SIGTERM: {code}", file=out)
@@ -476,7 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], help="a fault name (repeatable)")
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    return asyncio.run(run_soak(args.minutes, args.seed, only=tuple(args.only)))
+    marker = reaper.mark_session()
+    code = asyncio.run(run_soak(args.minutes, args.seed, only=tuple(args.only)))
+    left = reaper.leftovers(marker)
+    if left:
+        reaper.reap(left)
+        print(f"{len(left)} process(es) started by the soak were still alive (now killed):")
+        for leftover in left:
+            print(f"  {leftover}")
+        return 1
+    return code
 
 
 if __name__ == "__main__":

@@ -22,6 +22,6 @@ def decide_raw(
     from ray.core.generated import autoscaler_pb2
 
     state = parse_ray_state(autoscaler_pb2.GetClusterResourceStateReply.FromString(reply))
-    snapshot = Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(map(str, problems)))
+    snapshot = Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(problems))
     result = plan(snapshot, state, Memory(), Policy(), now)
     return result, list(build_patch(rc, result))
