@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint demo e2e bench fuzz soak clean
+.PHONY: install test lint demo e2e bench fuzz soak clean image ray-matrix
 
 $(STAMP): pyproject.toml standins/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: install
 	$(BIN)/kuberay-scaler-demo
@@ -38,6 +39,16 @@ fuzz: install
 MINUTES ?= 2
 soak: install
 	$(BIN)/python -m tests.soak --minutes $(MINUTES)
+
+# Builds the image without Docker (podman + an mmdebstrap base cached in ~/.cache/kuberay-scaler),
+# then runs it: version, check-config, and the daemon against the stand-ins for one scale-up.
+image: install
+	scripts/build-image.sh
+	$(BIN)/pytest -q -m image tests/image
+
+# GCS client core tests against the newest (.venv) and older Ray heads (cached venvs).
+ray-matrix: install
+	scripts/ray-matrix.sh
 
 bench: install
 	$(BIN)/python bench/bench_planner.py

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from typing import Any
@@ -16,14 +15,13 @@ from kuberay_scaler.kube.access import detect_access
 from kuberay_scaler.kube.events import EventRecorder
 from kuberay_scaler.kube.informer import Informer, Source
 from kuberay_scaler.kube.raycluster import RayClusterView
-from kuberay_scaler.kube.session import open_api
+from kuberay_scaler.kube.session import SessionError, open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
-from kuberay_scaler.patch.ops import build_patch
 from kuberay_scaler.policy import policy_from_settings
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
-from kuberay_scaler.settings import Settings
+from kuberay_scaler.settings import ConfigError, Settings, credentials_hint
 from kuberay_scaler.web.server import Probes, make_app, start_server
 
 log = structlog.get_logger(__name__)
@@ -74,14 +72,25 @@ class Daemon:
         if not self.settings.http_address:
             return None
         probes = Probes(healthy=self._healthy, ready=self._ready, plan=self._plan_document)
-        runner = await start_server(make_app(probes), self.settings.http_address)
+        address = self.settings.http_address
+        try:
+            runner = await start_server(make_app(probes), address)
+        except OSError as err:
+            # A port already taken (say by Ray's metrics export in the same pod) is a setting to
+            # fix, not a crash: one line and exit 2, like every other configuration error.
+            raise ConfigError(
+                f"KUBERAY_SCALER_HTTP_ADDRESS: cannot listen on {address}: {err.strerror or err}"
+            ) from None
         log.info("http serving", address=self.settings.http_address)
         return runner
 
     async def _run_tasks(self) -> None:
         s = self.settings
         kubeconfig = str(s.kubeconfig) if s.kubeconfig else None
-        api = await open_api(kubeconfig, request_timeout=s.k8s_request_timeout_s)
+        try:
+            api = await open_api(kubeconfig, request_timeout=s.k8s_request_timeout_s)
+        except SessionError as err:  # checked before start; the files changed since
+            raise ConfigError(credentials_hint(str(err), kubeconfig)) from None
         gcs = GcsClient(
             s.gcs_address,
             token=s.ray_auth_token.get_secret_value() if s.ray_auth_token else None,
@@ -90,7 +99,9 @@ class Daemon:
         )
         try:
             async with asyncio.TaskGroup() as group:
-                access_task = group.create_task(detect_access(api, s.cluster_namespace))
+                access_task = group.create_task(
+                    detect_access(api, s.cluster_namespace, name=s.cluster_name)
+                )
                 await self._until_stopped(access_task)
                 if self.stop.is_set():
                     return
@@ -124,8 +135,14 @@ class Daemon:
             silent_timeout=s.watch_silence_timeout_s,
             debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),
+            crd_version=s.crd_version,
         )
-        self._poller = GcsPoller(gcs, interval_s=s.gcs_poll_interval_s, on_change=self._on_gcs)
+        self._poller = GcsPoller(
+            gcs,
+            interval_s=s.gcs_poll_interval_s,
+            on_change=self._on_gcs,
+            on_observation=self._on_observation,
+        )
         events = EventRecorder(
             api,
             namespace=s.cluster_namespace,
@@ -143,9 +160,11 @@ class Daemon:
             policy=policy_from_settings(s),
             pods=self._pods,
             cluster=self._view,
-            poller=self._poller,
+            feed=self._poller,
             gcs=gcs,
-            writer=RayClusterWriter(api, namespace=s.cluster_namespace, name=s.cluster_name),
+            writer=RayClusterWriter(
+                api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
+            ),
             events=events,
         )
         if s.dry_run:
@@ -162,7 +181,8 @@ class Daemon:
         await self.stop.wait()
         try:
             # Let an in-flight reconcile (and its patch) finish, within a bound.
-            await asyncio.wait_for(asyncio.shield(loop_task), self.settings.shutdown_grace_s)
+            async with asyncio.timeout(self.settings.shutdown_grace_s):
+                await asyncio.shield(loop_task)
         except TimeoutError:
             log.warning("abandoning an in-flight reconcile at shutdown")
         for task in (*workers, loop_task):
@@ -185,6 +205,10 @@ class Daemon:
 
     def _on_gcs(self, _: GcsObservation) -> None:
         self.trigger.fire("gcs")
+
+    def _on_observation(self, observation: GcsObservation) -> None:
+        if self.reconciler is not None:
+            self.reconciler.observe_gcs(observation)
 
     def _tls(self) -> TlsFiles | None:
         s = self.settings
@@ -217,16 +241,4 @@ class Daemon:
         return True, "synced and GCS fresh"
 
     def _plan_document(self) -> dict[str, Any] | None:
-        if self.reconciler is None or self.reconciler.status.last_plan is None:
-            return None
-        status = self.reconciler.status
-        plan = status.last_plan
-        assert plan is not None
-        document = plan.summary()
-        raw = self._view.current() if self._view else None
-        with contextlib.suppress(Exception):
-            document["patch"] = build_patch(raw, plan) if raw else []
-        document["last_outcome"] = status.last_outcome
-        document["last_patch_sent"] = status.last_patch
-        document["reconciles"] = status.reconciles
-        return document
+        return self.reconciler.status.document() if self.reconciler else None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from kuberay_scaler import __version__
-from kuberay_scaler.settings import ConfigError, load_settings
+from kuberay_scaler.settings import ConfigError, Settings, credentials_hint, load_settings
 
 EXIT_CONFIG = 2
 
@@ -32,13 +33,20 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the autoscaler daemon (configured by env vars)")
     run.set_defaults(func=_run)
     plan = sub.add_parser("plan", help="plan once from files and print the decision as JSON")
-    plan.add_argument("--raycluster", type=Path, required=True, help="RayCluster YAML or JSON")
-    plan.add_argument("--pods", type=Path, help="PodList JSON (kubectl get pods -o json)")
+    plan.add_argument(
+        "--raycluster",
+        type=Path,
+        required=True,
+        help="RayCluster YAML or JSON (`-`: stdin; a `kind: List` holding it is fine)",
+    )
+    plan.add_argument(
+        "--pods", type=Path, help="PodList JSON or YAML (kubectl get pods -o json; `-`: stdin)"
+    )
     plan.add_argument(
         "--ray-state",
         type=Path,
-        required=True,
-        help="GetClusterResourceStateReply in proto3 JSON (MessageToJson)",
+        help="GetClusterResourceStateReply in proto3 JSON (`-`: stdin); without it the plan"
+        " runs as 'Ray demand unknown' and still shows the slice map",
     )
     plan.set_defaults(func=_plan)
     check = sub.add_parser(
@@ -54,8 +62,28 @@ def _check_config(_: argparse.Namespace) -> int:
     """Accept exactly what `run` accepts, and show the effective values (secrets masked)."""
     settings = load_settings()
     settings.require_cluster()
+    if settings.kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        # Not a file problem: validating a pod's configuration from a laptop is allowed.
+        print(
+            "kuberay-scaler: note: no KUBERAY_SCALER_KUBECONFIG and not in a pod: `run` would"
+            " need one of them",
+            file=sys.stderr,
+        )
+    else:
+        _check_files(settings)
     print(json.dumps(settings.masked(), indent=2, default=str))
     return 0
+
+
+def _check_files(settings: Settings) -> None:
+    """The Kubernetes credentials `run` would load (TLS files are checked by the settings)."""
+    from kuberay_scaler.kube.session import SessionError, check_credentials
+
+    kubeconfig = str(settings.kubeconfig) if settings.kubeconfig else None
+    try:
+        check_credentials(kubeconfig)
+    except SessionError as err:
+        raise ConfigError(credentials_hint(str(err), kubeconfig)) from None
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -75,6 +103,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _run(_: argparse.Namespace) -> int:
     settings = load_settings()
     settings.require_cluster()
+    _check_files(settings)
     from kuberay_scaler.app import run_daemon
 
     return run_daemon(settings)

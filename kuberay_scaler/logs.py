@@ -123,8 +123,3 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
-
-
-def get_logger(name: str) -> Any:
-    """A structlog logger named after the module that asks."""
-    return structlog.get_logger(name)

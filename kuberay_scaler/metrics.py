@@ -76,3 +76,8 @@ PATCHES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+GCS_CONNECTED = Gauge(
+    "kuberay_scaler_gcs_connected",
+    "1 while the last GCS poll got an answer, 0 while the GCS is unreachable or refusing.",
+    registry=REGISTRY,
+)

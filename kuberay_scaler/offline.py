@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -10,28 +11,66 @@ from typing import Any
 
 import yaml
 
-from kuberay_scaler.model.plan import Memory, Snapshot
-from kuberay_scaler.parse.pods import parse_pods, pod_items
+from kuberay_scaler.decision import GcsView, Observation, decide
+from kuberay_scaler.model.plan import Memory
+from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.parse.pods import pod_items
 from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.patch.ops import PatchError, build_patch
-from kuberay_scaler.planner.core import Policy, plan
+from kuberay_scaler.planner.core import Policy
 
 
 class InputError(Exception):
     """A file cannot be used; the message names it."""
 
 
-def load_documents(path: Path, what: str) -> list[Any]:
-    """Every document of a YAML (or JSON) file; `kubectl get -o yaml` samples may hold several."""
+STDIN = Path("-")  # `-` reads standard input, as kubectl's `-f -`
+
+
+def read_text(path: Path, what: str) -> str:
+    """The file's text; `-` is standard input (read once: only one input may be `-`)."""
     try:
-        text = path.read_text()
+        if path == STDIN:
+            return sys.stdin.read()
+        return path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"{what} {path}: {_why(err)}") from None
+
+
+def load_documents(path: Path, what: str) -> list[Any]:
+    """Every document of a JSON or YAML file; `kubectl get -o yaml` samples may hold several.
+
+    JSON (what `kubectl get -o json` prints) goes through the JSON parser: YAML's is a hundred
+    times slower on large pod lists. A `kind: List` is flattened into its items.
+    """
+    text = read_text(path, what)
+    docs = _json_documents(text)
+    if docs is None:
+        try:
+            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as err:
+            raise InputError(f"{what} {path}: not YAML or JSON ({_first_line(err)})") from None
+    return [item for d in docs for item in _flatten_list(d)]
+
+
+def _json_documents(text: str) -> list[Any] | None:
+    """The document if `text` is JSON; None when it is not (then it is read as YAML)."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]  # JSON is YAML too
-    except yaml.YAMLError as err:
-        raise InputError(f"{what} {path}: not YAML or JSON ({_first_line(err)})") from None
+        return [json.loads(text)]
+    except ValueError:
+        return None  # flow-style YAML also starts with { or [
+
+
+def _flatten_list(doc: Any) -> list[Any]:
+    """`kind: List` (kubectl get a b -o yaml) → its items; anything else stays as it is."""
+    if (
+        isinstance(doc, Mapping)
+        and doc.get("kind") == "List"
+        and isinstance(doc.get("items"), list)
+    ):
+        return [i for i in doc["items"] if i is not None]
+    return [doc]
 
 
 def load_document(path: Path, what: str) -> Any:
@@ -56,16 +95,20 @@ def load_raycluster(path: Path) -> dict[str, Any]:
 
 
 def load_pods(path: Path | None) -> list[Any]:
-    """A PodList, one Pod, a list of pods or a name → pod map; no file means no pods."""
+    """A PodList, Pods (a `kind: List` of them too), a list of pods or a name → pod map; no
+    file means no pods."""
     if path is None:
         return []
-    doc = load_document(path, "PodList")
-    if doc is None or isinstance(doc, list):
-        return doc or []
+    docs = load_documents(path, "PodList")
+    if docs and all(_is_pod(d) for d in docs) and (len(docs) > 1 or docs[0].get("kind")):
+        return docs  # Pods: one, a List of them (flattened), or several documents
+    if len(docs) > 1:
+        raise InputError(f"PodList {path}: {len(docs)} documents, expected one")
+    doc = docs[0]
+    if isinstance(doc, list):
+        return doc
     if isinstance(doc, Mapping):
         kind = doc.get("kind")
-        if kind == "Pod":
-            return [doc]
         if kind in ("PodList", "List") or (
             kind is None and all(isinstance(v, Mapping) for v in doc.values())
         ):
@@ -73,34 +116,49 @@ def load_pods(path: Path | None) -> list[Any]:
     raise InputError(f"PodList {path}: expected a PodList, a Pod or a list of pods")
 
 
+def _is_pod(doc: Any) -> bool:
+    return (
+        isinstance(doc, Mapping)
+        and doc.get("kind", "Pod") == "Pod"
+        and isinstance(doc.get("metadata"), Mapping)
+    )
+
+
+def load_ray_state(path: Path | None) -> RayState | None:
+    """The GCS reply (proto3 JSON); no file means Ray's demand is unknown (the plan holds)."""
+    if path is None:
+        return None
+    text = read_text(path, "Ray state")
+    try:
+        return parse_ray_state(text)
+    except RayStateError as err:
+        raise InputError(f"Ray state {path}: {err}") from None
+
+
 def plan_files(
     raycluster: Path,
     pods: Path | None,
-    ray_state: Path,
+    ray_state: Path | None,
     policy: Policy,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Plan once from files and return the document the `plan` command prints."""
+    """Plan once from files and return the document the `plan` command prints.
+
+    The same `decide()` the daemon runs: the writes include the draining-intent record and the
+    drains, exactly as the daemon would send them for these inputs.
+    """
+    stdin = [p for p in (raycluster, pods, ray_state) if p == STDIN]
+    if len(stdin) > 1:
+        raise InputError("only one input can be read from standard input (-)")
     rc = load_raycluster(raycluster)
-    spec = parse_raycluster(rc)
-    hosts, pod_problems = parse_pods(load_pods(pods), spec)
-    try:
-        state = parse_ray_state(ray_state.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"Ray state {ray_state}: {_why(err)}") from None
-    except RayStateError as err:
-        raise InputError(f"Ray state {ray_state}: {err}") from None
-    snapshot = Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(pod_problems))
-    result = plan(snapshot, state, Memory(), policy, now or datetime.now(UTC))
-    try:
-        ops = build_patch(rc, result)
-    except PatchError as err:  # cannot happen for a plan made from this very object
-        raise InputError(str(err)) from None
-    return {"cluster": result.cluster, "patch": ops, **_without_cluster(result.summary())}
-
-
-def _without_cluster(summary: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in summary.items() if k != "cluster"}
+    state = load_ray_state(ray_state)
+    gcs = GcsView(state) if state is not None else None  # None: "Ray demand unknown"
+    observed = Observation(raycluster=rc, pods=load_pods(pods), gcs=gcs)
+    decision = decide(observed, Memory(), policy, now or datetime.now(UTC))
+    if decision.error is not None:  # cannot happen for a plan made from this very object
+        raise InputError(decision.error)
+    document = decision.document()
+    return {"cluster": document.pop("cluster"), "patch": document.pop("patch"), **document}
 
 
 def _why(err: OSError | UnicodeDecodeError) -> str:

@@ -24,11 +24,16 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from kuberay_scaler import defaults as D
+
 PREFIX = "KUBERAY_SCALER_"
 # Kubernetes object names: RFC 1123 subdomain (RayCluster) and label (namespace).
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _API_VERSION = re.compile(r"v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?")
+
+
+DEFAULT_HTTP_PORT = 44217
 
 
 class ConfigError(Exception):
@@ -80,7 +85,7 @@ class Settings(BaseSettings):
         description="Name of the head pod, for logs and Events (RAY_HEAD_POD_NAME).",
     )
     crd_version: str = Field(
-        default="v1",
+        default=D.CRD_VERSION,
         validation_alias=AliasChoices("KUBERAY_CRD_VER"),
         description="API version of the ray.io CRDs (KUBERAY_CRD_VER).",
     )
@@ -122,21 +127,21 @@ class Settings(BaseSettings):
         description="host:port of the Ray GCS; from the head pod this is 127.0.0.1:6379.",
     )
     gcs_poll_interval_s: float = Field(
-        default=1.0,
+        default=D.GCS_POLL_INTERVAL_S,
         gt=0,
         le=60,
         validation_alias=_ours("gcs_poll_interval_s"),
         description="Seconds between GetClusterResourceState polls.",
     )
     gcs_rpc_timeout_s: float = Field(
-        default=5.0,
+        default=D.GCS_RPC_TIMEOUT_S,
         gt=0,
         le=120,
         validation_alias=_ours("gcs_rpc_timeout_s"),
         description="Deadline of one GCS RPC.",
     )
     gcs_stale_after_s: float = Field(
-        default=15.0,
+        default=D.GCS_STALE_AFTER_S,
         gt=0,
         validation_alias=_ours("gcs_stale_after_s"),
         description="Demand older than this is unknown: the planner holds and /readyz goes false.",
@@ -147,26 +152,26 @@ class Settings(BaseSettings):
         description="Kubeconfig file; unset means in-cluster service-account credentials.",
     )
     k8s_request_timeout_s: float = Field(
-        default=30.0,
+        default=D.K8S_REQUEST_TIMEOUT_S,
         gt=0,
         le=300,
         validation_alias=_ours("k8s_request_timeout_s"),
         description="Timeout of one Kubernetes API request (watches use their own timeout).",
     )
     watch_silence_timeout_s: float = Field(
-        default=120.0,
+        default=D.WATCH_SILENCE_TIMEOUT_S,
         gt=0,
         validation_alias=_ours("watch_silence_timeout_s"),
         description="A watch with no event or bookmark for this long is treated as dead.",
     )
     resync_interval_s: float = Field(
-        default=30.0,
+        default=D.RESYNC_INTERVAL_S,
         gt=0,
         validation_alias=_ours("resync_interval_s"),
         description="Periodic reconcile (and RayCluster GET in poll mode) when nothing changed.",
     )
     debounce_s: float = Field(
-        default=0.2,
+        default=D.DEBOUNCE_S,
         ge=0,
         le=10,
         validation_alias=_ours("debounce_s"),
@@ -187,8 +192,10 @@ class Settings(BaseSettings):
         validation_alias=_ours("log_level"),
         description="Minimum level of log lines.",
     )
+    # Ray's own autoscaler metrics port (AUTOSCALER_METRIC_PORT): scrape configs for Ray's
+    # autoscaler keep working, and 8080 stays free for Ray's metrics export in the head pod.
     http_address: str = Field(
-        default="0.0.0.0:8080",
+        default=f"0.0.0.0:{DEFAULT_HTTP_PORT}",
         validation_alias=_ours("http_address"),
         description="host:port for /healthz, /readyz, /metrics and /debug/plan; empty disables.",
     )
@@ -199,31 +206,31 @@ class Settings(BaseSettings):
         description="Overrides every idle timeout from the RayCluster when set.",
     )
     max_provision_time_s: float = Field(
-        default=900.0,
+        default=D.MAX_PROVISION_TIME_S,
         gt=0,
         validation_alias=_ours("max_provision_time_s"),
         description="A slice not fully up (pods Running, Ray nodes joined) after this is broken.",
     )
     missing_node_grace_s: float = Field(
-        default=180.0,
+        default=D.MISSING_NODE_GRACE_S,
         gt=0,
         validation_alias=_ours("missing_node_grace_s"),
         description="A Running pod whose Ray node is missing this long makes its slice broken.",
     )
     replace_backoff_s: float = Field(
-        default=300.0,
+        default=D.REPLACE_BACKOFF_S,
         gt=0,
         validation_alias=_ours("replace_backoff_s"),
         description="First per-group backoff after replacing a broken slice; doubles up to 30 min.",
     )
     write_expectation_timeout_s: float = Field(
-        default=60.0,
+        default=D.WRITE_EXPECTATION_TIMEOUT_S,
         gt=0,
         validation_alias=_ours("write_expectation_timeout_s"),
         description="After a patch, plan nothing for that group until it is seen, or this passes.",
     )
     drain_deadline_s: float = Field(
-        default=30.0,
+        default=D.DRAIN_DEADLINE_S,
         gt=0,
         validation_alias=_ours("drain_deadline_s"),
         description="Deadline handed to DrainNode for each host of a slice.",
@@ -304,6 +311,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"{env}: must be set when RAY_USE_TLS is on")
             if not path.is_file():
                 raise ValueError(f"{env}: no such file {str(path)!r}")
+            try:
+                text = path.read_bytes()
+            except OSError as err:
+                raise ValueError(f"{env}: cannot read {str(path)!r}: {err.strerror}") from None
+            if b"-----BEGIN " not in text:
+                raise ValueError(f"{env}: {str(path)!r} is not a PEM file")
 
     def require_cluster(self) -> None:
         """`run` needs to know which RayCluster it scales."""
@@ -325,6 +338,19 @@ class Settings(BaseSettings):
                 value = str(value)
             shown[str(env)] = value
         return shown
+
+
+def credentials_hint(problem: str, kubeconfig: str | None) -> str:
+    """One line: what is wrong with the Kubernetes credentials and which variable to set."""
+    if kubeconfig is not None:
+        return (
+            f"invalid configuration: KUBERAY_SCALER_KUBECONFIG (or KUBECONFIG): {problem};"
+            " set it to a readable kubeconfig file"
+        )
+    return (
+        f"no Kubernetes credentials: {problem}; set KUBERAY_SCALER_KUBECONFIG to a kubeconfig"
+        " file, or run in a pod with a service account"
+    )
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from kuberay_scaler.defaults import MAX_PROVISION_TIME_S, MISSING_NODE_GRACE_S
 from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import ClusterSpec, Problem, WorkerGroup, frozen_map
 from kuberay_scaler.model.hosts import Host, HostPhase
@@ -26,8 +27,8 @@ from kuberay_scaler.model.slices import GroupSlices, Slice, SliceMap, SliceState
 class SliceTimeouts:
     """How long a slice may take to come up, and how long a joined pod may lack its Ray node."""
 
-    max_provision_s: float = 900.0
-    missing_node_grace_s: float = 180.0
+    max_provision_s: float = MAX_PROVISION_TIME_S
+    missing_node_grace_s: float = MISSING_NODE_GRACE_S
 
 
 def build_slice_map(
@@ -71,7 +72,7 @@ def build_slice_map(
         problems.extend(_identity_problems(gs))
         problems.extend(_label_problems(gs))
     return SliceMap(
-        groups=frozen_map(groups),  # type: ignore[arg-type]
+        groups=frozen_map(groups),
         head=tuple(head),
         orphans=tuple(orphans),
         problems=tuple(problems),
@@ -122,7 +123,7 @@ def _judge(
         group=group.name,
         expected_hosts=group.num_of_hosts,
         hosts=tuple(hosts),
-        nodes=frozen_map(joined),  # type: ignore[arg-type]
+        nodes=frozen_map(joined),
         state=state,
         reason=reason,
         fault=fault,

@@ -194,9 +194,9 @@ def node(
         instance_id=instance,
         node_type=group_name,
         status=status,
-        total=frozen_map(total),  # type: ignore[arg-type]
-        available=frozen_map(available if available is not None else total),  # type: ignore[arg-type]
-        labels=frozen_map(labels or {}),  # type: ignore[arg-type]
+        total=frozen_map(total),
+        available=frozen_map(available if available is not None else total),
+        labels=frozen_map(labels or {}),
         idle_ms=int((idle_s or 0) * 1000),
         ip="127.0.0.1",
         is_head=head,
@@ -294,12 +294,12 @@ def bundle(resources: Mapping[str, float], **selectors: str) -> Bundle:
             for k, v in selectors.items()
         )
         sel = (LabelSelector(constraints),)
-    return Bundle(resources=frozen_map(resources), selectors=sel)  # type: ignore[arg-type]
+    return Bundle(resources=frozen_map(resources), selectors=sel)
 
 
 def selector_bundle(resources: Mapping[str, float], labels: Mapping[str, str]) -> Bundle:
     sel = (LabelSelector(tuple(LabelConstraint(k, frozenset([v])) for k, v in labels.items())),)
-    return Bundle(resources=frozen_map(resources), selectors=sel)  # type: ignore[arg-type]
+    return Bundle(resources=frozen_map(resources), selectors=sel)
 
 
 def tasks(resources: Mapping[str, float], count: int) -> TaskDemand:

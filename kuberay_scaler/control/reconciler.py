@@ -1,25 +1,32 @@
-"""One reconcile: snapshot → plan → drain (all-or-nothing per slice) → guarded patch → record."""
+"""One reconcile: observe once → decide (pure) → report to Ray → execute the writes → record.
+
+Per reconcile there is one GCS observation (the one the poller last pushed) and one `now`
+(wall clock for the planner, monotonic for freshness and expectations); a replan after a stale
+patch re-reads only the RayCluster and the pods. Every collaborator is a Protocol
+(control/ports.py), so the loop runs against fakes in tests.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import structlog
 
+from kuberay_scaler import defaults as D
 from kuberay_scaler.backoff import Backoff
-from kuberay_scaler.control.intent import clear_ops, read_draining, record_ops
+from kuberay_scaler.control.execute import Executed, execute
+from kuberay_scaler.control.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Writer
 from kuberay_scaler.control.report import report_from_plan
-from kuberay_scaler.kube.events import EventRecorder
+from kuberay_scaler.decision import Decision, GcsView, Observation, decide
 from kuberay_scaler.kube.expectations import Expectations
-from kuberay_scaler.kube.informer import Informer
-from kuberay_scaler.kube.raycluster import RayClusterView
-from kuberay_scaler.kube.transport import ApiError, NoResponse
-from kuberay_scaler.kube.writer import PatchOutcome, RayClusterWriter
+from kuberay_scaler.kube.writer import PatchOutcome
+from kuberay_scaler.liveness import HostClock, LivenessTracker
 from kuberay_scaler.metrics import (
     DECISIONS,
     RECONCILE_SECONDS,
@@ -27,18 +34,16 @@ from kuberay_scaler.metrics import (
     SLICES,
     TARGET_REPLICAS,
 )
-from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Memory, Plan, Snapshot
+from kuberay_scaler.model.plan import GroupDecision, Memory, Plan
+from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import Action
 from kuberay_scaler.model.slices import SliceState
 from kuberay_scaler.parse.pods import parse_pods
 from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.patch.ops import PatchError, build_patch, drop_deletions
-from kuberay_scaler.planner.core import Policy, plan
-from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.ray_gcs.errors import GcsError
-from kuberay_scaler.ray_gcs.poller import GcsPoller
+from kuberay_scaler.ray_gcs.poller import GcsObservation
 from kuberay_scaler.ray_gcs.report import build_autoscaling_state
 
 log = structlog.get_logger(__name__)
@@ -49,9 +54,9 @@ MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often p
 @dataclass(frozen=True)
 class LoopConfig:
     dry_run: bool = False
-    gcs_stale_after_s: float = 15.0
-    drain_deadline_s: float = 30.0
-    expectation_timeout_s: float = 60.0
+    gcs_stale_after_s: float = D.GCS_STALE_AFTER_S
+    drain_deadline_s: float = D.DRAIN_DEADLINE_S
+    expectation_timeout_s: float = D.WRITE_EXPECTATION_TIMEOUT_S
 
 
 @dataclass
@@ -59,10 +64,33 @@ class LoopStatus:
     """What /healthz, /readyz and /debug/plan read."""
 
     last_progress: float = field(default_factory=time.monotonic)
-    last_plan: Plan | None = None
+    last_decision: Decision | None = None
     last_patch: list[dict[str, Any]] = field(default_factory=list)
     last_outcome: str = "not run yet"
     reconciles: int = 0
+
+    @property
+    def last_plan(self) -> Plan | None:
+        return self.last_decision.plan if self.last_decision else None
+
+    def document(self) -> dict[str, Any] | None:
+        """/debug/plan: the last decision (plan and writes) and what became of it."""
+        if self.last_decision is None:
+            return None
+        return {
+            **self.last_decision.document(),
+            "last_outcome": self.last_outcome,
+            "last_patch_sent": self.last_patch,
+            "reconciles": self.reconciles,
+        }
+
+
+@dataclass(frozen=True)
+class Instant:
+    """The one `now` of a reconcile, on both clocks."""
+
+    wall: datetime
+    mono: float
 
 
 class Reconciler:
@@ -71,31 +99,50 @@ class Reconciler:
         *,
         config: LoopConfig,
         policy: Policy,
-        pods: Informer,
-        cluster: RayClusterView,
-        poller: GcsPoller,
-        gcs: GcsClient,
-        writer: RayClusterWriter,
-        events: EventRecorder,
+        pods: PodStore,
+        cluster: ClusterView,
+        feed: GcsFeed,
+        gcs: Gcs,
+        writer: Writer,
+        events: Events,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._policy = policy
         self._pods = pods
         self._cluster = cluster
-        self._poller = poller
+        self._feed = feed
         self._gcs = gcs
         self._writer = writer
         self._events = events
+        self._wall = wall
+        self._monotonic = monotonic
         self.expectations = Expectations(timeout=config.expectation_timeout_s)
         self.memory = Memory()
-        self.status = LoopStatus()
+        self.status = LoopStatus(last_progress=monotonic())
+        self._observation: GcsObservation | None = None
+        # When the daemon itself last saw each Ray node and pod (slices are judged from it).
+        self._liveness = LivenessTracker(
+            grace_s=policy.timeouts.missing_node_grace_s,
+            stale_after_s=config.gcs_stale_after_s,
+        )
         self._uid: str | None = None
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
 
+    def observe_gcs(self, observation: GcsObservation) -> None:
+        """The poller pushes every observation here; a reconcile uses the latest one."""
+        self._observation = observation
+        self._liveness.observe_ray(
+            observation.observed_at,
+            (observation.cluster_id, observation.gcs_epoch),
+            _alive_instances(observation.reply),
+        )
+
     async def reconcile(self) -> Plan | None:
         """Run one reconcile; errors are logged and counted, never raised."""
-        started = time.monotonic()
+        started = self._monotonic()
         try:
             result = await self._reconcile()
             RECONCILES.labels("held" if result is None or result.held else "ok").inc()
@@ -105,66 +152,84 @@ class Reconciler:
         except Exception:
             log.exception("reconcile failed")
             RECONCILES.labels("error").inc()
-            self._not_before = time.monotonic() + self._write_backoff.next_delay()
+            self._not_before = self._monotonic() + self._write_backoff.next_delay()
             return None
         finally:
-            RECONCILE_SECONDS.observe(time.monotonic() - started)
-            self.status.last_progress = time.monotonic()
+            RECONCILE_SECONDS.observe(self._monotonic() - started)
+            self.status.last_progress = self._monotonic()
             self.status.reconciles += 1
 
     async def _reconcile(self) -> Plan | None:
+        now = Instant(self._wall(), self._monotonic())
+        gcs = self._gcs_view(now)
         for _ in range(MAX_REPLANS):
-            raw = self._cluster.current()
-            if raw is None:
+            observed = self.observe(gcs, now)
+            if observed is None:
                 self.status.last_outcome = "RayCluster not found: nothing to scale"
                 return None
-            self._notice_recreation(raw)
-            result = self._plan(raw)
-            self._publish(result)
-            await self._report(result)
-            if not result.changes or self._config.dry_run:
-                self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
-                if result.changes:
-                    self._log_decisions(result, dry_run=True)
-                return result
-            if time.monotonic() < self._not_before:
-                self.status.last_outcome = "write backoff"
-                return result
-            if await self._execute(raw, result):
-                return result
+            decision = self.decide(observed, now)
+            self._publish(decision)
+            # Launches this plan adds are reported only when they are about to be written.
+            writes = not self._config.dry_run and now.mono >= self._not_before
+            await self._report(decision, now, launches_asked=writes)
+            if await self._act(decision, now):
+                return decision.plan
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
         return None
 
-    def _plan(self, raw: Mapping[str, Any]) -> Plan:
-        spec = parse_raycluster(raw)
-        hosts, pod_problems = parse_pods(list(self._pods.store.values()), spec)
-        synced = self._pods.synced and self._cluster.synced
-        snapshot = Snapshot(spec, tuple(hosts), synced, tuple(pod_problems))
-        memory = replace(
-            self.memory,
-            awaiting_write=self._awaiting(raw),
-            draining=read_draining(raw),
+    async def _act(self, decision: Decision, now: Instant) -> bool:
+        """Carry the decision out. True when done with it (written, nothing to write, dry run,
+        backing off, or given up); False when the RayCluster changed under it: replan."""
+        if decision.error is not None:
+            log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
+            return False
+        if not decision.writes or self._config.dry_run:
+            self._without_writes(decision)
+            return True
+        if now.mono < self._not_before:
+            self.status.last_outcome = "write backoff"
+            return True
+        return await self._carry_out(decision)
+
+    # --- observe and decide (no writes) --------------------------------------------------------
+
+    def observe(self, gcs: GcsView | None, now: Instant) -> Observation | None:
+        """Read the RayCluster and pods once; None when there is no RayCluster."""
+        raw = self._cluster.current()
+        if raw is None:
+            return None
+        self._notice_recreation(raw)
+        pods = list(self._pods.store.values())
+        return Observation(
+            raycluster=raw,
+            pods=pods,
+            gcs=gcs,
+            synced=self._pods.synced and self._cluster.synced,
+            awaiting_write=self._awaiting(raw, now.mono),
+            clock=self._host_clock(raw, pods, now.mono),
         )
-        return plan(snapshot, self._ray_state(), memory, self._policy, datetime.now(UTC))
 
-    def _ray_state(self) -> Any:
-        observation = self._poller.latest
-        if not observation.fresh(time.monotonic(), self._config.gcs_stale_after_s):
-            return None
-        try:
-            return parse_ray_state(observation.reply)
-        except RayStateError as err:
-            log.warning("unusable GCS reply: holding", error=str(err))
-            return None
+    def _host_clock(self, raw: Mapping[str, Any], pods: list[Any], now: float) -> HostClock:
+        hosts, _ = parse_pods(pods, parse_raycluster(raw))
+        self._liveness.observe_pods(now, hosts)
+        return self._liveness.clock(now)
 
-    def _awaiting(self, raw: Mapping[str, Any]) -> dict[str, str]:
+    def decide(self, observed: Observation, now: Instant) -> Decision:
+        return decide(observed, self.memory, self._policy, now.wall, self._config.drain_deadline_s)
+
+    def _gcs_view(self, now: Instant) -> GcsView | None:
+        observation = self._observation
+        if observation is None or not observation.fresh(now.mono, self._config.gcs_stale_after_s):
+            return None
+        return GcsView(observation.reply, observation.cluster_id, observation.gcs_epoch)
+
+    def _awaiting(self, raw: Mapping[str, Any], now: float) -> dict[str, str]:
         groups = {
             g.get("groupName"): g
             for g in raw.get("spec", {}).get("workerGroupSpecs") or []
             if isinstance(g, Mapping)
         }
-        now = time.monotonic()
         return {
             name: "waiting to observe our last write to this group"
             for name in self.expectations.groups()
@@ -179,68 +244,44 @@ class Reconciler:
             self.expectations.forget()
         self._uid = uid
 
-    async def _execute(self, raw: Mapping[str, Any], result: Plan) -> bool:
-        """Drain and patch. True when done (applied or given up), False to replan."""
-        draining = {
-            d.group: [x.slice_key for x in d.deletions if x.kind is DeleteKind.IDLE]
-            for d in result.groups
-            if any(x.kind is DeleteKind.IDLE for x in d.deletions)
-        }
-        if draining:
-            outcome = await self._writer.apply(record_ops(raw, draining), expected_uid=result.uid)
-            if outcome.kind != "applied":
-                return self._handle_failure(outcome)
-            assert outcome.obj is not None
-            raw = outcome.obj
-            self._cluster.observe(raw)
-            result = await self._drain(result)
-        try:
-            ops = build_patch(raw, result) + clear_ops(raw)
-        except PatchError as err:
-            log.info("plan no longer fits the RayCluster: replanning", error=str(err))
-            return False
-        if not ops:
-            return True
-        outcome = await self._writer.apply(ops, expected_uid=result.uid)
-        self.status.last_patch = ops
-        if outcome.kind == "applied":
-            self._applied(result, outcome)
-            return True
-        return self._handle_failure(outcome)
+    # --- writes ------------------------------------------------------------------------------
 
-    async def _drain(self, result: Plan) -> Plan:
-        deadline = deadline_in(self._config.drain_deadline_s)
-        # Pin the GCS the plan was made from: a replaced GCS accepts drains of unknown nodes.
-        cluster_id = self._poller.latest.cluster_id
-        jobs = {
-            (d.group, x.slice_key): drain_slice(
-                self._gcs,
-                [bytes.fromhex(n) for n in x.node_ids],
-                reason_message=f"kuberay-scaler: slice {x.slice_key} idle",
-                deadline_ms=deadline,
-                cluster_id=cluster_id,
-            )
-            for d in result.groups
-            for x in d.deletions
-            if x.kind is DeleteKind.IDLE and x.node_ids
+    def _without_writes(self, decision: Decision) -> None:
+        self.status.last_outcome = "dry run" if self._config.dry_run else "no change"
+        if decision.plan.changes:
+            self._log_decisions(decision.plan, dry_run=True)
+
+    async def _carry_out(self, decision: Decision) -> bool:
+        """Execute the writes. True when done (applied or given up), False to replan."""
+        done = await execute(
+            decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
+        )
+        self._keep_preemptions(decision, done.refused)
+        if done.step == "patch" and done.sent:
+            self.status.last_patch = list(done.sent)
+        if done.replan:
+            self.status.last_outcome = _outcome_text(done)
+            return False
+        if done.applied:
+            assert done.outcome is not None
+            self._applied(done.plan, done.outcome)
+            return True
+        if done.outcome is None:  # every slice kept and nothing else to write
+            self.status.last_outcome = "nothing to patch"
+            return True
+        return self._handle_failure(done.outcome)
+
+    def _keep_preemptions(self, decision: Decision, refused: frozenset[tuple[str, str]]) -> None:
+        """Remember the deadlines of slices drained for preemption (a refused one is retried)."""
+        keep = {
+            key: deadline
+            for key, deadline in decision.plan.memory.preempting.items()
+            if not any(key == s for _, s in refused)
         }
-        outcomes = await asyncio.gather(*jobs.values())
-        refused = set()
-        for key, drained in zip(jobs, outcomes, strict=True):
-            if not drained.may_delete:
-                refused.add(key)
-                log.warning(
-                    "slice kept: drain refused",
-                    group=key[0],
-                    slice=key[1],
-                    reason=drained.reason,
-                    hosts_already_drained=[n.hex() for n in drained.drained_node_ids],
-                )
-        self._poller.poll_soon()
-        return drop_deletions(result, refused)
+        self.memory = replace(self.memory, preempting=MappingProxyType(keep))
 
     def _applied(self, result: Plan, outcome: PatchOutcome) -> None:
-        now = time.monotonic()
+        now = self._monotonic()
         for d in result.groups:
             if not d.changes:
                 continue
@@ -263,12 +304,11 @@ class Reconciler:
 
     def _handle_failure(self, outcome: PatchOutcome) -> bool:
         self.status.last_outcome = f"patch {outcome.kind}: {outcome.message}"
-        if outcome.kind == "stale":
-            return False
+        now = self._monotonic()
         if outcome.kind == "throttled":
-            self._not_before = time.monotonic() + (outcome.retry_after or 1.0)
+            self._not_before = now + (outcome.retry_after or 1.0)
         elif outcome.kind != "gone":
-            self._not_before = time.monotonic() + self._write_backoff.next_delay()
+            self._not_before = now + self._write_backoff.next_delay()
         if outcome.kind == "forbidden":
             log.error("not allowed to patch the RayCluster", error=outcome.message)
         return True
@@ -276,24 +316,30 @@ class Reconciler:
     async def _refresh_quietly(self) -> None:
         try:
             await self._cluster.refresh()
-        except (ApiError, NoResponse) as err:
+        except Exception as err:  # the view's own errors: the next reconcile retries
             log.warning("RayCluster refresh failed", error=str(err))
 
-    async def _report(self, result: Plan) -> None:
+    # --- edges: report, metrics, logs, Events ------------------------------------------------
+
+    async def _report(self, decision: Decision, now: Instant, *, launches_asked: bool) -> None:
         """Tell Ray what we are doing, so `ray status` shows it."""
-        observation = self._poller.latest
-        if not observation.known or result.slice_map is None:
+        gcs = decision.gcs
+        if gcs is None or decision.plan.slice_map is None:
             return
-        version = observation.reply.cluster_resource_state.cluster_resource_state_version
-        report = report_from_plan(result, int(time.time()), observed_version=version)
+        report = report_from_plan(
+            decision.plan,
+            int(now.wall.timestamp()),
+            _version(gcs.reply),
+            launches_asked=launches_asked,
+        )
         try:
             await self._gcs.report(build_autoscaling_state(report))
-            self._poller.mark_reported(observation.gcs_epoch)
         except GcsError as err:
             log.debug("report to GCS failed", error=str(err))
 
-    def _publish(self, result: Plan) -> None:
-        self.status.last_plan = result
+    def _publish(self, decision: Decision) -> None:
+        self.status.last_decision = decision
+        result = decision.plan
         for d in result.groups:
             TARGET_REPLICAS.labels(d.group).set(d.target)
         if result.slice_map is None:
@@ -332,3 +378,26 @@ class Reconciler:
 
 _background: set[asyncio.Task[None]] = set()
 _EVENT_REASONS = {Action.SCALE_UP: "ScaledUp", Action.SCALE_DOWN: "ScaledDown"}
+
+
+def _alive_instances(reply: Any) -> list[str] | None:
+    """Instance ids (pod names) of the live Ray nodes in a reply; None when it is unusable."""
+    if reply is None:
+        return None
+    try:
+        ray = reply if isinstance(reply, RayState) else parse_ray_state(reply)
+    except RayStateError:
+        return None
+    return list(ray.node_by_instance())
+
+
+def _version(reply: Any) -> int:
+    """`cluster_resource_state_version` of a reply (0 for a reply given already parsed)."""
+    state = getattr(reply, "cluster_resource_state", None)
+    return int(getattr(state, "cluster_resource_state_version", 0))
+
+
+def _outcome_text(done: Executed) -> str:
+    if done.outcome is None:
+        return "plan no longer fits the RayCluster"
+    return f"{done.step} {done.outcome.kind}: {done.outcome.message}"

@@ -69,18 +69,20 @@ class Access:
 
 
 async def detect_access(
-    api: ApiClient, namespace: str, *, backoff: Backoff | None = None
+    api: ApiClient, namespace: str, *, name: str = "", backoff: Backoff | None = None
 ) -> Access:
     """Ask the API server what our token may do in `namespace`; logs the result once.
 
     Retries (with backoff) while the server is unreachable or answers 5xx, since a guess made
     during an outage would stick for the process's life. If reviews themselves are refused,
     assumes the most restricted mode (poll, no Events), which works under KubeRay's Role.
+    RayCluster checks name our RayCluster (`name`): a Role limited by resourceNames allows
+    exactly that one, and our list/watch carry fieldSelector metadata.name, authorized so.
     """
     retry = backoff or Backoff()
     while True:
         try:
-            access = await _review_all(api, namespace)
+            access = await _review_all(api, namespace, name)
             break
         except ApiError as error:
             if error.status < 500 and error.status != 429:
@@ -94,9 +96,9 @@ async def detect_access(
     return access
 
 
-async def _review_all(api: ApiClient, namespace: str) -> Access:
+async def _review_all(api: ApiClient, namespace: str, name: str) -> Access:
     checks = (*WATCH_RAYCLUSTERS, *CREATE_EVENTS, *REQUIRED)
-    answers = await asyncio.gather(*(_allowed(api, namespace, check) for check in checks))
+    answers = await asyncio.gather(*(_allowed(api, namespace, check, name) for check in checks))
     allowed = dict(zip(checks, answers, strict=True))
     return Access(
         watch_rayclusters=all(allowed[p] for p in WATCH_RAYCLUSTERS),
@@ -105,18 +107,19 @@ async def _review_all(api: ApiClient, namespace: str) -> Access:
     )
 
 
-async def _allowed(api: ApiClient, namespace: str, permission: Permission) -> bool:
+async def _allowed(api: ApiClient, namespace: str, permission: Permission, name: str) -> bool:
+    attributes = {
+        "namespace": namespace,
+        "verb": permission.verb,
+        "group": permission.group,
+        "resource": permission.resource,
+    }
+    if name and permission.resource == "rayclusters":
+        attributes["name"] = name
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
-        "spec": {
-            "resourceAttributes": {
-                "namespace": namespace,
-                "verb": permission.verb,
-                "group": permission.group,
-                "resource": permission.resource,
-            }
-        },
+        "spec": {"resourceAttributes": attributes},
     }
     answer = await request_json(api, _SSAR, "POST", _SSAR_PATH, body=review)
     return bool((answer.get("status") or {}).get("allowed"))

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
+from kuberay_scaler.defaults import raycluster_api
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, request_json
 
 log = structlog.get_logger(__name__)
@@ -116,7 +117,7 @@ class EventRecorder:
             "kind": "Event",
             "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": self._namespace},
             "involvedObject": {
-                "apiVersion": cluster.get("apiVersion") or "ray.io/v1",
+                "apiVersion": cluster.get("apiVersion") or raycluster_api(),
                 "kind": cluster.get("kind") or "RayCluster",
                 "name": name,
                 "namespace": self._namespace,

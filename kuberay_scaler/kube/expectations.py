@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kuberay_scaler.defaults import WRITE_EXPECTATION_TIMEOUT_S
+
 
 @dataclass(frozen=True)
 class Expectation:
@@ -34,7 +36,7 @@ class Expectation:
 class Expectations:
     """Per-group expectations; `timeout` in the same unit as `now` (monotonic seconds)."""
 
-    timeout: float = 30.0
+    timeout: float = WRITE_EXPECTATION_TIMEOUT_S
     _by_group: dict[str, Expectation] = field(default_factory=dict)
 
     def expect(

@@ -2,7 +2,10 @@
 
 List (paged), then watch from the list's resourceVersion with bookmarks. A clean end of the stream
 re-watches from the last seen resourceVersion; 410 Gone (HTTP or an ERROR event) relists and
-replaces the store, synthesizing DELETED changes for objects that vanished meanwhile; a stream
+replaces the store, synthesizing DELETED changes for objects that vanished meanwhile (at once
+after a watch that made progress; with its own jittered, growing backoff when 410s follow each
+other with nothing in between: a server answering 410 to every watch must not be listed in a
+tight loop); a stream
 silent for `silent_timeout` is treated as dead and re-opened; any other failure backs off
 (jittered, exponential, capped) and retries.
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
@@ -25,6 +28,7 @@ import structlog
 from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.backoff import Backoff
+from kuberay_scaler.defaults import CRD_VERSION, WATCH_SILENCE_TIMEOUT_S, rayclusters_path
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, open_stream, request_json
 from kuberay_scaler.metrics import WATCH_RESTARTS
 from kuberay_scaler.model.labels import LABEL_CLUSTER
@@ -57,11 +61,11 @@ class Source:
         )
 
     @classmethod
-    def raycluster(cls, namespace: str, name: str) -> Source:
+    def raycluster(cls, namespace: str, name: str, crd_version: str = CRD_VERSION) -> Source:
         """A single RayCluster, by field selector (needs list+watch on rayclusters)."""
         return cls(
             resource="rayclusters",
-            path=f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters",
+            path=rayclusters_path(namespace, crd_version),
             field_selector=f"metadata.name={name}",
         )
 
@@ -117,12 +121,14 @@ class Informer:
         api: ApiClient,
         source: Source,
         *,
-        silent_timeout: float = 120.0,
+        silent_timeout: float = WATCH_SILENCE_TIMEOUT_S,
         watch_timeout: float = 300.0,
         page_size: int = 500,
         connect_timeout: float = 10.0,
         backoff: Backoff | None = None,
+        relist_backoff: Backoff | None = None,
         on_change: OnChange | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._api = api
         self.source = source
@@ -131,6 +137,10 @@ class Informer:
         self._page_size = page_size
         self._connect_timeout = connect_timeout
         self._backoff = backoff or Backoff()
+        # client-go's reflector backs off relists from 800 ms up to 30 s.
+        self._relist_backoff = relist_backoff or Backoff(initial=0.8, cap=30.0)
+        self._watch_progressed = False  # a watch event arrived since the last relist
+        self._sleep = sleep
         self._on_change = on_change
         self._store: dict[str, RawObject] = {}
         self._resource_version: str | None = None
@@ -167,12 +177,26 @@ class Informer:
                 self._restart("gone")
                 self._resource_version = None
                 self._set_synced(False)
+                await self._before_relist()
             except (ApiError, NoResponse, BrokenStream) as error:
                 self._restart("error")
                 self._set_synced(False)
                 await self._sleep_backoff(error)
 
     # --- list -------------------------------------------------------------------------------
+
+    async def _before_relist(self) -> None:
+        """A 410 after progress relists at once; 410 after 410 waits longer each time."""
+        if self._watch_progressed:
+            self._relist_backoff.reset()
+            return
+        delay = self._relist_backoff.next_delay()
+        self._log.warning(
+            "relist after backoff: the watch made no progress since the last list",
+            delay_s=round(delay, 3),
+            relists=self._relist_backoff.failures,
+        )
+        await self._sleep(delay)
 
     async def _relist(self) -> None:
         items, resource_version = await self._list_all()
@@ -182,6 +206,7 @@ class Informer:
         self._store.clear()
         self._store.update(fresh)
         self._resource_version = resource_version
+        self._watch_progressed = False
         self._backoff.reset()
         self._log.info("listed", objects=len(fresh), changes=len(changes), rv=resource_version)
         self._synced = True
@@ -240,7 +265,8 @@ class Informer:
         received = 0
         while True:
             try:
-                line = await asyncio.wait_for(stream.readline(), self._silent_timeout)
+                async with asyncio.timeout(self._silent_timeout):
+                    line = await stream.readline()
             except TimeoutError:
                 self._restart("silent")
                 self._log.info("watch silent, reconnecting", silent_timeout=self._silent_timeout)
@@ -262,6 +288,7 @@ class Informer:
         if kind == "ERROR":
             _raise_for_status(obj)
         self._resource_version = _resource_version(obj) or self._resource_version
+        self._watch_progressed = True
         if kind == "BOOKMARK":
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
@@ -300,13 +327,15 @@ class Informer:
 
     async def _sleep_backoff(self, reason: object) -> None:
         delay = self._backoff.next_delay()
+        if isinstance(reason, ApiError) and reason.retry_after is not None:
+            delay = max(delay, reason.retry_after)  # honoured; capped by the transport
         self._log.warning(
             "watch retry after backoff",
             reason=str(reason),
             delay_s=round(delay, 3),
             failures=self._backoff.failures,
         )
-        await asyncio.sleep(delay)
+        await self._sleep(delay)
 
 
 def _parse_event(line: bytes) -> RawObject:

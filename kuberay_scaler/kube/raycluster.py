@@ -15,13 +15,13 @@ sets `uid_changed`: the loop drops its memory of the old one, then clears the ev
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
+from kuberay_scaler import defaults as D
 from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.informer import Change, Informer, Source
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, request_json
@@ -48,17 +48,18 @@ class RayClusterView:
         namespace: str,
         name: str,
         mode: Mode,
-        refresh_interval: float = 30.0,
-        debounce: float = 0.2,
-        silent_timeout: float = 120.0,
+        refresh_interval: float = D.RESYNC_INTERVAL_S,
+        debounce: float = D.DEBOUNCE_S,
+        silent_timeout: float = D.WATCH_SILENCE_TIMEOUT_S,
         backoff: Backoff | None = None,
         on_change: Callable[[], None] | None = None,
+        crd_version: str = D.CRD_VERSION,
     ) -> None:
         self._api = api
         self.mode: Mode = mode
         self.namespace = namespace
         self.name = name
-        self._path = f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/{name}"
+        self._path = f"{D.rayclusters_path(namespace, crd_version)}/{name}"
         self._refresh_interval = refresh_interval
         self._debounce = debounce
         self._backoff = backoff or Backoff()
@@ -73,7 +74,7 @@ class RayClusterView:
         if mode == "watch":
             self._informer = Informer(
                 api,
-                Source.raycluster(namespace, name),
+                Source.raycluster(namespace, name, crd_version),
                 silent_timeout=silent_timeout,
                 backoff=self._backoff,
                 on_change=self._on_watch_change,
@@ -144,9 +145,12 @@ class RayClusterView:
             await self._wait_for_nudge_or_refresh()
 
     async def _wait_for_nudge_or_refresh(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._nudged.wait(), self._refresh_interval)
-            await asyncio.sleep(self._debounce)  # more pod events usually follow: one GET for all
+        try:
+            async with asyncio.timeout(self._refresh_interval):
+                await self._nudged.wait()
+        except TimeoutError:
+            return
+        await asyncio.sleep(self._debounce)  # more pod events usually follow: one GET for all
 
     def _set_polled_ok(self, ok: bool) -> None:
         if ok != self._polled_ok:

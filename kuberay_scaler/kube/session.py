@@ -11,7 +11,9 @@ gives none. Watches pass their own timeout (no total, only connect), see `transp
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,7 +110,7 @@ def load_in_cluster(
     )
     try:
         loader.load_and_set(configuration)
-    except ConfigException as error:
+    except (ConfigException, OSError, ValueError) as error:
         raise SessionError(f"in-cluster Kubernetes credentials: {error}") from error
     configuration.verify_ssl = True
     hook = RotatingToken(Path(token_path))
@@ -117,12 +119,38 @@ def load_in_cluster(
 
 
 async def _load_kubeconfig(configuration: Configuration, kubeconfig: str) -> None:
+    _require_readable(kubeconfig)
     try:
         await load_kube_config(
             config_file=kubeconfig, client_configuration=configuration, persist_config=False
         )
-    except (ConfigException, OSError, ValueError, KeyError) as error:
-        raise SessionError(f"kubeconfig {kubeconfig}: {error}") from error
+    except Exception as error:  # YAML errors, missing keys, exec plugins failing: all one line
+        text = " ".join(str(error).split()) or type(error).__name__
+        raise SessionError(f"kubeconfig {kubeconfig}: {text}") from error
+
+
+def _require_readable(kubeconfig: str) -> None:
+    # The library only logs a missing file and goes on; a directory or unreadable file raises.
+    if not os.path.isfile(kubeconfig) or not os.access(kubeconfig, os.R_OK):
+        raise SessionError(f"kubeconfig {kubeconfig}: no such readable file")
+
+
+def check_credentials(kubeconfig: str | None) -> None:
+    """Load the credentials `open_api` would use, without talking to the server.
+
+    For `run` and `check-config` before anything starts; raises `SessionError` (one line).
+    """
+    quiet = logging.getLogger("kubernetes_asyncio")
+    was_disabled, quiet.disabled = quiet.disabled, True  # its warnings would add lines
+    try:
+        configuration = Configuration()
+        if kubeconfig is None:
+            load_in_cluster(configuration)
+        else:
+            asyncio.run(_load_kubeconfig(configuration, kubeconfig))
+        _refuse_cleartext_remote(configuration.host or "")
+    finally:
+        quiet.disabled = was_disabled
 
 
 def _refuse_cleartext_remote(host: str) -> None:

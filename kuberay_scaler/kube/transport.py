@@ -29,6 +29,11 @@ JSON_PATCH = "application/json-patch+json"
 _AUTH = ["BearerToken"]
 
 
+# A Retry-After longer than this (a day, a date years ahead) is read as this: honoured, but a
+# misbehaving server or proxy cannot stop the daemon for longer.
+MAX_RETRY_AFTER_S = 60.0
+
+
 @dataclass(frozen=True)
 class Target:
     """What a request is about, for metrics and error messages: verb and resource (`pods`)."""
@@ -142,7 +147,8 @@ async def _call(
 
 async def _read_error_body(response: aiohttp.ClientResponse, limit_s: float) -> bytes:
     try:
-        return await asyncio.wait_for(response.read(), limit_s)
+        async with asyncio.timeout(limit_s):
+            return await response.read()
     except (aiohttp.ClientError, TimeoutError):
         return b""  # the status code alone still classifies the error
 
@@ -173,18 +179,19 @@ def _api_error(
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None if absent/bad."""
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), at most
+    MAX_RETRY_AFTER_S; None if absent/bad."""
     if not value:
         return None
     value = value.strip()
     if value.isdigit():
-        return float(value)
+        return min(float(value), MAX_RETRY_AFTER_S)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
+    return min(MAX_RETRY_AFTER_S, max(0.0, when.timestamp() - current))
 
 
 def _describe(error: BaseException) -> str:

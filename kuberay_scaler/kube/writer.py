@@ -25,6 +25,7 @@ from typing import Any, Literal
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
+from kuberay_scaler.defaults import CRD_VERSION, rayclusters_path
 from kuberay_scaler.kube.transport import JSON_PATCH, ApiError, NoResponse, Target, request_json
 from kuberay_scaler.metrics import PATCHES
 
@@ -56,11 +57,13 @@ class PatchOutcome:
 class RayClusterWriter:
     """Patches one RayCluster (`namespace`/`name`) with RFC 6902 JSON patches."""
 
-    def __init__(self, api: ApiClient, *, namespace: str, name: str) -> None:
+    def __init__(
+        self, api: ApiClient, *, namespace: str, name: str, crd_version: str = CRD_VERSION
+    ) -> None:
         self._api = api
         self._namespace = namespace
         self._name = name
-        self._path = f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/{name}"
+        self._path = f"{rayclusters_path(namespace, crd_version)}/{name}"
         self._logged_invalid: set[str] = set()
 
     async def apply(self, ops: Sequence[dict[str, Any]], *, expected_uid: str) -> PatchOutcome:

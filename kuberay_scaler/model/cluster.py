@@ -6,6 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 INT32_MAX = 2_147_483_647
 # Bounds on numbers read from a RayCluster. The CRD allows far more; past these a group is skipped
@@ -17,7 +21,7 @@ DEFAULT_IDLE_TIMEOUT_S = 60.0
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
-def frozen_map(items: Mapping[str, object] | None = None) -> Mapping[str, object]:
+def frozen_map(items: Mapping[K, V] | None = None) -> Mapping[K, V]:
     """A read-only copy, so frozen dataclasses really are immutable."""
     return MappingProxyType(dict(items or {}))
 
@@ -46,8 +50,10 @@ class ContainerShape:
     name: str
     cpu: float | None = None
     memory_bytes: float | None = None
-    gpu: float | None = None
-    tpu: float | None = None
+    gpu: float | None = None  # the first limit (then request) whose name ends in "gpu", as Ray
+    tpu: float | None = None  # google.com/tpu
+    # Other accelerators by the Ray resource a node gets for them (e.g. neuron_cores, HPU).
+    accelerators: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,6 @@ class WorkerGroup:
     container: ContainerShape
     node_selector: Mapping[str, str]
     workers_to_delete: tuple[str, ...]
-    scale_strategy_present: bool
 
     @property
     def is_multi_host(self) -> bool:

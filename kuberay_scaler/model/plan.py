@@ -9,8 +9,10 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.model.hosts import Host
+from kuberay_scaler.model.ray import GangDemand, TaskDemand
 from kuberay_scaler.model.reasons import (
     Action,
     Demand,
@@ -22,12 +24,18 @@ from kuberay_scaler.model.reasons import (
     ScaleDown,
     ScaleUp,
 )
-from kuberay_scaler.model.slices import SliceMap
+from kuberay_scaler.model.slices import Slice, SliceMap
 
 
 class DeleteKind(StrEnum):
+    """How a slice leaves; IDLE and SURPLUS deletions go only if every drain is accepted."""
+
     IDLE = "idle"  # drain every host first; delete only if every drain is accepted
     REPLACE = "replace"  # broken: delete as a unit, KubeRay creates a fresh replica
+    PREEMPT = "preempt"  # busy, above maxReplicas: drain (preemption, deadline), delete later
+    # Above maxReplicas with no work: hosts that joined Ray are idle and drained first (none for
+    # a slice still coming up or one already drained for preemption).
+    SURPLUS = "surplus"
 
 
 @dataclass(frozen=True)
@@ -51,9 +59,18 @@ class GroupDecision:
     held: Hold | None = None  # why nothing (or only part) was decided for this group
     reasons: tuple[Reason, ...] = ()
     launching_hosts: int = 0  # hosts asked for and not yet in Ray, for the report to Ray
+    new_hosts: int = 0  # of those, the hosts of slices this very plan adds (not yet written)
+    # Busy slices above maxReplicas to drain with reason preemption now; deleted in a later plan
+    # once drained or past their deadline (never in this one).
+    preempt: tuple[SliceDeletion, ...] = ()
 
     @property
     def changes(self) -> bool:
+        return self.spec_changes or bool(self.preempt)
+
+    @property
+    def spec_changes(self) -> bool:
+        """Whether the RayCluster's group changes (preemption drains alone do not patch)."""
         return self.target != self.current or bool(self.deletions) or self.clear_workers_to_delete
 
     @property
@@ -62,7 +79,7 @@ class GroupDecision:
             return Action.SCALE_UP
         if any(x.kind is DeleteKind.REPLACE for x in self.deletions):
             return Action.REPLACE
-        if self.target < self.current or self.deletions:
+        if self.target < self.current or self.deletions or self.preempt:
             return Action.SCALE_DOWN
         if self.clear_workers_to_delete:
             return Action.CLEAR_WORKERS_TO_DELETE
@@ -79,7 +96,8 @@ class GroupDecision:
             faults = [x.reason.kind for x in self.deletions if x.kind is DeleteKind.REPLACE]
             return str(faults[0] or "broken")
         if action is Action.SCALE_DOWN:
-            return str(self.deletions[0].reason.kind) if self.deletions else "replicas_above_max"
+            first = (*self.deletions, *self.preempt)
+            return str(first[0].reason.kind) if first else "replicas_above_max"
         if action is Action.CLEAR_WORKERS_TO_DELETE:
             return "workers_deleted"
         return "none"
@@ -92,6 +110,8 @@ class Infeasible:
     missing: str = ""  # the bundle no host offers (placement groups)
     count: int = 1
     certain: bool = True  # no group of this cluster can ever serve it, whatever the replicas
+    # What Ray asked for, so the report can name it back (ReportAutoscalingState).
+    request: TaskDemand | GangDemand | None = None
 
     @property
     def reason(self) -> str:
@@ -122,6 +142,9 @@ class Memory:
     # Slices recorded on the RayCluster as being drained (group → slice keys): a restart in the
     # middle of a scale-down finishes it instead of forgetting it.
     draining: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # Busy slices above maxReplicas drained for preemption: slice key → when the drain's time is
+    # up (kept by the planner; a restart forgets it and drains again, so the wait only grows).
+    preempting: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -132,6 +155,7 @@ class Snapshot:
     hosts: tuple[Host, ...]
     synced: bool = True  # False while the pod cache or the RayCluster view is not trustworthy
     problems: tuple[Problem, ...] = ()  # pods that cannot be used
+    clock: HostClock | None = None  # the daemon's liveness memory; None: the pods' timestamps
 
 
 @dataclass(frozen=True)
@@ -152,6 +176,10 @@ class Plan:
 
     def group(self, name: str) -> GroupDecision | None:
         return next((g for g in self.groups if g.group == name), None)
+
+    def _slices_doc(self, group: str) -> list[dict[str, Any]]:
+        gs = self.slice_map.groups.get(group) if self.slice_map else None
+        return [slice_doc(sl) for sl in gs.slices] if gs else []
 
     def summary(self) -> dict[str, Any]:
         """The plan as the `plan` command and /debug/plan print it (without the patch)."""
@@ -174,8 +202,17 @@ class Plan:
                     ],
                     "drain": [n for d in g.deletions for n in d.node_ids],
                     "clear_workers_to_delete": g.clear_workers_to_delete,
+                    "preempt": [
+                        {
+                            "slice": d.slice_key,
+                            "pods": list(d.pods),
+                            "reason": _reason_doc(d.reason),
+                        }
+                        for d in g.preempt
+                    ],
                     "held": _hold_doc(g.held),
                     "reasons": [_reason_doc(r) for r in g.reasons],
+                    "slices": self._slices_doc(g.group),
                 }
                 for g in self.groups
             ],
@@ -193,6 +230,33 @@ class Plan:
                 {"kind": p.kind.value, "group": p.group, "text": str(p)} for p in self.problems
             ],
         }
+
+
+def slice_doc(sl: Slice) -> dict[str, Any]:
+    """One slice as people read it: state and why, and each host with its Ray node."""
+    idle_ms = sl.idle_ms()
+    return {
+        "slice": sl.key,
+        "state": sl.state.value,
+        "reason": sl.reason,
+        "idle_s": None if idle_ms is None else round(idle_ms / 1000, 1),
+        "hosts": [
+            {
+                "pod": h.pod_name,
+                "host_index": h.host_index,
+                "phase": h.phase.value,
+                "detail": h.detail,
+                "ray_node": sl.nodes[h.pod_name].node_id if h.pod_name in sl.nodes else None,
+                "ray_status": sl.nodes[h.pod_name].status.value if h.pod_name in sl.nodes else None,
+                "idle_s": (
+                    round(sl.nodes[h.pod_name].idle_ms / 1000, 1)
+                    if h.pod_name in sl.nodes and sl.nodes[h.pod_name].idle
+                    else None
+                ),
+            }
+            for h in sl.hosts
+        ],
+    }
 
 
 def _hold_doc(hold: Hold | None) -> dict[str, Any] | None:

@@ -120,7 +120,6 @@ class RayState:
     tasks: tuple[TaskDemand, ...]
     gangs: tuple[GangDemand, ...]
     constraint: tuple[TaskDemand, ...]  # the request_resources floor for the whole cluster
-    session_name: str = ""
 
     def node_by_instance(self) -> dict[str, RayNode]:
         """Alive nodes keyed by instance id (pod name); a DEAD entry never hides a live one."""

@@ -132,6 +132,10 @@ class Waiting:
 class ScaleDownKind(StrEnum):
     IDLE = "idle"  # every host idle for at least the idle timeout
     RECORDED_DRAIN = "recorded_drain"  # finishing a drain recorded before a restart
+    # Above maxReplicas (Ray: MAX_NUM_NODE_PER_TYPE): whole surplus slices leave, idle first.
+    ABOVE_MAX = "above_max"  # a slice with no work (no Ray node, or all hosts idle)
+    PREEMPT = "preempt"  # a busy surplus slice: drained (reason preemption) until its deadline
+    PREEMPTED = "preempted"  # a preempted slice whose hosts are drained or whose deadline passed
 
 
 @dataclass(frozen=True)
@@ -141,10 +145,21 @@ class ScaleDown:
     hosts: int = 0
     idle_s: float = 0.0
     timeout_s: float = 0.0
+    running: int = 0  # ABOVE_MAX / PREEMPT: slices the group runs
+    limit: int = 0  # ABOVE_MAX / PREEMPT: maxReplicas
+    deadline: datetime | None = None  # PREEMPT / PREEMPTED: when the drain's time is up
 
     def __str__(self) -> str:
         if self.kind is ScaleDownKind.RECORDED_DRAIN:
             return f"remove slice {self.slice}: finishing a drain recorded before a restart"
+        above = f"{self.running} slices running, above maxReplicas {self.limit}"
+        until = self.deadline.isoformat() if self.deadline else "?"
+        if self.kind is ScaleDownKind.ABOVE_MAX:
+            return f"remove slice {self.slice}: {above}; no work on it"
+        if self.kind is ScaleDownKind.PREEMPT:
+            return f"drain slice {self.slice} for preemption until {until}: {above}; busy"
+        if self.kind is ScaleDownKind.PREEMPTED:
+            return f"remove slice {self.slice}: drained for preemption (deadline {until})"
         return (
             f"remove slice {self.slice}: all {self.hosts} hosts idle for"
             f" {self.idle_s:.0f} s ≥ {self.timeout_s:.0f} s"
@@ -215,7 +230,52 @@ class ClearWorkersToDelete:
         return f"clear workersToDelete: all {self.count} named pod(s) are gone"
 
 
-Reason = ScaleUp | Waiting | ScaleDown | Replace | Keep | ClearWorkersToDelete | Hold
+class UnchangedKind(StrEnum):
+    """Why a group's slices stay as they are (said for every group a plan leaves alone)."""
+
+    NO_SLICES = "no_slices"  # nothing runs and no demand asks for this group
+    BUSY = "busy"  # some host of the slice runs work
+    IDLE_BELOW_TIMEOUT = "idle_below_timeout"  # idle, not yet for the idle timeout
+    NEEDED = "needed"  # idle, but pending demand or request_resources was placed on it
+    KEPT = "kept"  # idle past the timeout but kept: minReplicas (see the Keep reason)
+    PENDING = "pending"  # coming up
+    PARTIAL = "partial"  # fewer pods than numOfHosts (or unlabelled pods)
+    BROKEN = "broken"  # broken, not replaced in this plan (see the Keep reason)
+    TERMINATING = "terminating"  # being deleted already
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """`count` slices of one kind that stay; `slice` is one of them, for the reader."""
+
+    kind: UnchangedKind
+    count: int = 0
+    slice: str = ""
+    idle_s: float = 0.0  # IDLE_BELOW_TIMEOUT: the longest idle among them
+    timeout_s: float = 0.0
+    detail: str = ""  # the slice map's reason for PENDING / PARTIAL / BROKEN / TERMINATING
+
+    def __str__(self) -> str:
+        example = f" (e.g. {self.slice}: {self.detail})" if self.detail else ""
+        match self.kind:
+            case UnchangedKind.NO_SLICES:
+                return "no slices, and no demand this group serves"
+            case UnchangedKind.BUSY:
+                return f"{self.count} slice(s) busy{example}"
+            case UnchangedKind.IDLE_BELOW_TIMEOUT:
+                return (
+                    f"{self.count} slice(s) idle below the timeout"
+                    f" (longest {self.idle_s:.0f} s < {self.timeout_s:.0f} s)"
+                )
+            case UnchangedKind.NEEDED:
+                return f"{self.count} idle slice(s) kept: pending demand fits on them"
+            case UnchangedKind.KEPT:
+                return f"{self.count} idle slice(s) kept: minReplicas"
+            case _:
+                return f"{self.count} slice(s) {self.kind.value}{example}"
+
+
+Reason = ScaleUp | Waiting | ScaleDown | Replace | Keep | ClearWorkersToDelete | Hold | Unchanged
 
 
 class ProblemKind(StrEnum):

@@ -72,7 +72,7 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
         is_head=is_head,
         phase=phase,
         detail=detail,
-        labels=frozen_map(labels),  # type: ignore[arg-type]
+        labels=frozen_map(labels),
         node_name=node_name if isinstance(node_name, str) and node_name else None,
         created_at=_time(meta.get("creationTimestamp")),
         slice_key=_slice_key(name, labels, spec, group),

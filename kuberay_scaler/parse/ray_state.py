@@ -50,7 +50,6 @@ def parse_ray_state(reply: object) -> RayState:
         tasks=tuple(_task(r) for r in state.pending_resource_requests if r.count > 0),
         gangs=tuple(g for g in (_gang(g) for g in state.pending_gang_resource_requests) if g),
         constraint=_constraint(state.cluster_resource_constraints),
-        session_name=state.cluster_session_name,
     )
 
 
@@ -95,9 +94,9 @@ def _node(node: Any) -> RayNode:
         instance_id=node.instance_id,
         node_type=node.ray_node_type_name,
         status=_status(node.status),
-        total=frozen_map(total),  # type: ignore[arg-type]
-        available=frozen_map(_plain_resources(node.available_resources)),  # type: ignore[arg-type]
-        labels=frozen_map(labels),  # type: ignore[arg-type]
+        total=frozen_map(total),
+        available=frozen_map(_plain_resources(node.available_resources)),
+        labels=frozen_map(labels),
         idle_ms=int(node.idle_duration_ms),
         ip=node.node_ip_address,
         is_head=HEAD_RESOURCE in node.total_resources,
@@ -125,7 +124,7 @@ def _finite(resources: Mapping[str, float]) -> dict[str, float]:
 
 def _bundle(request: Any) -> Bundle:
     return Bundle(
-        resources=frozen_map(_finite(request.resources_bundle)),  # type: ignore[arg-type]
+        resources=frozen_map(_finite(request.resources_bundle)),
         selectors=tuple(_selector(s) for s in request.label_selectors if s.label_constraints),
     )
 

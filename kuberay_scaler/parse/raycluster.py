@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,12 @@ from kuberay_scaler.model.cluster import (
     frozen_map,
 )
 from kuberay_scaler.parse.quantity import parse_amount, resources_json
+
+# Container resources a Ray node reports as a resource of its own name. KubeRay's `ray start`
+# adds neuron_cores for AWS Neuron (its customAcceleratorToRayResourceMap); Ray's HPU
+# accelerator manager reports Gaudi devices visible in the pod as HPU.
+OTHER_ACCELERATORS = {"aws.amazon.com/neuroncore": "neuron_cores", "habana.ai/gaudi": "HPU"}
+_MIG = re.compile(r"nvidia\.com/mig-\d+g\.\d+gb")
 
 
 class GroupError(ValueError):
@@ -144,7 +151,6 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
         container=_ray_container(pod_spec),
         node_selector=_string_map(pod_spec.get("nodeSelector"), "template nodeSelector"),
         workers_to_delete=_workers_to_delete(scale_strategy),
-        scale_strategy_present=isinstance(scale_strategy, Mapping),
     )
 
 
@@ -223,9 +229,44 @@ def _ray_container(pod_spec: Mapping[str, Any]) -> ContainerShape:
         name=name,
         cpu=_resource(limits, requests, "cpu"),
         memory_bytes=_resource(limits, requests, "memory"),
-        gpu=_resource(limits, requests, "nvidia.com/gpu"),
+        gpu=_gpu(limits, requests),
         tpu=_resource(limits, requests, "google.com/tpu"),
+        accelerators=frozen_map(_other_accelerators(limits)),
     )
+
+
+def _gpu(limits: Mapping[str, Any], requests: Mapping[str, Any]) -> float | None:
+    """Ray's rule: the first limit, then request, whose name ends in "gpu" and is above 0.
+
+    That covers nvidia.com/gpu, amd.com/gpu and any vendor spelling it that way. NVIDIA MIG
+    devices (nvidia.com/mig-<g>g.<mem>gb) count too: KubeRay's `ray start` passes them as
+    --num-gpus, so the node has them even though Ray's autoscaling config does not see them.
+    """
+    for source in (limits, requests):
+        for key, raw in source.items():
+            if isinstance(key, str) and (key.endswith("gpu") or _MIG.fullmatch(key)):
+                count = _quantity(raw, key)
+                if count > 0:
+                    return count
+    return None
+
+
+def _other_accelerators(limits: Mapping[str, Any]) -> dict[str, float]:
+    """Accelerators a node reports under a resource of their own (KubeRay / Ray's detection)."""
+    out: dict[str, float] = {}
+    for key, resource in OTHER_ACCELERATORS.items():
+        if key in limits:
+            count = _quantity(limits[key], key)
+            if count > 0:
+                out[resource] = count
+    return out
+
+
+def _quantity(raw: object, key: str) -> float:
+    try:
+        return parse_amount(raw)
+    except ValueError as err:
+        raise GroupError(f"container resource {key}: {err}") from None
 
 
 def _resource(limits: Mapping[str, Any], requests: Mapping[str, Any], key: str) -> float | None:

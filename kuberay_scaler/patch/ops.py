@@ -27,7 +27,7 @@ def build_patch(raycluster: Mapping[str, Any], plan: Plan) -> list[Op]:
     ops: list[Op] = []
     groups = raycluster.get("spec", {}).get("workerGroupSpecs") or []
     for decision in plan.groups:
-        if decision.changes:
+        if decision.spec_changes:
             ops += _group_ops(groups, decision, _planned_from(plan, decision.group))
     if ops and plan.uid:
         ops.insert(0, {"op": "test", "path": "/metadata/uid", "value": plan.uid})
@@ -97,7 +97,7 @@ def drop_deletions(plan: Plan, slice_keys: Collection[tuple[str, str]]) -> Plan:
             groups.append(d)
             continue
         kept = tuple(x for x in d.deletions if x not in dropped)
-        back = sum(1 for x in dropped if x.kind is DeleteKind.IDLE)
+        back = sum(1 for x in dropped if x.kind in (DeleteKind.IDLE, DeleteKind.SURPLUS))
         reasons = (*d.reasons, *(Keep(KeepKind.DRAIN_REFUSED, slice=x.slice_key) for x in dropped))
         groups.append(replace(d, deletions=kept, target=d.target + back, reasons=reasons))
     return replace(plan, groups=tuple(groups))

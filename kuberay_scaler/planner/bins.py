@@ -21,6 +21,16 @@ from kuberay_scaler.planner.shapes import ACCELERATORS, HostShape
 
 EPSILON = 1e-9
 UNBOUNDED = 1 << 30
+# Every Ray node has one unit of `node:__internal_implicit_resource_<name>` for any name, without
+# reporting it (Ray Serve's max_replicas_per_node asks for fractions of it). Ray's scheduler reads
+# a missing one as 1.0; so do we, on existing hosts and on hosts a plan adds.
+IMPLICIT_PREFIX = "node:__internal_implicit_resource_"
+
+
+def free_amount(free: Mapping[str, float], resource: str) -> float:
+    """What is left of `resource`, with the implicit resources Ray never reports at 1."""
+    default = 1.0 if resource.startswith(IMPLICIT_PREFIX) else 0.0
+    return free.get(resource, default)
 
 
 @dataclass(eq=False)
@@ -80,7 +90,7 @@ def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[s
     for resource, need in bundle.resources.items():
         if need <= 0:
             continue
-        copies = min(copies, _whole_copies((free.get(resource, 0.0) + EPSILON) / need))
+        copies = min(copies, _whole_copies((free_amount(free, resource) + EPSILON) / need))
         if copies == 0:
             return 0
     return copies
@@ -96,14 +106,14 @@ def _whole_copies(ratio: float) -> int:
 def take(bin_: Bin, bundle: Bundle, copies: int = 1) -> None:
     for resource, need in bundle.resources.items():
         if need > 0:
-            bin_.free[resource] = bin_.free.get(resource, 0.0) - need * copies
+            bin_.free[resource] = free_amount(bin_.free, resource) - need * copies
     bin_.used = True
 
 
 def give_back(bin_: Bin, bundle: Bundle, copies: int = 1) -> None:
     for resource, need in bundle.resources.items():
         if need > 0:
-            bin_.free[resource] = bin_.free.get(resource, 0.0) + need * copies
+            bin_.free[resource] = free_amount(bin_.free, resource) + need * copies
 
 
 def place_copies(bundle: Bundle, count: int, bins: Iterable[Bin]) -> int:

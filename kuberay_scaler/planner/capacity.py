@@ -6,6 +6,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from kuberay_scaler.model.hosts import Host, HostPhase
+from kuberay_scaler.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
 from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
 from kuberay_scaler.model.slices import SliceMap, SliceState
 from kuberay_scaler.planner.bins import Bin, accelerators_of, bins_for_new_slice
@@ -34,11 +35,13 @@ def build_capacity(
     """
     cap = Capacity()
     owner = _slice_of_pod(slice_map)
+    unidentified = _unidentified_pods(slice_map)
     for node in ray.nodes:
         if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
             continue
         group, key, state = owner.get(node.instance_id, (None, None, None))
-        if state is not None and state not in (SliceState.COMPLETE, SliceState.PENDING):
+        usable = state in (None, SliceState.COMPLETE, SliceState.PENDING)
+        if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
         cap.available.append(_node_bin(node, group, key, node.available))
         cap.total.append(_node_bin(node, group, key, node.total))
@@ -47,7 +50,11 @@ def build_capacity(
         if shape is None:
             continue
         for sl in gs.slices:
-            if sl.state is SliceState.PENDING:
+            if sl.hosts and sl.hosts[0].pod_name in unidentified:
+                # No replica label: siblings unknown. Count only what each pod really is (its
+                # Ray node, or one launching host), never a whole fresh slice per pod.
+                _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
+            elif sl.state is SliceState.PENDING:
                 _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
             elif sl.state is SliceState.PARTIAL or (
                 sl.state is SliceState.BROKEN and name in replacing
@@ -55,7 +62,11 @@ def build_capacity(
                 # KubeRay deletes a replica missing pods and recreates it whole; a replaced
                 # one is recreated too. Either way a complete fresh slice is on its way.
                 _add_fresh_slice(cap, name, sl.key, shape)
-        counted = sum(1 for s in gs.slices if s.state in COUNTED)
+        loose = sum(len(s.hosts) for s in gs.slices if s.hosts[0].pod_name in unidentified)
+        counted = sum(
+            1 for s in gs.slices if s.state in COUNTED and s.hosts[0].pod_name not in unidentified
+        )
+        counted += -(-loose // gs.group.num_of_hosts)  # replicas those pods may belong to
         virtual = max(0, gs.group.effective_replicas - counted)
         cap.virtual[name] = virtual
         for i in range(virtual):
@@ -66,6 +77,19 @@ def build_capacity(
 def _add_fresh_slice(cap: Capacity, group: str, key: str, shape: SliceShape) -> None:
     for bins in (cap.available, cap.total):
         bins.extend(_as_launching(bins_for_new_slice(group, key, shape.hosts)))
+
+
+def _unidentified_pods(slice_map: SliceMap) -> set[str]:
+    """Live pods of multi-host groups without a replica label (their slice cannot be known)."""
+    return {
+        host.pod_name
+        for gs in slice_map.groups.values()
+        if gs.group.is_multi_host
+        for sl in gs.slices
+        if sl.state is SliceState.PARTIAL
+        for host in sl.hosts
+        if not (LABEL_REPLICA_NAME in host.labels or LABEL_LEGACY_REPLICA in host.labels)
+    }
 
 
 def _slice_of_pod(slice_map: SliceMap) -> dict[str, tuple[str, str, SliceState]]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 
+from kuberay_scaler.defaults import MAX_REPLACE_BACKOFF_S, REPLACE_BACKOFF_S
 from kuberay_scaler.model.cluster import ClusterSpec, Problem, UpscalingMode
 from kuberay_scaler.model.plan import (
     DeleteKind,
@@ -35,9 +36,16 @@ from kuberay_scaler.model.reasons import (
 from kuberay_scaler.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.planner.bins import bins_for_new_slice
 from kuberay_scaler.planner.capacity import Capacity, build_capacity
+from kuberay_scaler.planner.explain import why_unchanged
 from kuberay_scaler.planner.pool import Pool
 from kuberay_scaler.planner.replace import backing_off, live_backoff, replacements
-from kuberay_scaler.planner.scale_down import finish_recorded_drains, idle_deletions, idle_timeout
+from kuberay_scaler.planner.scale_down import (
+    Surplus,
+    finish_recorded_drains,
+    idle_deletions,
+    idle_timeout,
+    surplus_removals,
+)
 from kuberay_scaler.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 from kuberay_scaler.planner.shapes import ShapeError, SliceShape, slice_shape
 from kuberay_scaler.slicemap import SliceTimeouts, build_slice_map
@@ -49,8 +57,10 @@ class Policy:
 
     idle_timeout_override_s: float | None = None
     timeouts: SliceTimeouts = field(default_factory=SliceTimeouts)
-    replace_backoff_s: float = 300.0
-    max_backoff_s: float = 1800.0
+    replace_backoff_s: float = REPLACE_BACKOFF_S
+    max_backoff_s: float = MAX_REPLACE_BACKOFF_S
+    # How long a busy slice above maxReplicas is drained (reason preemption) before deletion.
+    preempt_deadline_s: float = 600.0
 
 
 @dataclass
@@ -74,7 +84,7 @@ def plan(
     )
     if not snapshot.synced:
         return _held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED))
-    slice_map = build_slice_map(spec, snapshot.hosts, ray, now, policy.timeouts)
+    slice_map = build_slice_map(spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock)
     problems += _problems(ProblemKind.SLICE_MAP, slice_map.problems)
     groups = _analyse(slice_map, memory, problems)
     if spec.suspended:
@@ -90,8 +100,19 @@ def plan(
     fit = _fit_demand(ray, capacity, rooms)
     needed = _needed(capacity)
     backoff = dict(memory.backoff)
+    preempting: dict[str, datetime] = {}
     decisions = [
-        _decide(g, rooms[n], needed, capacity.virtual.get(n, 0), spec, policy, backoff, now)
+        _decide(
+            g,
+            rooms[n],
+            needed,
+            capacity.virtual.get(n, 0),
+            spec,
+            policy,
+            backoff,
+            now,
+            (memory.preempting, preempting),
+        )
         for n, g in groups.items()
     ]
     decisions.sort(key=lambda d: d.index)
@@ -112,7 +133,11 @@ def plan(
         infeasible=tuple(_merge_infeasible(fit.infeasible)),
         problems=tuple(problems),
         slice_map=slice_map,
-        memory=replace(memory, backoff=MappingProxyType(live_backoff(backoff, now))),
+        memory=replace(
+            memory,
+            backoff=MappingProxyType(live_backoff(backoff, now)),
+            preempting=MappingProxyType(preempting),
+        ),
     )
     return finish_recorded_drains(result, memory.draining)
 
@@ -236,6 +261,7 @@ def _decide(
     policy: Policy,
     backoff: dict[str, ReplaceBackoff],
     now: datetime,
+    preempting: tuple[Mapping[str, datetime], dict[str, datetime]] = ({}, {}),
 ) -> GroupDecision:
     group = g.slices.group
     base = GroupDecision(
@@ -253,6 +279,20 @@ def _decide(
     deletions: list[SliceDeletion] = []
     if g.hold_down:
         reasons.append(g.hold_down)
+    elif (surplus := _above_max(g, preempting, policy, now, reasons)) is not None:
+        # Above maxReplicas: whole surplus slices leave and the target is maxReplicas. KubeRay
+        # already clamps replicas to maxReplicas, so writing it changes nothing for slices that
+        # stay (busy ones being drained); a plan that only drains writes nothing.
+        target = group.max_replicas if surplus.deletions else group.replicas
+        return replace(
+            base,
+            target=target,
+            deletions=tuple(surplus.deletions),
+            preempt=tuple(surplus.preempt),
+            clear_workers_to_delete=g.clear_wtd and not surplus.deletions,
+            reasons=tuple(reasons),
+            launching_hosts=_launching_hosts(g, virtual),
+        )
     else:
         deletions += replacements(
             g.slices, backoff, policy.replace_backoff_s, policy.max_backoff_s, now, reasons
@@ -266,7 +306,7 @@ def _decide(
     idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
     scaled = room.added or idle_deleted
     target = group.effective_replicas + room.added - idle_deleted if scaled else group.replicas
-    return replace(
+    decision = replace(
         base,
         target=target,
         deletions=tuple(deletions),
@@ -274,7 +314,32 @@ def _decide(
         held=g.hold_down,
         reasons=tuple(reasons),
         launching_hosts=_launching_hosts(g, virtual + room.added),
+        new_hosts=room.added * group.num_of_hosts,
     )
+    if decision.changes or g.hold_down:
+        return decision
+    # Nothing changes: say why, slice kind by slice kind (busy, idle below the timeout, ...).
+    timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
+    steady = why_unchanged(g.slices, needed, timeout_s)
+    return replace(decision, reasons=(*decision.reasons, *steady))
+
+
+def _above_max(
+    g: _Group,
+    preempting: tuple[Mapping[str, datetime], dict[str, datetime]],
+    policy: Policy,
+    now: datetime,
+    reasons: list[Reason],
+) -> Surplus | None:
+    """The surplus removals of a group running more slices than maxReplicas, else None."""
+    known, kept = preempting
+    found: list[Reason] = []
+    surplus = surplus_removals(g.slices, known, policy.preempt_deadline_s, now, found)
+    if surplus.running <= g.slices.group.max_replicas:
+        return None
+    reasons.extend(found)
+    kept.update(surplus.preempting)
+    return surplus
 
 
 def _launching_hosts(g: _Group, launching_slices: int) -> int:
@@ -326,7 +391,11 @@ def _held_plan(
 
 
 def _merge_infeasible(items: list[Infeasible]) -> list[Infeasible]:
-    merged: Counter[Infeasible] = Counter()
+    # Keyed without `request` (its mappings do not hash); the first request stands for all.
+    merged: Counter[tuple[object, ...]] = Counter()
+    first: dict[tuple[object, ...], Infeasible] = {}
     for item in items:
-        merged[replace(item, count=1)] += item.count
-    return [replace(item, count=n) for item, n in merged.items()]
+        key = (item.demand, item.kind, item.missing, item.certain)
+        merged[key] += item.count
+        first.setdefault(key, item)
+    return [replace(first[key], count=n) for key, n in merged.items()]

@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable, Sequence
 from kuberay_scaler.model.ray import Bundle, LabelSelector, selectors_match
 from kuberay_scaler.planner.bins import (
     EPSILON,
+    IMPLICIT_PREFIX,
     Bin,
     copies_that_fit,
     needs_accelerator,
@@ -127,10 +128,15 @@ def new_accelerator(bin_: Bin) -> bool:
 
 
 def _scarcest(bundle: Bundle) -> str | None:
-    asked = [r for r, need in bundle.resources.items() if need > 0]
+    # Implicit resources are on every host even when not listed: no jump may skip over them.
+    asked = [r for r, need in bundle.resources.items() if need > 0 and not implicit(r)]
     preferred = [r for r in _SKIP_PREFERENCE if r in asked]
     others = sorted(r for r in asked if r not in _SKIP_PREFERENCE and r != "memory")
     return next(iter(preferred + others), None)
+
+
+def implicit(resource: str) -> bool:
+    return resource.startswith(IMPLICIT_PREFIX)
 
 
 def _required_label(selectors: tuple[LabelSelector, ...]) -> tuple[str, frozenset[str]] | None:

@@ -270,7 +270,14 @@ def _unserved(
         # Only an existing node (e.g. a bundle pinned to one TPU slice) can serve it: never launch.
         fit.waiting_on_existing[demand] += count
     else:
-        fit.infeasible.append(Infeasible(demand, InfeasibleKind.NO_GROUP_OFFERS, count=count))
+        fit.infeasible.append(
+            Infeasible(
+                demand,
+                InfeasibleKind.NO_GROUP_OFFERS,
+                count=count,
+                request=TaskDemand(bundle, count),
+            )
+        )
 
 
 def _unserved_gang(
@@ -290,7 +297,7 @@ def _unserved_gang(
             if gang.strategy is GangStrategy.STRICT_PACK
             else InfeasibleKind.NO_GROUP_OFFERS_BUNDLE
         )
-        fit.infeasible.append(Infeasible(demand, kind, missing=missing.describe()))
+        fit.infeasible.append(Infeasible(demand, kind, missing=missing.describe(), request=gang))
         return False
     if not any(options):
         fit.waiting_on_existing[demand] += 1

@@ -29,7 +29,8 @@ TPU_GENERATIONS = {
 }
 SINGLE_CORE_GENERATIONS = ("v5litepod", "v6e")
 STANDARD = ("CPU", "GPU", "TPU", "memory")
-ACCELERATORS = ("GPU", "TPU")
+# Resources that make a host an accelerator host (plain demand is kept off those; contract §6).
+ACCELERATORS = ("GPU", "TPU", "neuron_cores", "HPU")
 
 
 class ShapeError(ValueError):
@@ -120,6 +121,9 @@ def host_resources(group: WorkerGroup) -> dict[str, float]:
     memory = _first(explicit.get("memory"), _param(params, "memory"), group.container.memory_bytes)
     if memory:
         out["memory"] = float(math.ceil(memory))
+    for resource, count in group.container.accelerators.items():
+        # KubeRay adds these to `ray start --resources` unless the user already named them.
+        out.setdefault(resource, float(math.ceil(count)))
     return out
 
 

@@ -5,7 +5,9 @@ as `ray_cluster_id` metadata, so a GCS that was replaced behind the same address
 `UNAUTHENTICATED WrongClusterID` instead of silently serving another cluster's state. After
 `UNAVAILABLE`, a deadline or a wrong id the channel is dropped; the next call reconnects, with a
 jittered backoff between failed connects (a call during the backoff fails at once, it does not
-sleep, so callers keep their own pace).
+sleep, so callers keep their own pace). GCS restarts are routine, so that backoff stays within
+`MAX_RECONNECT_BACKOFF_S`: a head that is back is seen within a few seconds. A run of failed
+connects is logged once, when it starts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ray.core.generated import (
 )
 
 from kuberay_scaler.backoff import Backoff
+from kuberay_scaler.defaults import GCS_RPC_TIMEOUT_S
 from kuberay_scaler.metrics import GCS_ERRORS, GCS_RTT_SECONDS
 from kuberay_scaler.ray_gcs.errors import (
     GcsAuthError,
@@ -41,9 +44,13 @@ log = structlog.get_logger(__name__)
 
 CLUSTER_ID_METADATA = "ray_cluster_id"
 _WRONG_CLUSTER_ID = "WrongClusterID"
+_OLD_WRONG_CLUSTER_ID = "AuthError"
 _UNREACHABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
+# A connect attempt is one cheap RPC to a local head: retrying every few seconds costs nothing,
+# while a 30 s cap kept a daemon blind (not ready) long after the head came back.
+MAX_RECONNECT_BACKOFF_S = 2.0
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
 
 Metadata = tuple[tuple[str, str], ...]
@@ -76,10 +83,10 @@ class GcsClient:
         *,
         token: str | None = None,
         tls: TlsFiles | None = None,
-        rpc_timeout_s: float = 10.0,
+        rpc_timeout_s: float = GCS_RPC_TIMEOUT_S,
         connect_timeout_s: float = 5.0,
-        backoff_initial_s: float = 0.5,
-        backoff_max_s: float = 30.0,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = MAX_RECONNECT_BACKOFF_S,
         keepalive_time_s: float = 300.0,
         keepalive_timeout_s: float = 60.0,
         max_message_bytes: int = 512 * 1024 * 1024,
@@ -116,6 +123,12 @@ class GcsClient:
     @property
     def connected(self) -> bool:
         return self._conn is not None
+
+    def next_connect_in(self) -> float:
+        """Seconds until a connect may be tried again (0 when connected or allowed now)."""
+        if self._conn is not None:
+            return 0.0
+        return max(0.0, self._next_connect_at - self._monotonic())
 
     async def connect(self) -> str:
         """Connect now if needed; returns the cluster id. Raises `GcsError` subclasses."""
@@ -207,18 +220,33 @@ class GcsClient:
             return self._conn
 
     async def _open(self) -> _Connection:
-        channel = self._new_channel()
+        try:
+            channel = self._new_channel()
+        except OSError as err:  # TLS files removed or replaced after start: hold and retry
+            failure = GcsAuthError("connect", "TLS_FILES", f"cannot read TLS files: {err}")
+            self._connect_failed(failure)
+            raise failure from None
         try:
             cluster_id = await self._fetch_cluster_id(channel)
         except GcsError as err:
             await channel.close()
-            self._next_connect_at = self._monotonic() + self._backoff.next_delay()
-            log.warning("gcs_connect_failed", address=self._address, error=str(err))
+            self._connect_failed(err)
             raise
+        if self._backoff.failures:
+            log.info(
+                "gcs_reconnected", address=self._address, failed_attempts=self._backoff.failures
+            )
         self._backoff.reset()
         self._note_cluster_id(cluster_id)
         stub = autoscaler_pb2_grpc.AutoscalerStateServiceStub(channel)
         return _Connection(channel=channel, autoscaler=stub, cluster_id=cluster_id)
+
+    def _connect_failed(self, err: GcsError) -> None:
+        self._next_connect_at = self._monotonic() + self._backoff.next_delay()
+        if self._backoff.failures == 1:  # once per outage, not on every retry
+            log.warning("gcs_connect_failed", address=self._address, error=str(err))
+        else:
+            log.debug("gcs_connect_failed", address=self._address, error=str(err))
 
     async def _fetch_cluster_id(self, channel: Any) -> str:
         method = "GetClusterId"
@@ -284,6 +312,10 @@ def _classify(method: str, err: Any) -> GcsError:
         return GcsUnavailable(method, name, details)
     if code == grpc.StatusCode.UNAUTHENTICATED and _WRONG_CLUSTER_ID in details:
         return GcsReplaced(method, name, details)
+    if code == grpc.StatusCode.ABORTED and details == _OLD_WRONG_CLUSTER_ID:
+        # Ray before token auth (2.49 and older, seen in make ray-matrix) refuses a wrong
+        # cluster id with its Status::AuthError, which reaches gRPC as ABORTED "AuthError".
+        return GcsReplaced(method, name, f"{details} (older Ray's WrongClusterID)")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return GcsAuthError(method, name, f"{details} (is the GCS token right?)")
     return GcsCallError(method, name, details)

@@ -15,11 +15,16 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import structlog
+from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.metrics import DRAINS
 from kuberay_scaler.ray_gcs.errors import GcsError
 
 log = structlog.get_logger(__name__)
+
+IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
+# Accepted for a busy node: Ray stops scheduling there and moves what it can until the deadline.
+PREEMPTION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
 
 DrainOutcome = Literal["accepted", "rejected", "error"]
 
@@ -36,6 +41,7 @@ class DrainClient(Protocol):
         *,
         reason_message: str,
         deadline_timestamp_ms: int,
+        reason: int = ...,
         cluster_id: str | None = None,
     ) -> object: ...
 
@@ -91,6 +97,7 @@ async def drain_slice(
     reason_message: str,
     deadline_ms: int,
     cluster_id: str | None = None,
+    reason: int = IDLE_TERMINATION,
 ) -> SliceDrainResult:
     """Drain all hosts of one slice concurrently.
 
@@ -102,7 +109,10 @@ async def drain_slice(
         raise ValueError(f"drain deadline must be a positive epoch-ms timestamp, got {deadline_ms}")
     pinned = cluster_id or client.cluster_id
     results = await asyncio.gather(
-        *(_drain_host(client, node_id, reason_message, deadline_ms, pinned) for node_id in node_ids)
+        *(
+            _drain_host(client, node_id, reason_message, deadline_ms, pinned, reason)
+            for node_id in node_ids
+        )
     )
     result = SliceDrainResult(hosts=tuple(results))
     log.info(
@@ -120,12 +130,14 @@ async def _drain_host(
     reason_message: str,
     deadline_ms: int,
     cluster_id: str | None,
+    reason: int,
 ) -> HostDrain:
     try:
         reply = await client.drain_node(
             node_id,
             reason_message=reason_message,
             deadline_timestamp_ms=deadline_ms,
+            reason=reason,
             cluster_id=cluster_id,
         )
     except GcsError as err:

@@ -5,8 +5,8 @@ planner must hold on unknown, never read it as "no demand". `gcs_epoch` counts t
 incarnations we have seen: it grows when the cluster id changes (a new GCS) or when the
 `cluster_resource_state_version` counter, which only ever grows inside one GCS process, goes
 back (a GCS restarted with fault tolerance keeps its cluster id but loses that counter).
-After any unknown spell `needs_full_report` is raised, because a restarted GCS has forgotten our
-last `ReportAutoscalingState`; the caller clears it with `mark_reported` once it has reported.
+Every report the loop sends is a full one, so a GCS that forgot the last one is told again at
+the next reconcile.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from kuberay_scaler.metrics import GCS_CONNECTED
 from kuberay_scaler.ray_gcs.errors import GcsError
 
 log = structlog.get_logger(__name__)
@@ -43,7 +44,6 @@ class GcsObservation:
     cluster_id: str | None
     error: str | None
     gcs_epoch: int
-    needs_full_report: bool = False
 
     @property
     def known(self) -> bool:
@@ -55,7 +55,8 @@ class GcsObservation:
 
 
 class GcsPoller:
-    """Polls every `interval_s`; `on_change` gets each observation whose content changed."""
+    """Polls every `interval_s`; `on_observation` gets every observation, `on_change` each one
+    whose content changed (to wake the loop)."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class GcsPoller:
         *,
         interval_s: float,
         on_change: Callable[[GcsObservation], None] | None = None,
+        on_observation: Callable[[GcsObservation], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0:
@@ -70,34 +72,25 @@ class GcsPoller:
         self._client = client
         self._interval_s = interval_s
         self._on_change = on_change
+        self._on_observation = on_observation
         self._monotonic = monotonic
         self._epoch = 0
         self._cluster_id: str | None = None
         self._last_version = -1
-        self._needs_full_report = True  # nothing reported yet in this process
         self._fingerprint: object = None
         self._wake = asyncio.Event()
+        self._unknown_kind: str | None = None  # the kind of failure last logged
         self.latest = GcsObservation(
             reply=None,
             observed_at=monotonic(),
             cluster_id=None,
             error="not polled yet",
             gcs_epoch=0,
-            needs_full_report=True,
         )
 
     @property
     def gcs_epoch(self) -> int:
         return self._epoch
-
-    @property
-    def needs_full_report(self) -> bool:
-        return self._needs_full_report
-
-    def mark_reported(self, epoch: int) -> None:
-        """A full report reached the GCS of `epoch`; a later epoch still needs its own."""
-        if epoch == self._epoch and self.latest.known:
-            self._needs_full_report = False
 
     def poll_soon(self) -> None:
         """Cut the current wait short (e.g. right after a drain or a patch)."""
@@ -109,26 +102,30 @@ class GcsPoller:
             await self.poll_once()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._interval_s)
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
 
     async def poll_once(self) -> GcsObservation:
         try:
             reply = await self._client.get_cluster_resource_state()
         except GcsError as err:
-            return self._publish(self._unknown(str(err)))
+            return self._publish(self._unknown(err))
         return self._publish(self._known(reply))
 
-    def _unknown(self, error: str) -> GcsObservation:
-        if self.latest.known or self.latest.error != error:
+    def _unknown(self, err: GcsError) -> GcsObservation:
+        error = str(err)
+        # Once per state change: the message itself changes on every poll during a backoff.
+        kind = type(err).__name__
+        if self.latest.known or self._unknown_kind != kind:
             log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
-        self._needs_full_report = True
+        self._unknown_kind = kind
+        GCS_CONNECTED.set(0)
         return GcsObservation(
             reply=None,
             observed_at=self._monotonic(),
             cluster_id=self._cluster_id,
             error=error,
             gcs_epoch=self._epoch,
-            needs_full_report=True,
         )
 
     def _known(self, reply: Any) -> GcsObservation:
@@ -138,7 +135,6 @@ class GcsPoller:
         restarted = not replaced and version <= self._last_version
         if replaced or restarted:
             self._epoch += 1
-            self._needs_full_report = True
             log.warning(
                 "gcs_new_epoch",
                 gcs_epoch=self._epoch,
@@ -147,6 +143,8 @@ class GcsPoller:
             )
         elif not self.latest.known:
             log.info("gcs_state_known", gcs_epoch=self._epoch, cluster_id=cluster_id)
+        self._unknown_kind = None
+        GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
         return GcsObservation(
@@ -155,11 +153,12 @@ class GcsPoller:
             cluster_id=cluster_id,
             error=None,
             gcs_epoch=self._epoch,
-            needs_full_report=self._needs_full_report,
         )
 
     def _publish(self, observation: GcsObservation) -> GcsObservation:
         self.latest = observation
+        if self._on_observation is not None:
+            self._on_observation(observation)
         fingerprint = _fingerprint(observation)
         if fingerprint != self._fingerprint:
             self._fingerprint = fingerprint

@@ -7,16 +7,23 @@
 - each `pending_instances` entry prints "<instance_id>: <group>, <details lowercased>";
 - each `failed_instance_requests` entry prints "<group>: LaunchFailed (latest_attempt: HH:MM:SS)"
   from `start_ts` (epoch seconds), with `reason` under `ray status -v`;
-- `infeasible_resource_requests` makes the GCS warn every driver (or, with
-  RAY_enable_infeasible_task_early_exit, fail their tasks), so it is sent only when asked for.
+- `infeasible_resource_requests`, `infeasible_gang_resource_requests` and
+  `infeasible_cluster_resource_constraints` name demand no worker group can ever serve, as
+  Ray's own autoscaler sends them (one request per task, as Ray ungroups counts). With
+  RAY_enable_infeasible_task_early_exit the GCS fails such tasks instead of letting them hang;
+  `ray status` 2.60 does not print these fields (its v2 formatter leaves them out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ray.core.generated import autoscaler_pb2
+from ray.core.generated import autoscaler_pb2, common_pb2
+
+from kuberay_scaler.model.ray import Bundle, GangDemand, TaskDemand
+
+_IN = common_pb2.LabelSelectorOperator.LABEL_OPERATOR_IN
+_NOT_IN = common_pb2.LabelSelectorOperator.LABEL_OPERATOR_NOT_IN
 
 
 @dataclass(frozen=True)
@@ -52,12 +59,14 @@ class FailedRequest:
 
 @dataclass(frozen=True)
 class AutoscalingReport:
-    """Everything one report says. `infeasible` stays empty unless the policy wants drivers told."""
+    """Everything one report says."""
 
     launching: tuple[LaunchingGroup, ...] = ()
     pending_pods: tuple[PendingPod, ...] = ()
     failed: tuple[FailedRequest, ...] = ()
-    infeasible: tuple[Mapping[str, float], ...] = ()
+    infeasible: tuple[Bundle, ...] = ()  # one per task/actor that can never be scheduled
+    infeasible_gangs: tuple[GangDemand, ...] = ()
+    infeasible_constraints: tuple[TaskDemand, ...] = ()  # parts of the request_resources floor
     observed_state_version: int = 0  # cluster_resource_state_version the plan was made from
 
 
@@ -93,11 +102,45 @@ def build_autoscaling_state(
                 failed_ts=failure.failed_at_s,
             )
         )
-    for bundle in report.infeasible:
-        state.infeasible_resource_requests.append(
-            autoscaler_pb2.ResourceRequest(resources_bundle=dict(bundle))
+    state.infeasible_resource_requests.extend(resource_request(b) for b in report.infeasible)
+    for gang in report.infeasible_gangs:
+        state.infeasible_gang_resource_requests.append(
+            autoscaler_pb2.GangResourceRequest(
+                requests=[resource_request(b) for b in gang.bundles], details=gang.details
+            )
+        )
+    if report.infeasible_constraints:
+        state.infeasible_cluster_resource_constraints.append(
+            autoscaler_pb2.ClusterResourceConstraint(
+                resource_requests=[
+                    autoscaler_pb2.ResourceRequestByCount(
+                        request=resource_request(d.bundle), count=d.count
+                    )
+                    for d in report.infeasible_constraints
+                ]
+            )
         )
     return state
+
+
+def resource_request(bundle: Bundle) -> autoscaler_pb2.ResourceRequest:
+    """A bundle as Ray's ResourceRequest, label selectors included (alternatives kept apart)."""
+    return autoscaler_pb2.ResourceRequest(
+        resources_bundle=dict(bundle.resources),
+        label_selectors=[
+            common_pb2.LabelSelector(
+                label_constraints=[
+                    common_pb2.LabelSelectorConstraint(
+                        label_key=c.key,
+                        operator=_NOT_IN if c.negated else _IN,
+                        label_values=sorted(c.values),
+                    )
+                    for c in selector.constraints
+                ]
+            )
+            for selector in bundle.selectors
+        ],
+    )
 
 
 def _launch_entry(launch: LaunchingGroup) -> autoscaler_pb2.PendingInstanceRequest:

@@ -61,5 +61,9 @@ async def start_server(app: web.Application, address: str) -> web.AppRunner:
     host, _, port = address.rpartition(":")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port)).start()
+    try:
+        await web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port)).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner

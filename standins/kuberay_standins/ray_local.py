@@ -12,6 +12,7 @@ Everything here blocks (subprocesses, polling a log file); from async code wrap 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -29,8 +30,12 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-_BIN_DIR = Path(sys.executable).parent
+# KUBERAY_STANDINS_RAY_VENV: run Ray (nodes, drivers, `ray status`) from another virtualenv, so
+# the Ray-version matrix (make ray-matrix) tests our client against older Ray heads.
+RAY_VENV = os.environ.get("KUBERAY_STANDINS_RAY_VENV", "")
+_BIN_DIR = Path(RAY_VENV) / "bin" if RAY_VENV else Path(sys.executable).parent
 RAY_CLI = str(_BIN_DIR / "ray")
+RAY_PYTHON = str(_BIN_DIR / "python") if RAY_VENV else sys.executable
 _STARTED_MARKER = "Ray runtime started."
 _MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray's floor; keeps /dev/shm use small per node.
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
@@ -45,6 +50,19 @@ _QUIET_ENV = {
     "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
     "RAY_enable_autoscaler_v2": "1",
 }
+
+
+@functools.cache
+def ray_version() -> tuple[int, ...]:
+    """The version of the Ray that nodes and drivers run (RAY_VENV's, else this process's)."""
+    done = subprocess.run(
+        [RAY_PYTHON, "-c", "import ray; print(ray.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return tuple(int(part) for part in done.stdout.strip().split(".")[:3] if part.isdigit())
 
 
 class RayStartError(RuntimeError):
@@ -193,8 +211,10 @@ class RayHead(_RayProcess):
         resources: Mapping[str, float] | None = None,
         labels: Mapping[str, str] | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        extra_args: Sequence[str] = (),
     ) -> RayHead:
-        """Start `ray start --head --block` and return once its raylet runs."""
+        """Start `ray start --head --block` and return once its raylet runs. `extra_args` come
+        last, so they override ours (`ray start` keeps the last value of a repeated option)."""
         gcs_port = port or free_port()
         args = (
             "--head",
@@ -207,6 +227,7 @@ class RayHead(_RayProcess):
             # Ray's own v2 monitor would otherwise report over us.
             "--no-monitor",
             *_node_args(ip, num_cpus, resources, labels),
+            *extra_args,
         )
         full_env = _node_env(env, auth_token)
         proc = _spawn(ip, args, full_env)
@@ -350,7 +371,9 @@ def start_hosts(
     auth_token: str | None = None,
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
 ) -> list[RayHost]:
-    """Spawn every host first, then wait for all: startup overlaps instead of adding up."""
+    """Spawn every host first, then wait for all: startup overlaps instead of adding up.
+    (One at a time with another Ray venv: older `ray start` gives its raylet a fixed 30 s to
+    register, too little for several starting together on two busy cores.)"""
     hosts: list[RayHost] = []
     try:
         for spec in specs:
@@ -365,6 +388,8 @@ def start_hosts(
                     auth_token=auth_token,
                 )
             )
+            if RAY_VENV:
+                hosts[-1].wait_ready(startup_timeout_s)
         for host in hosts:
             host.wait_ready(startup_timeout_s)
     except BaseException:
@@ -458,7 +483,7 @@ class RayDriver:
         log_name = scratch / "driver.log"
         with log_name.open("wb") as out:
             process = subprocess.Popen(
-                [sys.executable, "-c", script],
+                [RAY_PYTHON, "-c", script],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={

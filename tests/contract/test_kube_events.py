@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
 from kuberay_scaler.kube.events import EventRecorder
 from kuberay_standins.apiserver import RESTRICTED_TOKEN, SIDECAR_TOKEN, ApiServerStandIn
 from tests.contract.conftest import CLUSTER, NAMESPACE, Connect, raycluster
+
+pytestmark = pytest.mark.contract
 
 
 def events(server: ApiServerStandIn) -> list[dict[str, Any]]:

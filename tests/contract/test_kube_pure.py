@@ -9,7 +9,7 @@ import pytest
 from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.access import Access
 from kuberay_scaler.kube.expectations import Expectations
-from kuberay_scaler.kube.transport import ApiError, Target, parse_retry_after
+from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S, ApiError, Target, parse_retry_after
 from kuberay_scaler.kube.writer import classify
 
 ACTION = "patch rayclusters.ray.io default/rc"
@@ -153,3 +153,11 @@ def test_access_description_is_one_line_naming_modes() -> None:
     assert "by watch" in sidecar.description
     assert "MISSING: patch rayclusters" in sidecar.description
     assert "\n" not in restricted.description + sidecar.description
+
+
+def test_retry_after_is_capped() -> None:
+    # A server (or a proxy in front of it) asking for a day must not stop the daemon for a day.
+    assert parse_retry_after("86400") == MAX_RETRY_AFTER_S
+    far = "Wed, 21 Oct 2099 07:28:00 GMT"
+    assert parse_retry_after(far, now=1445412480.0) == MAX_RETRY_AFTER_S
+    assert classify(error(429, retry=MAX_RETRY_AFTER_S), ACTION).retry_after == MAX_RETRY_AFTER_S

@@ -28,6 +28,8 @@ from tests.contract.conftest import (
     running,
 )
 
+pytestmark = pytest.mark.contract
+
 REPLICAS_PATH = "/spec/workerGroupSpecs/0/replicas"
 
 

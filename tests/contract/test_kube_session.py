@@ -21,6 +21,8 @@ from kubernetes_asyncio.client import Configuration
 from kuberay_scaler.kube.session import SessionError, TimedApiClient, load_in_cluster, open_api
 from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, request_json
 
+pytestmark = pytest.mark.contract
+
 PODS = "/api/v1/namespaces/default/pods"
 LIST_PODS = Target("list", "pods")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes_asyncio.client import ApiClient
 from structlog.testing import capture_logs
 
@@ -15,6 +16,8 @@ from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.kube.writer import PatchOutcome, RayClusterWriter
 from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 from tests.contract.conftest import CLUSTER, GROUP, NAMESPACE, Connect, metric, raycluster
+
+pytestmark = pytest.mark.contract
 
 RC_PATH = f"/apis/ray.io/v1/namespaces/{NAMESPACE}/rayclusters/{CLUSTER}"
 REPLICAS_PATH = "/spec/workerGroupSpecs/0/replicas"
@@ -219,3 +222,20 @@ async def test_a_hung_request_times_out_as_transient(
         assert "timed out" in outcome.message
     finally:
         await api.close()
+
+
+async def test_every_raycluster_request_uses_the_configured_crd_version(
+    apiserver: ApiServerStandIn, api: ApiClient
+) -> None:
+    """KUBERAY_CRD_VER reaches the paths: a version the server does not serve is not found."""
+    created = apiserver.create("rayclusters", NAMESPACE, raycluster(replicas=1))
+    uid = created["metadata"]["uid"]
+    other = "v1alpha1"
+    writer = RayClusterWriter(api, namespace=NAMESPACE, name=CLUSTER, crd_version=other)
+    outcome = await writer.apply(scale_ops(1, 2), expected_uid=uid)
+    view = RayClusterView(api, namespace=NAMESPACE, name=CLUSTER, mode="poll", crd_version=other)
+    assert await view.refresh() is None
+    paths = {r.path for r in apiserver.requests if "rayclusters" in r.path}
+    assert paths == {RC_PATH.replace("/v1/", f"/{other}/")}
+    assert outcome.kind == "gone"
+    assert stored_replicas(apiserver) == 1  # nothing written through the wrong version

@@ -19,6 +19,8 @@ from kuberay_standins.apiserver import (
     Conflict,
 )
 
+pytestmark = pytest.mark.contract
+
 NS = "default"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 RAYCLUSTERS = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters"

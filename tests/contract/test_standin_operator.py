@@ -14,6 +14,8 @@ import yaml
 from kuberay_standins.apiserver import ApiServerStandIn, StoredEvent
 from kuberay_standins.operator import OperatorStandIn, resolve_env
 
+pytestmark = pytest.mark.contract
+
 NS = "default"
 NAME = "raycluster-tpu-v6e-multihost"
 GROUP = "tpu-group"

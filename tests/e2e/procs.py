@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,14 +42,18 @@ class Daemon:
     stopped: bool = False  # stop() was called: an exit from now on is expected
 
     @classmethod
-    def start(cls, settings: Mapping[str, str], log_path: Path) -> Daemon:
+    def start(
+        cls, settings: Mapping[str, str], log_path: Path, argv: Sequence[str] = (DAEMON, "run")
+    ) -> Daemon:
+        """`argv` (default `kuberay-scaler run`) with our settings over a clean environment;
+        an HTTP address in `settings` is used as is, else one on a free loopback port."""
         # Only our own variables: nothing of the developer's RAY_* / KUBERAY_* leaks in.
         base = {
             k: v
             for k, v in os.environ.items()
             if not k.startswith(("RAY_", "KUBERAY_", "KUBECONFIG"))
         }
-        http = f"127.0.0.1:{free_port()}"
+        http = settings.get("KUBERAY_SCALER_HTTP_ADDRESS") or f"127.0.0.1:{free_port()}"
         env = {
             **base,
             "KUBERAY_SCALER_HTTP_ADDRESS": http,
@@ -58,7 +62,7 @@ class Daemon:
         }
         with log_path.open("ab") as out:
             process = subprocess.Popen(
-                [DAEMON, "run"],
+                list(argv),
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

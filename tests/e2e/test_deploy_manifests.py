@@ -14,12 +14,15 @@ import yaml
 
 from tests.e2e.controlplane import REPO, ControlPlane
 from tests.e2e.kube import Kube
+from tests.e2e.test_drop_in import KUBERAY_ARGS, KUBERAY_COMMANDS
+from tests.kustomize import render
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 DEPLOY = REPO / "deploy"
 DROP_IN = DEPLOY / "drop-in" / "raycluster-tpu-v6e-16.yaml"
-SIDECAR_BASE = DEPLOY / "sidecar" / "base"
-SIDECAR_CLUSTER = DEPLOY / "sidecar" / "examples" / "tpu-v6e-16" / "raycluster.yaml"
+SIDECAR_EXAMPLE = DEPLOY / "sidecar" / "examples" / "tpu-v6e-16"
+SIDECAR_CLUSTER = SIDECAR_EXAMPLE / "raycluster.yaml"
+SIDECAR_NAME = "tpu-v6e-16"
 STRICT = {"fieldValidation": "Strict"}
 DRY_RUN = {"dryRun": "All", **STRICT}
 _namespaces = itertools.count(1)
@@ -46,9 +49,10 @@ async def admin(plane: ControlPlane) -> AsyncIterator[Kube]:
         await kube.close()
 
 
-async def _namespace(admin: Kube) -> str:
+async def _namespace(admin: Kube, labels: dict[str, str] | None = None) -> str:
     name = f"deploy-{next(_namespaces)}"
-    await admin.ok("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    metadata: dict[str, Any] = {"name": name, "labels": labels or {}}
+    await admin.ok("POST", "/api/v1/namespaces", {"metadata": metadata})
     return name
 
 
@@ -57,29 +61,13 @@ async def _create(admin: Kube, ns: str, obj: dict[str, Any], query: dict[str, st
     assert reply.status == 201, f"{obj['kind']} {obj['metadata']['name']}: {reply.body}"
 
 
-def _kuberay_at_least(plane: ControlPlane, major: int, minor: int) -> bool:
-    version = plane.built.versions["KUBERAY_VERSION"].lstrip("v").split(".")
-    return (int(version[0]), int(version[1])) >= (major, minor)
-
-
 async def test_manifests_pass_strict_validation(plane: ControlPlane, admin: Kube) -> None:
-    """Dry-run creates with unknown fields refused. `autoscalerOptions.command/args` exist in
-    the RayCluster CRD from KubeRay v1.7.0 only: older CRDs refuse (strict) or silently drop
-    them (the default), so the drop-in manifest needs KubeRay >= 1.7.0."""
+    """Dry-run creates with unknown fields refused (kubectl's default), on this operator's CRD:
+    the drop-in sets no autoscalerOptions.command/args (CRDs before v1.7.0 refuse them), so the
+    same manifest applies on every KubeRay from 1.1."""
     ns = await _namespace(admin)
-    sidecar_base = [_load(SIDECAR_BASE / f) for f in _kustomization_resources(SIDECAR_BASE)]
-    for obj in [*sidecar_base, _load(SIDECAR_CLUSTER)]:
+    for obj in [*render(SIDECAR_EXAMPLE), _load(DROP_IN)]:
         await _create(admin, ns, obj, DRY_RUN)
-    drop_in = _load(DROP_IN)
-    if _kuberay_at_least(plane, 1, 7):
-        await _create(admin, ns, drop_in, DRY_RUN)
-    else:
-        reply = await admin.request(
-            "POST", PATHS["RayCluster"].format(ns=ns), drop_in, query=DRY_RUN
-        )
-        assert reply.status == 400
-        assert 'unknown field "spec.autoscalerOptions.args"' in reply.body["message"]
-        assert 'unknown field "spec.autoscalerOptions.command"' in reply.body["message"]
     listed = await admin.ok("GET", PATHS["RayCluster"].format(ns=ns))
     assert listed["items"] == [], "dry run stored nothing"
 
@@ -88,8 +76,8 @@ async def test_drop_in_cluster_gets_our_daemon_as_its_autoscaler(
     plane: ControlPlane, admin: Kube
 ) -> None:
     """KubeRay builds the autoscaler container from autoscalerOptions: our image, env,
-    resources and securityContext plus the variables it injects, and the Role of contract §3;
-    from v1.7.0 also our command and args."""
+    resources and securityContext plus the variables it injects, its own command line, and the
+    Role of contract §3."""
     ns = await _namespace(admin)
     cluster = _load(DROP_IN)
     await _create(admin, ns, cluster, {})  # default field validation, as kubectl create would
@@ -115,46 +103,56 @@ async def test_drop_in_cluster_gets_our_daemon_as_its_autoscaler(
         (("pods/resize",), ("patch",)),
         (("rayclusters",), ("get", "patch")),
     }
-    if not _kuberay_at_least(plane, 1, 7):
-        pytest.xfail(
-            f"KubeRay {plane.built.versions['KUBERAY_VERSION']} drops autoscalerOptions."
-            f"command/args: the container runs {autoscaler.get('args')}, not kuberay-scaler"
-        )
-    assert autoscaler["command"] == options["command"]
-    assert autoscaler["args"] == options["args"]
+    # No command/args of ours: KubeRay's own, which our image's `ray` turns into
+    # `kuberay-scaler run` (tests/e2e/test_drop_in.py runs exactly this command line).
+    assert autoscaler["command"] in KUBERAY_COMMANDS
+    assert autoscaler["args"] == KUBERAY_ARGS
 
 
 async def test_sidecar_role_grants_the_service_account_what_the_daemon_uses(
     admin: Kube,
 ) -> None:
+    """Everything the daemon uses on its own RayCluster, nothing on another one."""
     ns = await _namespace(admin)
-    for name in _kustomization_resources(SIDECAR_BASE):
-        await _create(admin, ns, _load(SIDECAR_BASE / name), STRICT)
+    for obj in render(SIDECAR_EXAMPLE):
+        if obj["kind"] != "RayCluster":
+            await _create(admin, ns, obj, STRICT)
     wanted = [
-        ("", "pods", "list"),
-        ("", "pods", "watch"),
-        ("ray.io", "rayclusters", "get"),
-        ("ray.io", "rayclusters", "watch"),
-        ("ray.io", "rayclusters", "patch"),
-        ("", "events", "create"),
+        ("", "pods", "list", ""),
+        ("", "pods", "watch", ""),
+        ("ray.io", "rayclusters", "get", SIDECAR_NAME),
+        ("ray.io", "rayclusters", "list", SIDECAR_NAME),
+        ("ray.io", "rayclusters", "watch", SIDECAR_NAME),
+        ("ray.io", "rayclusters", "patch", SIDECAR_NAME),
+        ("", "events", "create", ""),
     ]
-    for group, resource, verb in wanted:
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": f"system:serviceaccount:{ns}:kuberay-scaler",
-                "resourceAttributes": {
-                    "namespace": ns,
-                    "verb": verb,
-                    "group": group,
-                    "resource": resource,
-                },
-            },
-        }
-        path = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
-        answer = await admin.ok("POST", path, review)
-        assert answer["status"].get("allowed"), f"{verb} {resource}: {answer['status']}"
+    for group, resource, verb, name in wanted:
+        answer = await _review(admin, ns, verb, group, resource, name)
+        assert answer.get("allowed"), f"{verb} {resource} {name}: {answer}"
+    for verb in ("get", "list", "watch", "patch"):
+        answer = await _review(admin, ns, verb, "ray.io", "rayclusters", "someone-elses")
+        assert not answer.get("allowed"), f"{verb} another RayCluster: {answer}"
+    answer = await _review(admin, ns, "list", "ray.io", "rayclusters", "")
+    assert not answer.get("allowed"), "listing every RayCluster of the namespace"
+
+
+async def _review(
+    admin: Kube, ns: str, verb: str, group: str, resource: str, name: str
+) -> dict[str, Any]:
+    attributes = {"namespace": ns, "verb": verb, "group": group, "resource": resource}
+    if name:
+        attributes["name"] = name
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{ns}:kuberay-scaler",
+            "resourceAttributes": attributes,
+        },
+    }
+    path = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+    status: dict[str, Any] = (await admin.ok("POST", path, review))["status"]
+    return status
 
 
 async def test_sidecar_cluster_runs_our_container_under_our_service_account(
@@ -167,18 +165,70 @@ async def test_sidecar_cluster_runs_our_container_under_our_service_account(
     names = [c["name"] for c in head["spec"]["containers"]]
     assert names == ["ray-head", "kuberay-scaler"], "no autoscaler container added by KubeRay"
     assert head["spec"]["serviceAccountName"] == "kuberay-scaler"
+    assert head["spec"]["automountServiceAccountToken"] is False
+    containers = {c["name"]: c for c in head["spec"]["containers"]}
+    assert "readinessProbe" not in containers["kuberay-scaler"]
+    token_mounts = {
+        c["name"]
+        for c in containers.values()
+        for m in c.get("volumeMounts") or []
+        if m["mountPath"].startswith("/var/run/secrets/kubernetes.io")
+    }
+    assert token_mounts == {"kuberay-scaler"}, "the Ray container (user code) gets no token"
 
 
-def _kustomization_resources(folder: Path) -> list[str]:
-    return list(_load(folder / "kustomization.yaml")["resources"])
+@pytest.mark.parametrize("mode", ["drop-in", "sidecar"])
+async def test_both_modes_are_admitted_under_the_restricted_pod_security_standard(
+    admin: Kube, mode: str
+) -> None:
+    """In a namespace enforcing `restricted`, the operator's head pod (and a worker pod) of each
+    mode is admitted by the real kube-apiserver's PodSecurity admission."""
+    ns = await _namespace(admin, labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    objects = render(SIDECAR_EXAMPLE) if mode == "sidecar" else [_load(DROP_IN)]
+    for obj in objects:
+        if obj["kind"] == "RayCluster":
+            obj["spec"]["workerGroupSpecs"][0]["replicas"] = 1
+        await _create(admin, ns, obj, STRICT)
+    [cluster] = [o for o in objects if o["kind"] == "RayCluster"]
+    name = cluster["metadata"]["name"]
+    head = await _head_pod(admin, ns, name, refusals=True)
+    ours = "autoscaler" if mode == "drop-in" else "kuberay-scaler"
+    assert ours in {c["name"] for c in head["spec"]["containers"]}
+    hosts = int(cluster["spec"]["workerGroupSpecs"][0].get("numOfHosts", 1))
+    selector = f"ray.io/cluster={name},ray.io/node-type=worker"
+    workers = await _pods(admin, ns, selector, 150, at_least=hosts)
+    assert len(workers) == hosts, "the worker pods of one replica were admitted too"
+    # The proof that enforcement is on: a pod without the restricted settings is refused.
+    bare = {"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    reply = await admin.request("POST", f"/api/v1/namespaces/{ns}/pods", bare, query=DRY_RUN)
+    assert reply.status == 403 and "restricted" in str(reply.body.get("message"))
 
 
-async def _head_pod(admin: Kube, ns: str, cluster: str, attempts: int = 150) -> dict[str, Any]:
+async def _head_pod(
+    admin: Kube, ns: str, cluster: str, attempts: int = 150, *, refusals: bool = False
+) -> dict[str, Any]:
+    selector = f"ray.io/cluster={cluster},ray.io/node-type=head"
+    items = await _pods(admin, ns, selector, attempts)
+    if items:
+        return items[0]
+    why = await _refusals(admin, ns) if refusals else ""
+    raise AssertionError(f"KubeRay made no head pod for {cluster}{why}")
+
+
+async def _pods(
+    admin: Kube, ns: str, selector: str, attempts: int, at_least: int = 1
+) -> list[dict[str, Any]]:
     path = f"/api/v1/namespaces/{ns}/pods"
-    query = {"labelSelector": f"ray.io/cluster={cluster},ray.io/node-type=head"}
+    items: list[dict[str, Any]] = []
     for _ in range(attempts):
-        items = (await admin.ok("GET", path, query=query))["items"]
-        if items:
-            return dict(items[0])
+        items = (await admin.ok("GET", path, query={"labelSelector": selector}))["items"]
+        if len(items) >= at_least:
+            break
         await asyncio.sleep(0.2)
-    raise AssertionError(f"KubeRay made no head pod for {cluster}")
+    return [dict(i) for i in items]
+
+
+async def _refusals(admin: Kube, ns: str) -> str:
+    """The operator's Events in `ns` (a PodSecurity refusal shows up there)."""
+    events = (await admin.ok("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
+    return "".join(f"\n  {e.get('reason')}: {e.get('message')}" for e in events)

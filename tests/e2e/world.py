@@ -133,6 +133,9 @@ class World:
         rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{self.namespace}"
         await self.admin.ok("POST", f"{rbac}/rolebindings", _binding(RESTRICTED_USER, CLUSTER))
         role = yaml.safe_load(SIDECAR_ROLE.read_text())
+        for rule in role["rules"]:  # limited to the RayCluster by name, as the example does
+            if "resourceNames" in rule:
+                rule["resourceNames"] = [CLUSTER]
         await self.admin.ok("POST", f"{rbac}/roles", role)
         binding = _binding(SIDECAR_USER, role["metadata"]["name"])
         await self.admin.ok("POST", f"{rbac}/rolebindings", binding)

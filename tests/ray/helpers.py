@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 from collections.abc import Callable
@@ -11,9 +12,20 @@ from typing import Any
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_standins.ray_local import RAY_CLI, RayHead
+from kuberay_standins.ray_local import RAY_CLI, RAY_PYTHON, RayHead
 
 DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")
+
+
+@functools.cache
+def ray_has(module: str) -> bool:
+    """Whether the Ray under test (see make ray-matrix) has `module`: older Ray lacks some
+    user APIs (ray.util.tpu's slice reservations), not the RPCs we use."""
+    done = subprocess.run([RAY_PYTHON, "-c", f"import {module}"], capture_output=True, timeout=120)
+    return done.returncode == 0
+
+
+SLICE_RESERVATIONS = ray_has("ray.util.tpu")
 STATE_TIMEOUT_S = 90.0
 
 

@@ -16,6 +16,7 @@ import pytest
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.model.ray import Bundle
 from kuberay_scaler.ray_gcs.client import GcsClient, _classify
 from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
 from kuberay_scaler.ray_gcs.errors import (
@@ -81,7 +82,7 @@ def test_pending_pods_and_failures_carry_their_details() -> None:
 
 def test_infeasible_requests_are_sent_only_when_given() -> None:
     assert not build_autoscaling_state(AutoscalingReport()).infeasible_resource_requests
-    told = AutoscalingReport(infeasible=({"GPU": 8.0},))
+    told = AutoscalingReport(infeasible=(Bundle(resources={"GPU": 8.0}),))
     (request,) = build_autoscaling_state(told).infeasible_resource_requests
     assert dict(request.resources_bundle) == {"GPU": 8.0}
 
@@ -107,6 +108,7 @@ class FakeDrainClient:
     answers: dict[bytes, Any]
     cluster_id: str | None = "c0ffee"
     calls: list[tuple[bytes, str | None, int]] = field(default_factory=list)
+    reasons: list[int] = field(default_factory=list)
 
     async def drain_node(
         self,
@@ -114,9 +116,11 @@ class FakeDrainClient:
         *,
         reason_message: str,
         deadline_timestamp_ms: int,
+        reason: int = 1,
         cluster_id: str | None = None,
     ) -> object:
         self.calls.append((node_id, cluster_id, deadline_timestamp_ms))
+        self.reasons.append(reason)
         answer = self.answers[node_id]
         if isinstance(answer, Exception):
             raise answer
@@ -240,26 +244,13 @@ async def test_epochs_count_replacements_and_counter_resets() -> None:
     assert "UNAVAILABLE" in observations[2].error
 
 
-async def test_full_report_is_needed_after_any_unknown_spell() -> None:
+async def test_an_unknown_blip_with_a_growing_version_is_not_a_new_gcs() -> None:
     down = GcsUnavailable("GetClusterResourceState", "DEADLINE_EXCEEDED", "slow")
     script = iter([("A", _reply(1)), ("A", _reply(2)), ("A", down), ("A", _reply(9))])
     poller = GcsPoller(FakeSource(script), interval_s=1.0)
-    first = await poller.poll_once()
-    assert first.needs_full_report  # nothing reported yet
-    poller.mark_reported(first.gcs_epoch)
-    assert not (await poller.poll_once()).needs_full_report
-    assert (await poller.poll_once()).needs_full_report
-    back = await poller.poll_once()
-    assert back.gcs_epoch == 0  # a blip, not a new GCS
-    assert back.needs_full_report
-
-
-async def test_mark_reported_is_ignored_while_unknown() -> None:
-    refused = GcsReplaced("GetClusterResourceState", "UNAUTHENTICATED", "WrongClusterID")
-    poller = GcsPoller(FakeSource(iter([("A", refused)])), interval_s=1.0)
-    observation = await poller.poll_once()
-    poller.mark_reported(observation.gcs_epoch)
-    assert poller.needs_full_report
+    observations = await _poll_all(poller, 4)
+    assert [o.known for o in observations] == [True, True, False, True]
+    assert observations[-1].gcs_epoch == 0  # a blip, not a new GCS
 
 
 async def test_on_change_ignores_counters_and_idle_clocks() -> None:
@@ -360,3 +351,14 @@ async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> No
         "kuberay_scaler_gcs_rpc_errors_total", {"method": "GetClusterId", "code": "UNAVAILABLE"}
     )
     assert errors_after == errors_before + 1
+
+
+async def test_preemption_drain_sends_reason_preemption() -> None:
+    from kuberay_scaler.ray_gcs.drain import PREEMPTION
+
+    client = FakeDrainClient({b"a": "accept", b"b": "accept"})
+    result = await drain_slice(
+        client, [b"a", b"b"], reason_message="above max", deadline_ms=5, reason=PREEMPTION
+    )
+    assert result.may_delete
+    assert client.reasons == [PREEMPTION, PREEMPTION]

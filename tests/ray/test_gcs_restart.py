@@ -63,23 +63,18 @@ async def test_gcs_crash_and_restart_is_unknown_then_a_new_epoch(holder: HeadHol
     try:
         first = await _until(poller, lambda o: o.known, "a first known state")
         assert first.gcs_epoch == 0
-        assert first.needs_full_report  # nothing reported yet by this process
         await client.report(build_autoscaling_state(_launching("before-crash")))
-        poller.mark_reported(first.gcs_epoch)
-        assert not poller.needs_full_report
 
         holder.head.kill_gcs()
         lost = await _until(poller, lambda o: not o.known, "unknown after the GCS died")
         assert lost.reply is None
         assert lost.error
-        assert lost.needs_full_report
         assert not lost.fresh(time.monotonic(), max_age=3600)
 
         new_head = await asyncio.to_thread(holder.restart)
         back = await _until(poller, lambda o: o.known, "known again after restart")
         assert back.gcs_epoch == 1
         assert back.cluster_id != first.cluster_id
-        assert back.needs_full_report
         assert back.fresh(time.monotonic(), max_age=3600)
         assert client.replacements == 1
     finally:
@@ -88,24 +83,9 @@ async def test_gcs_crash_and_restart_is_unknown_then_a_new_epoch(holder: HeadHol
 
     # The new GCS has no report; sending the full state again makes `ray status` right again.
     await client.report(build_autoscaling_state(_launching("after-restart")))
-    poller.mark_reported(back.gcs_epoch)
-    assert not poller.needs_full_report
     out = run_ray_status(new_head)
     assert " after-restart, 4 launching" in out
     assert "before-crash" not in out
     assert [c.known for c in changes][:1] == [True]
     assert any(not c.known for c in changes)
     await client.close()
-
-
-async def test_mark_reported_for_an_old_epoch_does_not_clear_the_flag(
-    holder: HeadHolder,
-) -> None:
-    async with fast_client(holder.head.gcs_address) as client:
-        poller = GcsPoller(client, interval_s=1.0)
-        observation = await poller.poll_once()
-        assert observation.known
-        poller.mark_reported(observation.gcs_epoch - 1)
-        assert poller.needs_full_report
-        poller.mark_reported(observation.gcs_epoch)
-        assert not poller.needs_full_report

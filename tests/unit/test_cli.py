@@ -37,8 +37,15 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_check_config_prints_effective_settings_with_the_token_masked() -> None:
-    done = run_cli("check-config", env=GOOD_ENV)
+def test_check_config_prints_effective_settings_with_the_token_masked(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    done = run_cli("check-config", env={**GOOD_ENV, "KUBERAY_SCALER_KUBECONFIG": str(kubeconfig)})
 
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout)

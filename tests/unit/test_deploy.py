@@ -10,8 +10,11 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.kustomize import render
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
+SIDECAR_EXAMPLE = DEPLOY / "sidecar" / "examples" / "tpu-v6e-16"
 CRD = ROOT.parent / "shared" / "kuberay" / "v1.7.0" / "ray.io_rayclusters.yaml"
 
 
@@ -57,18 +60,27 @@ def test_drop_in_runs_us_as_kuberays_autoscaler() -> None:
     assert spec["enableInTreeAutoscaling"] is True
     opts = spec["autoscalerOptions"]
     assert opts["image"].startswith("kuberay-scaler")
-    assert opts["command"] == ["kuberay-scaler"] and opts["args"] == ["run"]
+    # The image alone is the switch (its `ray` runs us): no command/args, which CRDs before
+    # KubeRay 1.7 refuse under strict field validation (kubectl's default).
+    assert "command" not in opts and "args" not in opts
+    env = {e["name"]: e.get("value") for e in opts["env"]}
+    assert env["KUBERAY_SCALER_HTTP_ADDRESS"].endswith(":44217"), "8080 is Ray's metrics export"
     # Under KubeRay's Role there is no extra RBAC: the drop-in directory ships none.
     assert not [d for p, d in DOCS if "drop-in" in p.parts and d["kind"] != "RayCluster"]
 
 
-def test_sidecar_role_is_minimal() -> None:
-    [role] = [d for _, d in DOCS if d["kind"] == "Role"]
-    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+def test_sidecar_role_is_minimal_and_limited_to_its_raycluster() -> None:
+    [role] = [d for d in render(SIDECAR_EXAMPLE) if d["kind"] == "Role"]
+    rules = {
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ()))): set(
+            r["verbs"]
+        )
+        for r in role["rules"]
+    }
     assert rules == {
-        (("",), ("pods",)): {"get", "list", "watch"},
-        (("ray.io",), ("rayclusters",)): {"get", "list", "watch", "patch"},
-        (("",), ("events",)): {"create"},
+        (("",), ("pods",), ()): {"get", "list", "watch"},
+        (("ray.io",), ("rayclusters",), ("tpu-v6e-16",)): {"get", "list", "watch", "patch"},
+        (("",), ("events",), ()): {"create"},
     }
 
 
@@ -78,6 +90,29 @@ def test_kustomizations_list_existing_files() -> None:
             continue
         for resource in doc["resources"]:
             assert (path.parent / resource).exists(), f"{path}: {resource} missing"
+
+
+def test_sidecar_cannot_hurt_the_head_pod() -> None:
+    """No readinessProbe on ours; no token in the Ray container; restricted securityContexts."""
+    [doc] = [d for d in render(SIDECAR_EXAMPLE) if d["kind"] == "RayCluster"]
+    head = doc["spec"]["headGroupSpec"]["template"]["spec"]
+    assert head["automountServiceAccountToken"] is False
+    containers = {c["name"]: c for c in head["containers"]}
+    ours = containers["kuberay-scaler"]
+    assert "readinessProbe" not in ours
+    assert ours["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert ours["startupProbe"]["httpGet"]["path"] == "/healthz"
+    token_volumes = {
+        v["name"]
+        for v in head["volumes"]
+        if any("serviceAccountToken" in s for s in v.get("projected", {}).get("sources", []))
+    }
+    mounts = {
+        c["name"]: {m["name"] for m in c.get("volumeMounts", [])} for c in containers.values()
+    }
+    assert {name for name, used in mounts.items() if used & token_volumes} == {"kuberay-scaler"}
+    assert ours["securityContext"]["readOnlyRootFilesystem"] is True
+    assert ours["ports"][0]["containerPort"] == 44217
 
 
 def test_sidecar_example_runs_the_daemon_in_the_head_pod() -> None:

@@ -86,7 +86,6 @@ def test_kuberay_defaults_when_fields_are_absent() -> None:
     assert g.priority == 0
     assert g.suspend is False
     assert g.workers_to_delete == ()
-    assert g.scale_strategy_present is False
 
 
 @pytest.mark.parametrize(
@@ -129,7 +128,6 @@ def test_group_fields_are_read() -> None:
     assert dict(g.labels) == {"zone": "a"}
     assert dict(g.ray_start_params) == {"num-cpus": "4", "block": "true"}
     assert g.workers_to_delete == ("p1", "p2")
-    assert g.scale_strategy_present is True
 
 
 def test_cluster_level_fields() -> None:

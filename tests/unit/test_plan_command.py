@@ -47,6 +47,14 @@ def the_raycluster(path: Path) -> dict[str, Any]:
     return found
 
 
+def apply_writes(rc: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The RayCluster after every patch the daemon would send (record intent, then the patch)."""
+    for write in doc["writes"]:
+        if write["write"] in ("record_intent", "patch"):
+            rc = jsonpatch.apply_patch(rc, write["ops"], in_place=False)
+    return rc
+
+
 def assert_documented_shape(doc: dict[str, Any]) -> None:
     assert {"cluster", "patch", "groups", "infeasible", "problems"} <= doc.keys()
     for g in doc["groups"]:
@@ -67,7 +75,7 @@ def test_every_sample_cluster_plans(name: str, capsys: pytest.CaptureFixture[str
     assert_documented_shape(doc)
     rc = the_raycluster(sample)
     assert doc["cluster"] == rc["metadata"]["name"]
-    patched = jsonpatch.apply_patch(rc, doc["patch"], in_place=False)
+    patched = apply_writes(rc, doc)
     for g, raw in zip(doc["groups"], patched["spec"]["workerGroupSpecs"], strict=True):
         assert raw.get("replicas") == g["replicas"]["target"]
 
@@ -114,7 +122,10 @@ def test_idle_slice_from_pods_and_ray_state(
     assert deletion["slice"] == "tpu-group-q8m4z"
     assert sorted(deletion["pods"]) == sorted(n["instanceId"] for n in tpu_hosts)
     assert len(tpu["drain"]) == 4
-    patched = jsonpatch.apply_patch(the_raycluster(sample), doc["patch"])
+    assert [w["write"] for w in doc["writes"]] == ["record_intent", "drain", "patch"]
+    assert doc["patch"] == doc["writes"][-1]["ops"]
+    patched = apply_writes(the_raycluster(sample), doc)
+    assert "kuberay-scaler.ray.io/draining" not in patched["metadata"]["annotations"]
     group = patched["spec"]["workerGroupSpecs"][0]
     assert group["replicas"] == 0
     assert sorted(group["scaleStrategy"]["workersToDelete"]) == sorted(deletion["pods"])

@@ -29,7 +29,7 @@ def tls_files(tmp_path: Path) -> dict[str, str]:
         ("RAY_TLS_CA_CERT", "ca.crt"),
     ):
         path = tmp_path / name
-        path.write_text("pem")
+        path.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
         env[var] = str(path)
     return env
 
@@ -219,3 +219,11 @@ def test_settings_are_frozen() -> None:
     settings = load_settings({})
     with pytest.raises(ValueError, match="frozen"):
         settings.dry_run = True
+
+
+def test_http_default_is_ray_autoscaler_metrics_port_not_kuberay_metrics_export() -> None:
+    """44217 is Ray's AUTOSCALER_METRIC_PORT; 8080 is KubeRay's metrics-export port for Ray."""
+    from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
+
+    settings = load_settings({"RAY_CLUSTER_NAME": "c"})
+    assert settings.http_address == f"0.0.0.0:{AUTOSCALER_METRIC_PORT}" == "0.0.0.0:44217"

@@ -1,4 +1,4 @@
-"""Intent that must survive a restart, kept as an annotation on the RayCluster.
+"""Intent that must survive a restart, kept as an annotation on the RayCluster (pure).
 
 Before draining slices we record them; the patch that deletes them removes the record. A daemon
 that restarts in between finds the record and finishes the deletion instead of forgetting it.
@@ -43,6 +43,15 @@ def record_ops(raycluster: Mapping[str, Any], draining: Mapping[str, list[str]])
             {"op": "add", "path": "/metadata/annotations", "value": {DRAINING_ANNOTATION: value}}
         ]
     return [{"op": "add", "path": _POINTER, "value": value}]
+
+
+def with_record(raycluster: Mapping[str, Any], draining: Mapping[str, list[str]]) -> dict[str, Any]:
+    """The object as it is once `record_ops` applied (only its annotations differ)."""
+    metadata = dict(raycluster.get("metadata") or {})
+    annotations = dict(metadata.get("annotations") or {})
+    annotations[DRAINING_ANNOTATION] = json.dumps(dict(draining), sort_keys=True)
+    metadata["annotations"] = annotations
+    return {**raycluster, "metadata": metadata}
 
 
 def clear_ops(raycluster: Mapping[str, Any]) -> list[Op]:

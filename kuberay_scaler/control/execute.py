@@ -1,0 +1,112 @@
+"""Carry out a Decision's writes in order: record intent → drains → guarded patch.
+
+Nothing here decides anything: the writes come from `decision.decide`; a refused drain only
+removes that slice's deletion (`patch_after_drains`, pure). Each step's outcome is returned for
+the loop to judge (replan on stale, back off on the rest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from kuberay_scaler.control.ports import ClusterView, Gcs, GcsFeed, Writer
+from kuberay_scaler.decision import Decision, Drain, Patch, patch_after_drains
+from kuberay_scaler.kube.writer import PatchOutcome
+from kuberay_scaler.model.plan import Plan
+from kuberay_scaler.patch.ops import Op, PatchError
+from kuberay_scaler.ray_gcs.drain import (
+    IDLE_TERMINATION,
+    PREEMPTION,
+    SliceDrainResult,
+    drain_slice,
+)
+
+log = structlog.get_logger(__name__)
+
+SliceRef = tuple[str, str]  # (group, slice key)
+
+
+@dataclass(frozen=True)
+class Executed:
+    """How far a decision's writes got."""
+
+    plan: Plan  # as carried out: slices whose drain was refused are kept
+    outcome: PatchOutcome | None = None  # of the last write sent; None when nothing was sent
+    step: str = "patch"  # which write `outcome` belongs to: "record" or "patch"
+    sent: tuple[Op, ...] = ()  # the patch ops sent
+    refused: frozenset[SliceRef] = field(default_factory=frozenset)
+    replan: bool = False  # the RayCluster changed under the plan: plan again
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome is not None and self.outcome.kind == "applied"
+
+
+async def execute(
+    decision: Decision, *, writer: Writer, gcs: Gcs, feed: GcsFeed, view: ClusterView
+) -> Executed:
+    """Send the decision's writes; stop at the first write that does not apply."""
+    uid = decision.plan.uid
+    base: Mapping[str, Any] = decision.raycluster
+    record = decision.record
+    if record is not None:
+        outcome = await writer.apply(list(record.ops), expected_uid=uid)
+        if outcome.kind != "applied" or outcome.obj is None:
+            return Executed(decision.plan, outcome, "record", replan=outcome.kind == "stale")
+        base = outcome.obj
+        view.observe(base)
+    refused = await drain_all(decision.drains, gcs)
+    if decision.drains:
+        feed.poll_soon()
+    plan, patch = decision.plan, decision.patch
+    if refused:
+        try:
+            plan, patch = patch_after_drains(decision, refused, base)
+        except PatchError as err:
+            log.info("plan no longer fits the RayCluster: replanning", error=str(err))
+            return Executed(decision.plan, refused=refused, replan=True)
+    return await _send_patch(plan, patch, writer, uid, refused)
+
+
+async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
+    """Drain every slice concurrently; the slices that may not be deleted."""
+    results = await asyncio.gather(*(_drain(d, gcs) for d in drains))
+    refused = set()
+    for d, result in zip(drains, results, strict=True):
+        if not result.may_delete:
+            refused.add((d.group, d.slice_key))
+            log.warning(
+                "slice kept: drain refused",
+                group=d.group,
+                slice=d.slice_key,
+                reason=result.reason,
+                hosts_already_drained=[n.hex() for n in result.drained_node_ids],
+            )
+    return frozenset(refused)
+
+
+async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:
+    return await drain_slice(
+        gcs,
+        [bytes.fromhex(n) for n in d.node_ids],
+        reason_message=d.message,
+        deadline_ms=d.deadline_ms,
+        cluster_id=d.cluster_id,
+        reason=PREEMPTION if d.preempt else IDLE_TERMINATION,
+    )
+
+
+async def _send_patch(
+    plan: Plan, patch: Patch | None, writer: Writer, uid: str, refused: frozenset[SliceRef]
+) -> Executed:
+    if patch is None:
+        return Executed(plan, refused=refused)
+    outcome = await writer.apply(list(patch.ops), expected_uid=uid)
+    return Executed(
+        plan, outcome, "patch", patch.ops, refused=refused, replan=outcome.kind == "stale"
+    )

@@ -1,0 +1,41 @@
+"""Every default that more than one layer needs, in one place.
+
+Settings (the environment) starts from these; the adapters', the loop's and the planner's own
+keyword defaults are the same values, so a component built without Settings (tests, the `plan`
+command, the demo) behaves as the daemon does.
+"""
+
+from __future__ import annotations
+
+# The RayCluster CRD (KUBERAY_CRD_VER picks the version).
+RAY_API_GROUP = "ray.io"
+CRD_VERSION = "v1"
+
+# GCS side.
+GCS_POLL_INTERVAL_S = 1.0
+GCS_RPC_TIMEOUT_S = 5.0
+GCS_STALE_AFTER_S = 15.0
+DRAIN_DEADLINE_S = 30.0
+
+# Kubernetes side.
+K8S_REQUEST_TIMEOUT_S = 30.0
+WATCH_SILENCE_TIMEOUT_S = 120.0
+RESYNC_INTERVAL_S = 30.0
+DEBOUNCE_S = 0.2
+WRITE_EXPECTATION_TIMEOUT_S = 60.0
+
+# Slices and replacement.
+MAX_PROVISION_TIME_S = 900.0
+MISSING_NODE_GRACE_S = 180.0
+REPLACE_BACKOFF_S = 300.0
+MAX_REPLACE_BACKOFF_S = 1800.0
+
+
+def raycluster_api(version: str = CRD_VERSION) -> str:
+    """`ray.io/v1`: the apiVersion of RayCluster objects."""
+    return f"{RAY_API_GROUP}/{version}"
+
+
+def rayclusters_path(namespace: str, version: str = CRD_VERSION) -> str:
+    """The collection URL of RayClusters in `namespace`."""
+    return f"/apis/{RAY_API_GROUP}/{version}/namespaces/{namespace}/rayclusters"

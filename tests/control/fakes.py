@@ -1,0 +1,322 @@
+"""Fakes behind the control loop's Protocols (control/ports.py), for reconciler unit tests.
+
+`FakeApiServer` holds the one RayCluster; `FakeWriter` applies RFC 6902 patches to it (the uid
+guard and `test` ops are honoured, so a stale patch fails as on a real API server) and can be
+told to answer with any outcome the real writer classifies: 409/422 stale, 422 invalid, 429,
+5xx, 403, 404. `FakeView` is the daemon's cache of that object (it lags until refreshed or
+told). `FakeGcs` accepts drains unless told to refuse or fail some nodes. `FakeClock` drives
+both of the loop's clocks. `Loop` wires them into a Reconciler.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import jsonpatch
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
+from kuberay_scaler.kube.writer import OutcomeKind, PatchOutcome
+from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.ray_gcs.errors import GcsCallError
+from kuberay_scaler.ray_gcs.poller import GcsObservation
+from tests.factories import NOW
+
+# HTTP status → the outcome the real writer's `classify` gives it.
+STATUS_OUTCOME: dict[int, OutcomeKind] = {
+    409: "stale",
+    422: "invalid",
+    429: "throttled",
+    500: "transient",
+    503: "transient",
+    403: "forbidden",
+    404: "gone",
+}
+
+
+@dataclass
+class FakeClock:
+    """Wall and monotonic time that move only when told."""
+
+    wall_now: datetime = NOW
+    mono_now: float = 1000.0
+
+    def wall(self) -> datetime:
+        return self.wall_now
+
+    def monotonic(self) -> float:
+        return self.mono_now
+
+    def advance(self, seconds: float) -> None:
+        self.wall_now += timedelta(seconds=seconds)
+        self.mono_now += seconds
+
+
+@dataclass
+class FakeApiServer:
+    """The stored RayCluster: what is true, whatever the daemon's cache says."""
+
+    obj: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self.obj = copy.deepcopy(self.obj)
+        self.obj["metadata"].setdefault("resourceVersion", "1")
+
+    def store(self, obj: dict[str, Any]) -> dict[str, Any]:
+        version = int(self.obj["metadata"].get("resourceVersion", "1")) + 1
+        obj["metadata"]["resourceVersion"] = str(version)
+        self.obj = obj
+        return copy.deepcopy(obj)
+
+    def edit(self, path: list[str | int], value: Any) -> None:
+        """Another writer changes the stored object (e.g. kubectl scale)."""
+        target: Any = self.obj
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        self.store(self.obj)
+
+
+@dataclass
+class WriteCall:
+    ops: list[dict[str, Any]]
+    expected_uid: str
+    outcome: PatchOutcome
+
+
+@dataclass
+class FakeWriter:
+    """Applies patches to the server; `answer(status, ...)` scripts the next replies."""
+
+    server: FakeApiServer
+    calls: list[WriteCall] = field(default_factory=list)
+    after_apply: Callable[[WriteCall], None] | None = None  # runs after each call (inject here)
+    _script: deque[PatchOutcome] = field(default_factory=deque)
+
+    def answer(
+        self,
+        status: int,
+        *,
+        times: int = 1,
+        retry_after: float | None = None,
+        kind: OutcomeKind | None = None,
+    ) -> None:
+        """The next `times` patches fail with HTTP `status` (and are not applied); `kind`
+        overrides the usual outcome (a 422 from a failed `test` op is "stale")."""
+        kind = kind or STATUS_OUTCOME[status]
+        wait = retry_after if kind == "throttled" else None
+        for _ in range(times):
+            self._script.append(PatchOutcome(kind, message=f"HTTP {status}", retry_after=wait))
+
+    @property
+    def sent(self) -> list[list[dict[str, Any]]]:
+        return [c.ops for c in self.calls]
+
+    @property
+    def applied(self) -> list[list[dict[str, Any]]]:
+        return [c.ops for c in self.calls if c.outcome.kind == "applied"]
+
+    async def apply(self, ops: Any, *, expected_uid: str) -> PatchOutcome:
+        ops = copy.deepcopy(list(ops))
+        outcome = self._script.popleft() if self._script else self._apply(ops, expected_uid)
+        call = WriteCall(ops, expected_uid, outcome)
+        self.calls.append(call)
+        if self.after_apply is not None:
+            self.after_apply(call)
+        return outcome
+
+    def _apply(self, ops: list[dict[str, Any]], expected_uid: str) -> PatchOutcome:
+        guard = {"op": "test", "path": "/metadata/uid", "value": expected_uid}
+        body = ops if ops and ops[0] == guard else [guard, *ops]
+        try:
+            patched = jsonpatch.apply_patch(self.server.obj, body, in_place=False)
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
+            return PatchOutcome("stale", message=f"HTTP 422: {err}")
+        return PatchOutcome("applied", obj=self.server.store(patched))
+
+
+@dataclass
+class FakeView:
+    """The daemon's cached RayCluster: a copy of the server's, refreshed only when asked."""
+
+    server: FakeApiServer
+    synced: bool = True
+    refreshes: int = 0
+    cached: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.cached = copy.deepcopy(self.server.obj)
+
+    def current(self) -> dict[str, Any] | None:
+        return self.cached
+
+    def observe(self, obj: dict[str, Any]) -> None:
+        self.cached = copy.deepcopy(obj)
+
+    async def refresh(self) -> dict[str, Any] | None:
+        self.refreshes += 1
+        self.cached = copy.deepcopy(self.server.obj)
+        return self.cached
+
+
+@dataclass
+class FakePods:
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    synced: bool = True
+
+    @property
+    def store(self) -> Mapping[str, dict[str, Any]]:
+        return {p["metadata"]["name"]: p for p in self.pods}
+
+
+@dataclass
+class DrainCall:
+    node_id: str  # hex
+    cluster_id: str | None
+    deadline_ms: int
+    reason: int = 1  # DrainNodeReason: 1 idle termination, 2 preemption
+
+
+@dataclass
+class FakeGcs:
+    """Accepts every drain unless the node is in `refuse` (rejected) or `fail` (RPC error)."""
+
+    cluster_id: str | None = "cluster-1"
+    refuse: set[str] = field(default_factory=set)
+    fail: set[str] = field(default_factory=set)
+    report_fails: bool = False
+    drains: list[DrainCall] = field(default_factory=list)
+    reports: list[Any] = field(default_factory=list)
+
+    async def drain_node(
+        self,
+        node_id: bytes,
+        *,
+        reason_message: str,
+        deadline_timestamp_ms: int,
+        reason: int = 1,
+        cluster_id: str | None = None,
+    ) -> object:
+        self.drains.append(DrainCall(node_id.hex(), cluster_id, deadline_timestamp_ms, reason))
+        if node_id.hex() in self.fail:
+            raise GcsCallError("DrainNode", "UNAVAILABLE", "injected")
+        if node_id.hex() in self.refuse:
+            return SimpleNamespace(is_accepted=False, rejection_reason_message="node is busy")
+        return SimpleNamespace(is_accepted=True, rejection_reason_message="")
+
+    async def report(self, state: Any) -> int:
+        if self.report_fails:
+            raise GcsCallError("ReportAutoscalingState", "UNAVAILABLE", "injected")
+        self.reports.append(state)
+        return len(self.reports)
+
+    @property
+    def drained(self) -> list[str]:
+        return [d.node_id for d in self.drains]
+
+
+@dataclass
+class FakeFeed:
+    polls_asked: int = 0
+
+    def poll_soon(self) -> None:
+        self.polls_asked += 1
+
+
+@dataclass
+class FakeEvents:
+    recorded: list[tuple[str, str]] = field(default_factory=list)
+
+    async def record(self, reason: str, message: str) -> None:
+        self.recorded.append((reason, message))
+
+
+@dataclass
+class Loop:
+    """A Reconciler wired to fakes; every piece is reachable for assertions and faults."""
+
+    server: FakeApiServer
+    view: FakeView
+    pods: FakePods
+    writer: FakeWriter
+    gcs: FakeGcs
+    feed: FakeFeed
+    events: FakeEvents
+    clock: FakeClock
+    reconciler: Reconciler
+
+    def see_ray(self, ray: Any, *, cluster_id: str = "cluster-1", epoch: int = 1) -> None:
+        """The poller pushes an observation made now: a reply or a parsed RayState (None: GCS
+        unknown)."""
+        self.reconciler.observe_gcs(
+            GcsObservation(
+                reply=ray,
+                observed_at=self.clock.monotonic(),
+                cluster_id=cluster_id,
+                error=None if ray is not None else "unreachable",
+                gcs_epoch=epoch,
+            )
+        )
+
+
+def reply_of(ray: RayState, version: int = 1) -> Any:
+    """The GetClusterResourceStateReply the GCS would send for `ray` (nodes and tasks)."""
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    st = reply.cluster_resource_state
+    st.cluster_resource_state_version = version
+    for n in ray.nodes:
+        node = st.node_states.add()
+        node.node_id = bytes.fromhex(n.node_id)
+        node.instance_id = n.instance_id
+        node.ray_node_type_name = n.node_type
+        node.status = autoscaler_pb2.NodeStatus.Value(n.status.value)
+        node.total_resources.update(n.total)
+        node.available_resources.update(n.available)
+        node.labels.update(n.labels)
+        node.idle_duration_ms = n.idle_ms
+        node.node_ip_address = n.ip
+    for t in ray.tasks:
+        request = st.pending_resource_requests.add()
+        request.count = t.count
+        request.request.resources_bundle.update(t.bundle.resources)
+    return reply
+
+
+def make_loop(
+    raycluster: dict[str, Any],
+    pods: list[dict[str, Any]] | None = None,
+    ray: Any = None,
+    *,
+    policy: Policy | None = None,
+    config: LoopConfig | None = None,
+    clock: FakeClock | None = None,
+) -> Loop:
+    clock = clock or FakeClock()
+    server = FakeApiServer(raycluster)
+    view = FakeView(server)
+    fake_pods = FakePods(list(pods or []))
+    writer = FakeWriter(server)
+    gcs, feed, events = FakeGcs(), FakeFeed(), FakeEvents()
+    reconciler = Reconciler(
+        config=config or LoopConfig(),
+        policy=policy or Policy(),
+        pods=fake_pods,
+        cluster=view,
+        feed=feed,
+        gcs=gcs,
+        writer=writer,
+        events=events,
+        wall=clock.wall,
+        monotonic=clock.monotonic,
+    )
+    loop = Loop(server, view, fake_pods, writer, gcs, feed, events, clock, reconciler)
+    if ray is not None:
+        loop.see_ray(ray)
+    return loop

@@ -1,0 +1,84 @@
+"""Above maxReplicas through the loop (issue 12 items 1–2): idle surplus drained then deleted in
+one reconcile; busy surplus drained with reason preemption, deleted by a later reconcile."""
+
+from __future__ import annotations
+
+from kuberay_scaler.model.ray import NodeStatus
+from tests.control.fakes import make_loop
+from tests.factories import (
+    cluster,
+    head_node,
+    node,
+    node_id_of,
+    slice_pods,
+    state,
+    tpu_group,
+    tpu_slice_nodes,
+)
+
+PREEMPTION, IDLE_TERMINATION = 2, 1
+
+
+def _spec(loop: object) -> dict[str, object]:
+    return loop.server.obj["spec"]["workerGroupSpecs"][0]  # type: ignore[attr-defined,no-any-return]
+
+
+def _named(loop: object) -> list[str]:
+    return list(_spec(loop).get("scaleStrategy", {}).get("workersToDelete", []))  # type: ignore[attr-defined]
+
+
+async def test_busy_slice_above_max_is_preempted_then_deleted_once_drained() -> None:
+    rc = cluster(tpu_group(replicas=1, max_replicas=0))
+    pods = slice_pods("tpu", "tpu-a", 4)
+    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
+    loop = make_loop(rc, pods, state([head_node(), *busy]))
+
+    await loop.reconciler.reconcile()
+    # Drained with reason preemption, every host, and nothing written to the RayCluster.
+    assert sorted(d.node_id for d in loop.gcs.drains) == sorted(
+        node_id_of(f"tpu-a-{i}") for i in range(4)
+    )
+    assert {d.reason for d in loop.gcs.drains} == {PREEMPTION}
+    assert not loop.writer.calls
+    assert _named(loop) == []
+
+    # Still busy a minute later: no second drain, nothing deleted.
+    loop.clock.advance(60)
+    loop.see_ray(state([head_node(), *busy]))
+    await loop.reconciler.reconcile()
+    assert len(loop.gcs.drains) == 4
+    assert _named(loop) == []
+
+    # Ray reports the hosts drained (DRAINING, nothing in use): the whole slice is deleted.
+    drained = [
+        node(
+            n.instance_id,
+            group_name="tpu",
+            resources=dict(n.total),
+            labels=dict(n.labels),
+            draining=True,
+        )
+        for n in busy
+    ]
+    assert {n.status for n in drained} == {NodeStatus.DRAINING}
+    loop.clock.advance(1)
+    loop.see_ray(state([head_node(), *drained]))
+    await loop.reconciler.reconcile()
+    assert len(loop.gcs.drains) == 4  # deleted without draining again
+    assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]
+    assert _spec(loop)["replicas"] == 0
+
+
+async def test_idle_slice_above_max_is_drained_and_deleted_in_one_reconcile() -> None:
+    rc = cluster(tpu_group(replicas=2, max_replicas=1))
+    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
+    nodes = [
+        head_node(),
+        *tpu_slice_nodes("tpu-a", 4, busy_hosts=(0,)),
+        *tpu_slice_nodes("tpu-b", 4, idle_s=5),  # far below the idle timeout: over max anyway
+    ]
+    loop = make_loop(rc, pods, state(nodes))
+    await loop.reconciler.reconcile()
+    assert {d.reason for d in loop.gcs.drains} == {IDLE_TERMINATION}
+    assert sorted(_named(loop)) == [f"tpu-b-{i}" for i in range(4)]
+    assert _spec(loop)["replicas"] == 1

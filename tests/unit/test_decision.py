@@ -1,0 +1,108 @@
+"""decide(): the writes of one decision, in order, from one observation (pure)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonpatch
+
+from kuberay_scaler.decision import (
+    Drain,
+    GcsView,
+    Observation,
+    Patch,
+    RecordIntent,
+    decide,
+    patch_after_drains,
+)
+from kuberay_scaler.model.plan import Memory
+from kuberay_scaler.model.reasons import ProblemKind, ScaleDown, ScaleDownKind
+from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.planner.core import Policy
+from tests.factories import (
+    NOW,
+    cluster,
+    group,
+    head_node,
+    node_id_of,
+    slice_pods,
+    state,
+    tasks,
+    tpu_group,
+    tpu_slice_nodes,
+)
+
+
+def _idle(*keys: str) -> Observation:
+    pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
+    nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
+    rc = cluster(tpu_group(replicas=len(keys)))
+    return Observation(rc, pods, GcsView(state(nodes), cluster_id="c-1"))
+
+
+def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
+    decision = decide(_idle("tpu-a", "tpu-b"), Memory(), Policy(), NOW, drain_deadline_s=30)
+    record, *drains, patch = decision.writes
+    assert isinstance(record, RecordIntent) and isinstance(patch, Patch)
+    assert dict(record.draining) == {"tpu": ("tpu-a", "tpu-b")}
+    assert all(isinstance(d, Drain) for d in drains)
+    assert [(d.slice_key, d.cluster_id) for d in drains] == [("tpu-a", "c-1"), ("tpu-b", "c-1")]
+    assert all(d.deadline_ms == int((NOW.timestamp() + 30) * 1000) for d in drains)
+    assert {n for d in drains for n in d.node_ids} == {
+        node_id_of(f"tpu-{k}-{i}") for k in "ab" for i in range(4)
+    }
+    # The patch applies to the object as the record left it, and removes the record.
+    after_record = jsonpatch.apply_patch(decision.raycluster, list(record.ops), in_place=False)
+    final = jsonpatch.apply_patch(after_record, list(patch.ops), in_place=False)
+    assert DRAINING_ANNOTATION not in final["metadata"]["annotations"]
+    assert final["spec"]["workerGroupSpecs"][0]["replicas"] == 0
+
+
+def test_no_change_means_no_writes() -> None:
+    rc = cluster(group("cpu"))
+    decision = decide(Observation(rc, [], GcsView(state([head_node()]))), Memory(), Policy(), NOW)
+    assert decision.writes == () and decision.error is None
+
+
+def test_scale_up_is_one_patch_without_record_or_drain() -> None:
+    rc = cluster(group("cpu", max_replicas=5))
+    observed = Observation(rc, [], GcsView(state([head_node()], [tasks({"CPU": 8}, 2)])))
+    (patch,) = decide(observed, Memory(), Policy(), NOW).writes
+    assert isinstance(patch, Patch)
+    assert (
+        jsonpatch.apply_patch(rc, list(patch.ops))["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+    )
+
+
+def test_a_drain_recorded_before_a_restart_is_finished() -> None:
+    observed = _idle("tpu-a")
+    rc = copy.deepcopy(dict(observed.raycluster))
+    rc["metadata"]["annotations"] = {DRAINING_ANNOTATION: json.dumps({"tpu": ["tpu-a"]})}
+    rc["spec"]["workerGroupSpecs"][0]["idleTimeoutSeconds"] = 3600  # not idle long enough now
+    decision = decide(Observation(rc, observed.pods, observed.gcs), Memory(), Policy(), NOW)
+    (deletion,) = decision.plan.groups[0].deletions
+    assert isinstance(deletion.reason, ScaleDown)
+    assert deletion.reason.kind is ScaleDownKind.RECORDED_DRAIN
+    assert [type(w).__name__ for w in decision.writes] == ["RecordIntent", "Drain", "Patch"]
+
+
+def test_refused_drains_give_a_patch_that_keeps_those_slices() -> None:
+    decision = decide(_idle("tpu-a", "tpu-b"), Memory(), Policy(), NOW)
+    record = decision.record
+    assert record is not None
+    base = jsonpatch.apply_patch(decision.raycluster, list(record.ops), in_place=False)
+    result, patch = patch_after_drains(decision, {("tpu", "tpu-a")}, base)
+    assert patch is not None
+    final = jsonpatch.apply_patch(base, list(patch.ops), in_place=False)
+    spec = final["spec"]["workerGroupSpecs"][0]
+    assert spec["replicas"] == 1
+    assert sorted(spec["scaleStrategy"]["workersToDelete"]) == [f"tpu-b-{i}" for i in range(4)]
+    assert [d.slice_key for d in result.groups[0].deletions] == ["tpu-b"]
+
+
+def test_an_unusable_gcs_reply_holds_and_is_a_named_problem() -> None:
+    rc = cluster(group("cpu", max_replicas=5))
+    decision = decide(Observation(rc, [], GcsView({"not": "a reply"})), Memory(), Policy(), NOW)
+    assert decision.plan.held is not None and decision.writes == ()
+    assert [p.kind for p in decision.plan.problems] == [ProblemKind.RAY_STATE]
