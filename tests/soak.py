@@ -39,7 +39,10 @@ from kuberay_standins.ray_local import RayDriver, RayStartError
 from tests import reaper
 from tests.invariants import WriteFeed, finish_local_cluster, watch_local_cluster
 
-SLICE_TOPOLOGY = "2x4"  # v6e, 2 hosts of 4 chips: small enough for a shared 2-core machine
+# v4 2x2x2: 8 chips, 2 hosts of 4 (small enough for a shared 2-core machine). Not v6e 2x4: Ray
+# counts that as ONE host of 8 chips, so a 2-host group could never serve it.
+SLICE_TOPOLOGY = "2x2x2"
+SLICE_GENERATION = "v4"
 DRIVER_LIFETIME_S = 240.0
 SETTLE_S = 150.0
 DAEMON_KILLS_AT = (0.15, 0.30)  # fractions of the run; the last daemon lives 70 % of it
@@ -50,6 +53,11 @@ ECHOED = {"patch_replicas", "patch_delete", "patch_clear", "ray_host", "ray_host
 def soak_raycluster() -> dict[str, Any]:
     cluster = demo_raycluster(Scenario(slices=1, hosts=2))
     cluster["metadata"]["name"] = "soak"
+    tpu = cluster["spec"]["workerGroupSpecs"][0]
+    tpu["template"]["spec"]["nodeSelector"] = {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v4-podslice",
+        "cloud.google.com/gke-tpu-topology": SLICE_TOPOLOGY,
+    }
     return cluster
 
 
@@ -87,7 +95,7 @@ def _slice(rng: random.Random) -> tuple[str, str]:
     body = f"""
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray.util.tpu import SlicePlacementGroup
-handle = SlicePlacementGroup(topology={SLICE_TOPOLOGY!r}, accelerator_version="v6e",
+handle = SlicePlacementGroup(topology={SLICE_TOPOLOGY!r}, accelerator_version={SLICE_GENERATION!r},
                              num_slices=1, head_reservation_timeout_s=200)
 ray.get(handle.placement_group.ready(), timeout=200)
 @ray.remote(num_cpus=0, resources={{"TPU": 4}})
@@ -150,6 +158,7 @@ class Soak:
     driver: RayDriver | None = None
     stopping: bool = False
     only: tuple[str, ...] = ()  # fault names to draw from (all when empty)
+    workloads: tuple[str, ...] = ()  # tasks, actor, slice, request_resources (all when empty)
 
     def say(self, text: str) -> None:
         elapsed = time.monotonic() - self.cluster.timeline.started
@@ -209,7 +218,8 @@ class Soak:
                 self.say(f"workload: idle for {idle:.0f} s")
                 await asyncio.sleep(idle)
                 continue
-            what, body = self.rng.choice(WORKLOADS)(self.rng)
+            kinds = [w for w in WORKLOADS if not self.workloads or w.__name__[1:] in self.workloads]
+            what, body = self.rng.choice(kinds)(self.rng)
             self.workload[what.split(" (")[0]] += 1
             self.demand_epoch += 1
             self.say(f"workload: {what}")
@@ -237,6 +247,10 @@ class Soak:
         driver = self.driver
         with contextlib.suppress(subprocess.TimeoutExpired):  # a stuck driver is killed below
             await asyncio.to_thread(driver.process.wait, DRIVER_LIFETIME_S)
+        code = driver.process.poll()
+        if code != 0 and not self.stopping:
+            tail = driver.output().strip().splitlines()[-3:]
+            self.say(f"workload: driver ended with {code}: {' | '.join(tail)[-400:]}")
         await asyncio.to_thread(driver.stop)
         self.driver = None
 
@@ -443,14 +457,18 @@ def _summary(soak: Soak, checker_violations: list[Any], out: TextIO) -> None:
 
 
 async def run_soak(
-    minutes: float, seed: int, out: TextIO = sys.stdout, only: tuple[str, ...] = ()
+    minutes: float,
+    seed: int,
+    out: TextIO = sys.stdout,
+    only: tuple[str, ...] = (),
+    workloads: tuple[str, ...] = (),
 ) -> int:
     rng = random.Random(seed)
     print(f"soak: {minutes} min, seed {seed}", file=out, flush=True)
     started = time.monotonic()
     deadline = started + minutes * 60
     async with LocalCluster(soak_raycluster(), pod_start_delay=0.5) as cluster:
-        soak = Soak(cluster, rng, deadline, out, only=only)
+        soak = Soak(cluster, rng, deadline, out, only=only, workloads=workloads)
         cluster.timeline.listeners.append(
             lambda m: soak.say(f"  {m.text}") if m.kind in ECHOED else None
         )
@@ -496,10 +514,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("--only", action="append", default=[], help="a fault name (repeatable)")
+    parser.add_argument(
+        "--workload", action="append", default=[], help="tasks, actor, slice or request_resources"
+    )
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     marker = reaper.mark_session()
-    code = asyncio.run(run_soak(args.minutes, args.seed, only=tuple(args.only)))
+    code = asyncio.run(
+        run_soak(args.minutes, args.seed, only=tuple(args.only), workloads=tuple(args.workload))
+    )
     left = reaper.leftovers(marker)
     if left:
         reaper.reap(left)

@@ -24,13 +24,12 @@ import tracemalloc
 from datetime import UTC, datetime
 from typing import Any
 
-import jsonpatch
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
 
-from tests.fuzz.pipeline import decide_raw
+from tests.fuzz.pipeline import Outcome, run_daemon_path
 from tests.invariants import DEAD, DRAINING, NODE_STATUS_NAMES, RUNNING, World, Write, check_write
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
@@ -358,8 +357,8 @@ def gcs_replies(draw: st.DrawFn, pods: list[Any]) -> bytes:
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     state = reply.cluster_resource_state
     state.cluster_session_name = "session_x"
-    # A Ray node runs only in a container that runs. (Pods in phase Unknown may have one too;
-    # test_found.py::test_a_pod_in_phase_unknown_with_a_busy_ray_node_is_not_deleted has it.)
+    # A Ray node runs only in a container that runs: Running pods (and Unknown ones, kubelet
+    # lost; left out until test_found.py's xfail for them is fixed).
     pod_names = [
         p["metadata"]["name"]
         for p in pods
@@ -375,7 +374,7 @@ def gcs_replies(draw: st.DrawFn, pods: list[Any]) -> bytes:
     for i, instance in enumerate(instances):
         status = draw(st.sampled_from([3, 3, 3, 1, 1, 2, 4, 0]))
         node = state.node_states.add(
-            node_id=i.to_bytes(28, "big"),
+            node_id=(i + 1).to_bytes(28, "big"),
             instance_id=instance if draw(st.integers(0, 6)) else "ghost",
             ray_node_type_name=draw(st.sampled_from(["", "tpu", "cpu"])),
             status=status,
@@ -421,13 +420,15 @@ def inputs(draw: st.DrawFn) -> tuple[dict[str, Any], list[Any], bytes]:
 # --- the checks --------------------------------------------------------------------------------
 
 
-def ray_world(pods: list[Any], reply: bytes) -> World:
-    """The world a write is judged in: a host's drain is accepted when Ray says it is idle."""
+def ray_world(pods: list[Any], reply: bytes, drained: frozenset[str]) -> World:
+    """The world the final write lands in: Ray's node states after the drains were answered."""
     parsed = autoscaler_pb2.GetClusterResourceStateReply.FromString(reply)
     ray: dict[str, str] = {}
     for node in parsed.cluster_resource_state.node_states:
         status = NODE_STATUS_NAMES.get(int(node.status), RUNNING)
-        status = {"IDLE": DRAINING, "UNSPECIFIED": RUNNING}.get(status, status)
+        if bytes(node.node_id).hex() in drained:
+            status = DRAINING
+        status = {"UNSPECIFIED": RUNNING}.get(status, status)
         if ray.get(node.instance_id, DEAD) == DEAD:
             ray[node.instance_id] = status
     by_name = {
@@ -455,21 +456,19 @@ def report() -> str:
     )
 
 
-def _measured_decide(rc: dict[str, Any], pods: list[Any], reply: bytes) -> tuple[Any, list[Any]]:
-    """One plan, timed without tracing, then its allocation peak measured on a second run."""
+def _measured_decide(rc: dict[str, Any], pods: list[Any], reply: bytes) -> Outcome:
+    """One pass, timed without tracing, then its allocation peak measured on a second pass."""
     started = time.perf_counter()
-    result = decide_raw(rc, pods, reply, NOW)
+    outcome = run_daemon_path(rc, pods, reply, NOW)
     _measured["seconds"].append(time.perf_counter() - started)
     tracemalloc.start()
     try:
-        decide_raw(rc, pods, reply, NOW)
+        run_daemon_path(rc, pods, reply, NOW)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     _measured["peak_bytes"].append(peak)
-    if peak > _worst["peak"]:
-        _worst.update(peak=peak, case=(rc, pods, reply))
-    return result
+    return outcome
 
 
 @FUZZ_TIMEOUT
@@ -480,16 +479,17 @@ def test_raw_input_plans_without_exception_and_keeps_every_invariant(
 ) -> None:
     rc, pods, reply = case
     pristine = copy.deepcopy(rc)
-    result, ops = _measured_decide(rc, pods, reply)
+    outcome = _measured_decide(rc, pods, reply)  # the patch's guards hold (jsonpatch raises)
     assert rc == pristine, "planning mutated its input"
-    _events(result, ops)
-    after = jsonpatch.apply_patch(rc, ops)  # the guards hold on the object the plan was made from
-    world = ray_world(pods, reply)
-    violations = check_write(Write(rc, after, by="daemon", request=json.dumps(ops)[:2000]), world)
+    assert outcome.decision.error is None, outcome.decision.error
+    _events(outcome)
+    world = ray_world(pods, reply, outcome.drained)
+    request = json.dumps(outcome.decision.document()["writes"], default=str)[:2000]
+    violations = check_write(Write(rc, outcome.after, by="daemon", request=request), world)
     assert not violations, "\n\n".join(map(str, violations))
-    again = decide_raw(copy.deepcopy(rc), list(pods), reply, NOW)
-    assert again[1] == ops, "planning twice on the same input gave another patch"
-    assert again[0].summary() == result.summary()
+    again = run_daemon_path(copy.deepcopy(rc), list(pods), reply, NOW)
+    assert again.decision.document() == outcome.decision.document(), "same input, other writes"
+    assert again.after == outcome.after
 
 
 # --- one group's spec never changes another group's decision -------------------------------------
@@ -505,7 +505,9 @@ def isolated_cases(draw: st.DrawFn) -> tuple[dict[str, Any], list[Any], bytes, i
         group = draw(worker_groups(f"g{i}"))
         group["rayStartParams"] = {"resources": json.dumps({f"R{i}": draw(st.integers(1, 4))})}
         group["template"]["spec"].pop("nodeSelector", None)
-        group["template"]["spec"]["containers"][0].pop("resources", None)
+        group["template"]["spec"]["containers"] = [
+            {"name": "ray-worker", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}
+        ]
         group["numOfHosts"] = 1
         group["minReplicas"], group["maxReplicas"] = 0, draw(st.integers(0, 5))
         group["replicas"] = draw(st.integers(0, group["maxReplicas"]))
@@ -537,10 +539,13 @@ def isolated_cases(draw: st.DrawFn) -> tuple[dict[str, Any], list[Any], bytes, i
     return rc, pods, bytes(reply.SerializeToString()), changed, other
 
 
-def _events(result: Any, ops: list[Any]) -> None:
+def _events(outcome: Outcome) -> None:
     """What the examples reached (shown by --hypothesis-show-statistics): a fuzzer whose plans
     never change anything would prove little."""
-    event("patch" if ops else "no patch")
+    result = outcome.decision.plan
+    event("patch" if outcome.decision.patch else "no patch")
+    if outcome.refused:
+        event("a drain refused (busy host kept)")
     if any(g.target > g.current for g in result.groups):
         event("scale-up")
     if any(g.deletions for g in result.groups):
@@ -567,9 +572,9 @@ def test_changing_one_group_never_changes_another_groups_decision(
 ) -> None:
     rc, pods, reply, changed, other = case
     name = f"g{changed}"
-    before, _ = _measured_decide(rc, pods, reply)
+    before = _measured_decide(rc, pods, reply)
     edited = copy.deepcopy(rc)
     edited["spec"]["workerGroupSpecs"][changed] = other
-    after, _ = _measured_decide(edited, pods, reply)
-    _events(before, [1] if any(g.changes for g in before.groups) else [])
-    assert _decisions(after, name) == _decisions(before, name)
+    after = _measured_decide(edited, pods, reply)
+    _events(before)
+    assert _decisions(after.decision.plan, name) == _decisions(before.decision.plan, name)
