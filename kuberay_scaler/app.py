@@ -156,6 +156,8 @@ class Daemon:
                 gcs_stale_after_s=s.gcs_stale_after_s,
                 drain_deadline_s=s.drain_deadline_s,
                 expectation_timeout_s=s.write_expectation_timeout_s,
+                unhealthy_after_failures=s.unhealthy_after_failures,
+                unhealthy_after_s=s.unhealthy_after_s,
             ),
             policy=policy_from_settings(s),
             pods=self._pods,
@@ -220,13 +222,12 @@ class Daemon:
 
     # --- probes -------------------------------------------------------------------------------
     def _healthy(self) -> tuple[bool, str]:
-        """Alive while the loop makes progress (a reconcile finished recently)."""
+        """Alive unless reconciles keep failing or none succeeded for a while (see LoopStatus)."""
         limit = max(60.0, 3 * self.settings.resync_interval_s)
         if self.reconciler is None:
             waited = time.monotonic() - self._started
             return waited < 5 * limit, f"starting for {waited:.0f} s"
-        age = time.monotonic() - self.reconciler.status.last_progress
-        return age < limit, f"last reconcile {age:.1f} s ago"
+        return self.reconciler.health()
 
     def _ready(self) -> tuple[bool, str]:
         if not (self._pods and self._view and self._poller):

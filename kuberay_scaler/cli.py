@@ -1,4 +1,4 @@
-"""Command line: run | plan | check-config | version (the demo lives in kuberay_standins)."""
+"""Command line: run | plan | capture | check-config | version (the demo: kuberay_standins)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--raycluster",
         type=Path,
-        required=True,
         help="RayCluster YAML or JSON (`-`: stdin; a `kind: List` holding it is fine)",
     )
     plan.add_argument(
@@ -48,7 +47,25 @@ def _parser() -> argparse.ArgumentParser:
         help="GetClusterResourceStateReply in proto3 JSON (`-`: stdin); without it the plan"
         " runs as 'Ray demand unknown' and still shows the slice map",
     )
+    plan.add_argument(
+        "--capture",
+        type=Path,
+        help="a directory written by `capture`: its three files, replanned at the captured moment",
+    )
     plan.set_defaults(func=_plan)
+    capture = sub.add_parser(
+        "capture",
+        help="write the RayCluster, its pods and the GCS reply into a directory, for `plan`"
+        " and bug reports (configured like `run`; secrets are never written)",
+    )
+    capture.add_argument("directory", type=Path, help="where to write the files")
+    capture.add_argument("--name", help="RayCluster name (default: RAY_CLUSTER_NAME)")
+    capture.add_argument("--namespace", help="namespace (default: RAY_CLUSTER_NAMESPACE)")
+    capture.add_argument("--gcs-address", help="host:port (default: KUBERAY_SCALER_GCS_ADDRESS)")
+    capture.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: KUBERAY_SCALER_KUBECONFIG, else in-cluster)"
+    )
+    capture.set_defaults(func=_capture)
     check = sub.add_parser(
         "check-config", help="validate env configuration as `run` would, and print it"
     )
@@ -87,16 +104,50 @@ def _check_files(settings: Settings) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from kuberay_scaler.offline import InputError, plan_files, print_plan
+    from kuberay_scaler.offline import InputError, plan_capture, plan_files, print_plan
     from kuberay_scaler.policy import policy_from_settings
 
     policy = policy_from_settings(load_settings())
     try:
-        document = plan_files(args.raycluster, args.pods, args.ray_state, policy)
+        if args.capture is not None:
+            document = plan_capture(args.capture, policy)
+        elif args.raycluster is None:
+            raise InputError("--raycluster (or --capture DIR) is required")
+        else:
+            document = plan_files(args.raycluster, args.pods, args.ray_state, policy)
     except InputError as err:
         print(f"kuberay-scaler plan: {err}", file=sys.stderr)
         return EXIT_CONFIG
     print(print_plan(document))
+    return 0
+
+
+_CAPTURE_ENV = {
+    "name": "RAY_CLUSTER_NAME",
+    "namespace": "RAY_CLUSTER_NAMESPACE",
+    "gcs_address": "KUBERAY_SCALER_GCS_ADDRESS",
+    "kubeconfig": "KUBERAY_SCALER_KUBECONFIG",
+}
+
+
+def _capture(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from kuberay_scaler.capture import capture
+    from kuberay_scaler.kube.session import SessionError
+    from kuberay_scaler.kube.transport import ApiError, NoResponse
+    from kuberay_scaler.ray_gcs.errors import GcsError
+
+    overrides = {env: getattr(args, k) for k, env in _CAPTURE_ENV.items() if getattr(args, k)}
+    settings = load_settings({**os.environ, **overrides})
+    settings.require_cluster()
+    _check_files(settings)
+    try:
+        out = asyncio.run(capture(settings, args.directory))
+    except (SessionError, ApiError, NoResponse, GcsError, OSError) as err:
+        print(f"kuberay-scaler capture: {err}", file=sys.stderr)
+        return 1
+    print(out)
     return 0
 
 

@@ -24,6 +24,11 @@ RESYNC_INTERVAL_S = 30.0
 DEBOUNCE_S = 0.2
 WRITE_EXPECTATION_TIMEOUT_S = 60.0
 
+# Liveness: /healthz fails after this many failed reconciles in a row, or this long without a
+# successful one (a held reconcile, e.g. GCS unknown, is a success: the loop works, it waits).
+UNHEALTHY_AFTER_FAILURES = 5
+UNHEALTHY_AFTER_S = 300.0
+
 # Slices and replacement.
 MAX_PROVISION_TIME_S = 900.0
 MISSING_NODE_GRACE_S = 180.0

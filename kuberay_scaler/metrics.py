@@ -81,3 +81,14 @@ GCS_CONNECTED = Gauge(
     "1 while the last GCS poll got an answer, 0 while the GCS is unreachable or refusing.",
     registry=REGISTRY,
 )
+LAST_SUCCESSFUL_RECONCILE = Gauge(
+    "kuberay_scaler_last_successful_reconcile_timestamp_seconds",
+    "Unix time of the last reconcile that completed without an error or a failed write.",
+    registry=REGISTRY,
+)
+RECONCILE_FAILURES = Counter(
+    "kuberay_scaler_reconcile_failures_total",
+    "Failed reconciles by cause (the exception type, or patch_<outcome>, or stale).",
+    ["cause"],
+    registry=REGISTRY,
+)

@@ -161,6 +161,26 @@ def plan_files(
     return {"cluster": document.pop("cluster"), "patch": document.pop("patch"), **document}
 
 
+def plan_capture(directory: Path, policy: Policy) -> dict[str, Any]:
+    """Replan the files `capture` wrote, at the moment they were captured."""
+    from kuberay_scaler.capture import (
+        PODS_FILE,
+        RAY_STATE_FILE,
+        RAYCLUSTER_FILE,
+        read_captured_at,
+    )
+
+    if not (directory / RAYCLUSTER_FILE).is_file():
+        raise InputError(f"capture {directory}: no {RAYCLUSTER_FILE} (not a capture directory)")
+    return plan_files(
+        directory / RAYCLUSTER_FILE,
+        directory / PODS_FILE,
+        directory / RAY_STATE_FILE,
+        policy,
+        now=read_captured_at(directory),
+    )
+
+
 def _why(err: OSError | UnicodeDecodeError) -> str:
     if isinstance(err, UnicodeDecodeError):
         return "not text (UTF-8)"

@@ -235,6 +235,18 @@ class Settings(BaseSettings):
         validation_alias=_ours("drain_deadline_s"),
         description="Deadline handed to DrainNode for each host of a slice.",
     )
+    unhealthy_after_failures: int = Field(
+        default=D.UNHEALTHY_AFTER_FAILURES,
+        ge=1,
+        validation_alias=_ours("unhealthy_after_failures"),
+        description="/healthz fails after this many failed reconciles in a row.",
+    )
+    unhealthy_after_s: float = Field(
+        default=D.UNHEALTHY_AFTER_S,
+        gt=0,
+        validation_alias=_ours("unhealthy_after_s"),
+        description="/healthz fails when no reconcile has succeeded for this long.",
+    )
     shutdown_grace_s: float = Field(
         default=10.0,
         gt=0,

@@ -29,6 +29,8 @@ from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.liveness import HostClock, LivenessTracker
 from kuberay_scaler.metrics import (
     DECISIONS,
+    LAST_SUCCESSFUL_RECONCILE,
+    RECONCILE_FAILURES,
     RECONCILE_SECONDS,
     RECONCILES,
     SLICES,
@@ -57,6 +59,8 @@ class LoopConfig:
     gcs_stale_after_s: float = D.GCS_STALE_AFTER_S
     drain_deadline_s: float = D.DRAIN_DEADLINE_S
     expectation_timeout_s: float = D.WRITE_EXPECTATION_TIMEOUT_S
+    unhealthy_after_failures: int = D.UNHEALTHY_AFTER_FAILURES
+    unhealthy_after_s: float = D.UNHEALTHY_AFTER_S
 
 
 @dataclass
@@ -68,6 +72,22 @@ class LoopStatus:
     last_patch: list[dict[str, Any]] = field(default_factory=list)
     last_outcome: str = "not run yet"
     reconciles: int = 0
+    last_success: float = field(default_factory=time.monotonic)  # or the start
+    consecutive_failures: int = 0
+    last_error: str | None = None  # of the latest failed reconcile (kept after a success)
+
+    def health(self, now: float, config: LoopConfig) -> tuple[bool, str]:
+        """Alive unless reconciles keep failing (N in a row) or none succeeded for T seconds."""
+        if self.consecutive_failures >= config.unhealthy_after_failures:
+            return (
+                False,
+                f"{self.consecutive_failures} reconciles failed in a row: {self.last_error}",
+            )
+        quiet = now - self.last_success
+        if quiet > config.unhealthy_after_s:
+            why = f"; last error: {self.last_error}" if self.last_error else ""
+            return False, f"no successful reconcile for {quiet:.0f} s{why}"
+        return True, f"last successful reconcile {quiet:.1f} s ago"
 
     @property
     def last_plan(self) -> Plan | None:
@@ -75,13 +95,15 @@ class LoopStatus:
 
     def document(self) -> dict[str, Any] | None:
         """/debug/plan: the last decision (plan and writes) and what became of it."""
-        if self.last_decision is None:
+        if self.last_decision is None and self.last_error is None:
             return None
         return {
-            **self.last_decision.document(),
+            **(self.last_decision.document() if self.last_decision else {}),
             "last_outcome": self.last_outcome,
             "last_patch_sent": self.last_patch,
             "reconciles": self.reconciles,
+            "last_error": self.last_error,
+            "consecutive_failures": self.consecutive_failures,
         }
 
 
@@ -120,7 +142,8 @@ class Reconciler:
         self._monotonic = monotonic
         self.expectations = Expectations(timeout=config.expectation_timeout_s)
         self.memory = Memory()
-        self.status = LoopStatus(last_progress=monotonic())
+        self.status = LoopStatus(last_progress=monotonic(), last_success=monotonic())
+        self._write_failure: str | None = None  # why this reconcile's write failed, if it did
         self._observation: GcsObservation | None = None
         # When the daemon itself last saw each Ray node and pod (slices are judged from it).
         self._liveness = LivenessTracker(
@@ -143,21 +166,41 @@ class Reconciler:
     async def reconcile(self) -> Plan | None:
         """Run one reconcile; errors are logged and counted, never raised."""
         started = self._monotonic()
+        self._write_failure = None
         try:
             result = await self._reconcile()
-            RECONCILES.labels("held" if result is None or result.held else "ok").inc()
-            return result
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as err:
             log.exception("reconcile failed")
             RECONCILES.labels("error").inc()
             self._not_before = self._monotonic() + self._write_backoff.next_delay()
+            self._failed(type(err).__name__, f"{type(err).__name__}: {err}")
             return None
+        else:
+            RECONCILES.labels("held" if result is None or result.held else "ok").inc()
+            if self._write_failure is not None:
+                self._failed(self._write_failure, self.status.last_outcome)
+            else:
+                self._succeeded()
+            return result
         finally:
             RECONCILE_SECONDS.observe(self._monotonic() - started)
             self.status.last_progress = self._monotonic()
             self.status.reconciles += 1
+
+    def health(self) -> tuple[bool, str]:
+        return self.status.health(self._monotonic(), self._config)
+
+    def _failed(self, cause: str, text: str) -> None:
+        RECONCILE_FAILURES.labels(cause).inc()
+        self.status.consecutive_failures += 1
+        self.status.last_error = text
+
+    def _succeeded(self) -> None:
+        self.status.consecutive_failures = 0
+        self.status.last_success = self._monotonic()
+        LAST_SUCCESSFUL_RECONCILE.set(self._wall().timestamp())
 
     async def _reconcile(self) -> Plan | None:
         now = Instant(self._wall(), self._monotonic())
@@ -167,7 +210,8 @@ class Reconciler:
             if observed is None:
                 self.status.last_outcome = "RayCluster not found: nothing to scale"
                 return None
-            decision = self.decide(observed, now)
+            # In a worker thread: however long planning takes, probes and watches keep running.
+            decision = await asyncio.to_thread(self.decide, observed, now)
             self._publish(decision)
             # Launches this plan adds are reported only when they are about to be written.
             writes = not self._config.dry_run and now.mono >= self._not_before
@@ -176,6 +220,7 @@ class Reconciler:
                 return decision.plan
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
+        self._write_failure = "stale"
         return None
 
     async def _act(self, decision: Decision, now: Instant) -> bool:
@@ -304,6 +349,11 @@ class Reconciler:
 
     def _handle_failure(self, outcome: PatchOutcome) -> bool:
         self.status.last_outcome = f"patch {outcome.kind}: {outcome.message}"
+        if outcome.kind not in (
+            "throttled",
+            "gone",
+        ):  # asked to wait / nothing to scale: not a fault
+            self._write_failure = f"patch_{outcome.kind}"
         now = self._monotonic()
         if outcome.kind == "throttled":
             self._not_before = now + (outcome.retry_after or 1.0)

@@ -24,6 +24,8 @@ class HoldKind(StrEnum):
     GROUP_SUSPENDED = "group_suspended"
     BACKING_OFF = "backing_off"  # replaced broken slices recently
     AT_MAX_REPLICAS = "at_max_replicas"
+    AT_HOST_BOUND = "at_host_bound"  # MAX_GROUP_HOSTS: the planner never asks for more hosts
+    PLAN_FAILED = "plan_failed"  # planning this group raised; it is skipped, the others planned
     CONSERVATIVE_UPSCALING = "conservative_upscaling"  # waiting for launching slices
     NO_ROOM = "no_room"  # the demand needs more slices than the group may add
 
@@ -63,6 +65,10 @@ def _hold_text(h: Hold) -> str:
             return f"backing off until {until} (replaced broken slices {h.failures} time(s))"
         case HoldKind.AT_MAX_REPLICAS:
             return f"at maxReplicas {h.limit}"
+        case HoldKind.AT_HOST_BOUND:
+            return f"at {h.limit} replicas: the bound of hosts per group ({h.detail})"
+        case HoldKind.PLAN_FAILED:
+            return f"planning this group failed: {h.detail}"
         case HoldKind.CONSERVATIVE_UPSCALING:
             return "Conservative upscaling: waiting for launching slices"
         case HoldKind.NO_ROOM:
@@ -287,6 +293,7 @@ class ProblemKind(StrEnum):
     SHAPE = "shape"  # a group whose host resources cannot be worked out
     WAITS_ON_EXISTING_NODE = "waits_on_existing_node"  # demand only an existing node can serve
     RAY_STATE = "ray_state"  # the GCS reply cannot be used
+    PLAN_FAILED = "plan_failed"  # planning one group raised: that group is skipped
 
 
 @dataclass(frozen=True)

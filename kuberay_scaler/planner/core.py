@@ -10,7 +10,13 @@ from datetime import datetime
 from types import MappingProxyType
 
 from kuberay_scaler.defaults import MAX_REPLACE_BACKOFF_S, REPLACE_BACKOFF_S
-from kuberay_scaler.model.cluster import ClusterSpec, Problem, UpscalingMode
+from kuberay_scaler.model.cluster import (
+    MAX_GROUP_HOSTS,
+    ClusterSpec,
+    Problem,
+    UpscalingMode,
+    WorkerGroup,
+)
 from kuberay_scaler.model.plan import (
     DeleteKind,
     GroupDecision,
@@ -76,6 +82,83 @@ class _Group:
 
 
 def plan(
+    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
+) -> Plan:
+    """The plan for every group; a group whose planning raises is held with a named problem
+    and the others are planned without it (one bad group never stops the others)."""
+    try:
+        return _plan(snapshot, ray, memory, policy, now)
+    except Exception:  # a planner bug reached by one group's numbers: find the group
+        failed = _failing_groups(snapshot, ray, memory, policy, now)
+        if not failed:
+            raise  # not one group's doing: the loop counts it (and /healthz says so)
+    return _without_groups(snapshot, ray, memory, policy, now, failed)
+
+
+def _failing_groups(
+    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
+) -> dict[str, str]:
+    """Each group planned alone; the ones that raise, with what they raised."""
+    failed: dict[str, str] = {}
+    for group in snapshot.spec.groups:
+        others = tuple(g.name for g in snapshot.spec.groups if g is not group)
+        alone = _skip_groups(snapshot, others, [])
+        try:
+            _plan(alone, ray, memory, policy, now)
+        except Exception as err:
+            failed[group.name] = f"{type(err).__name__}: {err}"
+    return failed
+
+
+def _without_groups(
+    snapshot: Snapshot,
+    ray: RayState | None,
+    memory: Memory,
+    policy: Policy,
+    now: datetime,
+    failed: Mapping[str, str],
+) -> Plan:
+    problems = [
+        Problem(f"planning failed ({why}); group skipped, the others planned", name)
+        for name, why in failed.items()
+    ]
+    result = _plan(_skip_groups(snapshot, tuple(failed), problems), ray, memory, policy, now)
+    held = [
+        GroupDecision(
+            group=g.name,
+            index=g.index,
+            num_of_hosts=g.num_of_hosts,
+            current=g.replicas,
+            target=g.replicas,
+            held=Hold(HoldKind.PLAN_FAILED, g.name, detail=failed[g.name]),
+            reasons=(Hold(HoldKind.PLAN_FAILED, g.name, detail=failed[g.name]),),
+        )
+        for g in snapshot.spec.groups
+        if g.name in failed
+    ]
+    tagged = tuple(
+        replace(p, kind=ProblemKind.PLAN_FAILED)
+        if p.message in {q.message for q in problems}
+        else p
+        for p in result.problems
+    )
+    groups = tuple(sorted((*result.groups, *held), key=lambda d: d.index))
+    return replace(result, groups=groups, problems=tagged)
+
+
+def _skip_groups(snapshot: Snapshot, names: tuple[str, ...], problems: list[Problem]) -> Snapshot:
+    spec = snapshot.spec
+    kept = tuple(g for g in spec.groups if g.name not in names)
+    skipped = replace(
+        spec,
+        groups=kept,
+        skipped_groups=(*spec.skipped_groups, *names),
+        problems=(*spec.problems, *problems),
+    )
+    return replace(snapshot, spec=skipped)
+
+
+def _plan(
     snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
 ) -> Plan:
     spec = snapshot.spec
@@ -207,9 +290,15 @@ def _room(
         )
     elif group.effective_replicas >= group.max_replicas:
         room.blocked = Hold(HoldKind.AT_MAX_REPLICAS, group.name, limit=group.max_replicas)
+    elif group.effective_replicas >= _host_bound(group):
+        room.blocked = _host_bound_hold(group)
     else:
         room.room = group.max_replicas - group.effective_replicas
         room.exhausted = Hold(HoldKind.AT_MAX_REPLICAS, group.name, limit=group.max_replicas)
+        if _host_bound(group) < group.max_replicas:
+            # Planning cost and memory grow with the slices added: bounded by hosts per group.
+            room.room = _host_bound(group) - group.effective_replicas
+            room.exhausted = _host_bound_hold(group)
         if mode is UpscalingMode.CONSERVATIVE and _conservative_limit(g, cap, ray) < room.room:
             room.room = _conservative_limit(g, cap, ray)
             room.exhausted = Hold(HoldKind.CONSERVATIVE_UPSCALING, group.name)
@@ -217,6 +306,15 @@ def _room(
             room.blocked = Hold(HoldKind.CONSERVATIVE_UPSCALING, group.name)
             room.holds_demand = True
     return room
+
+
+def _host_bound(group: WorkerGroup) -> int:
+    return MAX_GROUP_HOSTS // group.num_of_hosts
+
+
+def _host_bound_hold(group: WorkerGroup) -> Hold:
+    detail = f"{MAX_GROUP_HOSTS} hosts per group"
+    return Hold(HoldKind.AT_HOST_BOUND, group.name, limit=_host_bound(group), detail=detail)
 
 
 def _conservative_limit(g: _Group, cap: Capacity, ray: RayState) -> int:

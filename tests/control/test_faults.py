@@ -4,20 +4,37 @@ only that a path ran."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
+import pytest
+
+from kuberay_scaler.app import Daemon
+from kuberay_scaler.control.reconciler import LoopConfig
+from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.settings import load_settings
 from tests.control.fakes import Loop, make_loop
 from tests.control.test_reconciler import spec_group, workers_to_delete
-from tests.factories import cluster, head_node, slice_pods, state, tpu_group, tpu_slice_nodes
+from tests.factories import (
+    cluster,
+    group,
+    head_node,
+    slice_pods,
+    state,
+    tasks,
+    tpu_group,
+    tpu_slice_nodes,
+)
 
 GRACE_S = 180.0  # the default KUBERAY_SCALER_MISSING_NODE_GRACE_S
 
 
-def busy_slice_loop() -> Loop:
+def busy_slice_loop(**kw: Any) -> Loop:
     """One 4-host slice whose pods (by their own timestamps) have run for an hour, busy in Ray."""
     pods = slice_pods("tpu", "tpu-a", 4, age_s=3700, running_for_s=3600)
     nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)]
-    return make_loop(cluster(tpu_group(replicas=1, max_replicas=4)), pods, state(nodes))
+    return make_loop(cluster(tpu_group(replicas=1, max_replicas=4)), pods, state(nodes), **kw)
 
 
 def assert_nothing_deleted(loop: Loop) -> None:
@@ -63,3 +80,128 @@ async def test_a_node_truly_gone_for_a_full_grace_is_replaced() -> None:
     three = state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)[:3]])
     await run_for(loop, GRACE_S + 10, three)
     assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]  # whole slice
+
+
+async def test_a_slow_plan_never_blocks_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 3: planning runs in a worker thread; probes (here: a ticker) keep being served."""
+    loop = busy_slice_loop()
+    real = loop.reconciler.decide
+
+    def slow(*args: Any) -> Any:
+        time.sleep(0.5)  # a plan that takes long (10^6 hosts before the bounds)
+        return real(*args)
+
+    monkeypatch.setattr(loop.reconciler, "decide", slow)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        await loop.reconciler.reconcile()
+    finally:
+        task.cancel()
+    assert ticks >= 1, "the event loop was blocked for the whole plan"
+    assert loop.reconciler.status.last_decision is not None
+
+
+def daemon_probing(loop: Loop) -> Daemon:
+    """The daemon's real probes and /debug/plan, reading this loop."""
+    daemon = Daemon(load_settings({"RAY_CLUSTER_NAME": "rc"}))
+    daemon.reconciler = loop.reconciler
+    return daemon
+
+
+def failures_metric(cause: str) -> float:
+    value = REGISTRY.get_sample_value("kuberay_scaler_reconcile_failures_total", {"cause": cause})
+    return value or 0.0
+
+
+async def test_a_loop_that_keeps_failing_fails_healthz_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Item 4 / catalogue row 22: exceptions in reconcile are no longer a silent stall."""
+    loop = busy_slice_loop(config=LoopConfig(unhealthy_after_failures=3))
+    daemon = daemon_probing(loop)
+    await loop.reconciler.reconcile()
+    assert daemon._healthy()[0]
+    real = loop.reconciler.decide
+    before = failures_metric("RuntimeError")
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("planner bug")
+
+    monkeypatch.setattr(loop.reconciler, "decide", broken)
+    for _ in range(2):
+        loop.clock.advance(1)
+        await loop.reconciler.reconcile()
+    assert daemon._healthy()[0]  # two failures: not yet
+    loop.clock.advance(1)
+    await loop.reconciler.reconcile()
+    healthy, why = daemon._healthy()
+    assert not healthy and "3 reconciles failed" in why and "planner bug" in why
+    document = daemon._plan_document()
+    assert document is not None and "planner bug" in document["last_error"]
+    assert failures_metric("RuntimeError") == before + 3
+    assert loop.writer.calls == []  # nothing was written meanwhile
+
+    monkeypatch.setattr(loop.reconciler, "decide", real)
+    loop.clock.advance(1)
+    await loop.reconciler.reconcile()
+    assert daemon._healthy()[0]  # recovered
+    stamp = REGISTRY.get_sample_value("kuberay_scaler_last_successful_reconcile_timestamp_seconds")
+    assert stamp == loop.clock.wall().timestamp()
+
+
+async def test_no_successful_reconcile_for_t_seconds_fails_healthz(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = busy_slice_loop(config=LoopConfig(unhealthy_after_failures=1000, unhealthy_after_s=120))
+    daemon = daemon_probing(loop)
+    await loop.reconciler.reconcile()
+
+    def broken(*_: Any) -> Any:
+        raise ValueError("bad input")
+
+    monkeypatch.setattr(loop.reconciler, "decide", broken)
+    loop.clock.advance(100)
+    await loop.reconciler.reconcile()
+    assert daemon._healthy()[0]
+    loop.clock.advance(30)
+    await loop.reconciler.reconcile()
+    healthy, why = daemon._healthy()
+    assert not healthy and "no successful reconcile for 130 s" in why
+
+
+def test_the_thresholds_are_settings() -> None:
+    settings = load_settings(
+        {
+            "RAY_CLUSTER_NAME": "rc",
+            "KUBERAY_SCALER_UNHEALTHY_AFTER_FAILURES": "3",
+            "KUBERAY_SCALER_UNHEALTHY_AFTER_S": "120",
+        }
+    )
+    assert (settings.unhealthy_after_failures, settings.unhealthy_after_s) == (3, 120.0)
+
+
+async def test_a_write_that_keeps_failing_counts_as_a_failed_reconcile() -> None:
+    loop = make_loop(
+        cluster(group("cpu", max_replicas=5)),
+        [],
+        state([head_node()], [tasks({"CPU": 8}, 2)]),
+        config=LoopConfig(unhealthy_after_failures=2),
+    )
+    before = failures_metric("patch_forbidden")
+    for _ in range(2):
+        loop.writer.answer(403)
+        loop.clock.advance(120)  # past the write backoff
+        loop.see_ray(state([head_node()], [tasks({"CPU": 8}, 2)]))
+        await loop.reconciler.reconcile()
+    healthy, why = loop.reconciler.health()
+    assert not healthy and "forbidden" in why
+    assert failures_metric("patch_forbidden") == before + 2
+    assert spec_group(loop)["replicas"] == 0  # nothing was applied

@@ -10,13 +10,14 @@ address must then run beside it; the address that used to be our default exits 2
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ KUBERAY_HEAD_ARGS = (
     "--dashboard-agent-listen-port=52365",
 )
 GCS_PORT = 6379
+PORTS_LOCK = "/tmp/kuberay-scaler-test-ports.lock"
 NAMESPACE = "default"
 
 
@@ -53,7 +55,19 @@ class Pod:
 
 
 @pytest.fixture
-async def pod(tmp_path: Path) -> AsyncIterator[Pod]:
+def machine_ports() -> Iterator[None]:
+    """KubeRay's ports are fixed and Ray's exporter binds 8080 on every address: two runs of
+    this test on one machine (worktrees side by side) take turns instead of colliding."""
+    with open(PORTS_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+async def pod(tmp_path: Path, machine_ports: None) -> AsyncIterator[Pod]:
     api = ApiServerStandIn(bookmark_interval=5.0)
     await api.start()
     head: RayHead | None = None

@@ -1,0 +1,144 @@
+"""`kuberay-scaler capture` against the stand-ins and a real Ray head (issue 12 item 8).
+
+The daemon runs in dry run (so nothing moves); `capture` runs as a user would run it, as a
+subprocess configured like the daemon; the captured files, replanned offline at the captured
+moment, give the daemon's own decision (its /debug/plan). No secret reaches the files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kuberay_scaler.capture import META_FILE, PODS_FILE, RAY_STATE_FILE, RAYCLUSTER_FILE
+from kuberay_scaler.offline import plan_capture
+from kuberay_scaler.planner.core import Policy
+from kuberay_standins.demo import Scenario, demo_raycluster
+from kuberay_standins.harness import DaemonProcess, LocalCluster
+from kuberay_standins.ray_local import RayDriver
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+SECRET = "s3cr3t-value-never-written"
+DEMAND = """
+@ray.remote(num_cpus=2)
+def work():
+    time.sleep(3600)
+
+refs = [work.remote() for _ in range(2)]
+"""
+
+
+def _with_secrets(rc: dict[str, Any]) -> dict[str, Any]:
+    for g in rc["spec"]["workerGroupSpecs"]:
+        g["template"]["spec"]["containers"][0]["env"] = [{"name": "API_KEY", "value": SECRET}]
+    rc["spec"]["headGroupSpec"]["rayStartParams"]["redis-password"] = SECRET
+    rc["metadata"].setdefault("annotations", {})[
+        "kubectl.kubernetes.io/last-applied-configuration"
+    ] = json.dumps({"secret": SECRET})
+    return rc
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[LocalCluster]:
+    rc = demo_raycluster(Scenario())
+    rc["spec"]["workerGroupSpecs"][1]["replicas"] = 1  # one CPU pod up before the capture
+    async with LocalCluster(_with_secrets(rc), pod_start_delay=0.5) as local:
+        yield local
+
+
+def _debug_plan(daemon: DaemonProcess) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://{daemon.http}/debug/plan", timeout=5) as reply:
+            doc: dict[str, Any] = json.loads(reply.read())
+            return doc
+    except (OSError, ValueError):
+        return None
+
+
+def _decided(doc: dict[str, Any] | None) -> bool:
+    """The daemon planned with demand known, and the CPU pod's Ray node had joined."""
+    if not doc or doc.get("held"):
+        return False
+    groups = {g["name"]: g for g in doc["groups"]}
+    cpu = groups.get("cpu-group")
+    return (
+        bool(cpu)
+        and cpu["replicas"]["target"] == 2
+        and any(s["state"] == "complete" for s in cpu["slices"])
+    )
+
+
+def _essence(doc: dict[str, Any]) -> dict[str, Any]:
+    """What must agree: targets, deletions, writes (without GCS pinning), reasons' kinds."""
+    return {
+        "held": doc["held"],
+        "groups": {
+            g["name"]: (
+                g["replicas"],
+                [d["slice"] for d in g["delete"]],
+                sorted(r["kind"] for r in g["reasons"]),
+                [(s["slice"], s["state"]) for s in g["slices"]],
+            )
+            for g in doc["groups"]
+        },
+        "writes": [w["write"] for w in doc["writes"]],
+        "patch": [op for op in doc["patch"] if op["path"] != "/metadata/uid"],
+        "infeasible": doc["infeasible"],
+    }
+
+
+async def test_capture_replans_offline_to_the_daemons_own_decision(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    assert cluster.head is not None
+    daemon = cluster.start_daemon(KUBERAY_SCALER_DRY_RUN="true")
+    driver = await asyncio.to_thread(
+        RayDriver.start,
+        cluster.head.gcs_address,
+        DEMAND,
+        node_ip=cluster.head.ip,
+        env=cluster.head.client_env(),
+        wait_ready=False,
+    )
+    try:
+        await cluster.wait_for(lambda: _decided(_debug_plan(daemon)), 240, "the daemon's plan")
+        out = tmp_path / "capture"
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "kuberay_scaler", "capture", str(out)],
+            env=cluster.daemon_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        daemons = _debug_plan(daemon)
+        assert daemons is not None
+    finally:
+        await asyncio.to_thread(driver.stop)
+
+    for name in (RAYCLUSTER_FILE, PODS_FILE, RAY_STATE_FILE, META_FILE):
+        text = (out / name).read_text()
+        assert SECRET not in text, name
+        if cluster.head.auth_token:
+            assert cluster.head.auth_token not in text, name
+    meta = json.loads((out / META_FILE).read_text())
+    assert meta["cluster"] == cluster.name and meta["pods"] >= 2  # head + the CPU pod
+    assert any(p.endswith("env[0].value") for p in meta["redacted"])
+
+    offline = plan_capture(out, Policy())
+    assert _essence(offline) == _essence(daemons)
+    assert {g["name"]: g["replicas"]["target"] for g in offline["groups"]} == {
+        "tpu-group": 0,
+        "cpu-group": 2,
+    }
