@@ -3,7 +3,8 @@
 API-server stand-in + KubeRay operator stand-in + a real Ray head; every worker pod the fake
 kubelet marks Running becomes a real Ray host on its own 127.0.0.N, sized by the `ray start`
 line the operator stand-in wrote into the pod as KubeRay does (ray_start.py), with the TPU env
-(slice name, worker id) and `RAY_CLOUD_INSTANCE_ID` = pod name; deleting the pod stops the host. The daemon runs as a real subprocess configured by env vars only.
+(slice name, worker id) and `RAY_CLOUD_INSTANCE_ID` = pod name; deleting the pod stops the
+host. The daemon runs as a real subprocess configured by env vars only.
 """
 
 from __future__ import annotations
