@@ -20,6 +20,7 @@ from tests.factories import (
     cluster,
     group,
     head_node,
+    node_id_of,
     slice_pods,
     state,
     tasks,
@@ -205,3 +206,43 @@ async def test_a_write_that_keeps_failing_counts_as_a_failed_reconcile() -> None
     assert not healthy and "forbidden" in why
     assert failures_metric("patch_forbidden") == before + 2
     assert spec_group(loop)["replicas"] == 0  # nothing was applied
+
+
+def idle_loop(*keys: str) -> Loop:
+    pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
+    nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
+    return make_loop(cluster(tpu_group(replicas=len(keys))), pods, state(nodes))
+
+
+async def test_a_partly_drained_slice_is_deleted_whole_in_the_same_patch() -> None:
+    """Item 2 / catalogue row 20: hosts that accepted have exited; the slice never waits for the
+    broken-slice timer with dead hosts."""
+    loop = idle_loop("tpu-a", "tpu-b")
+    loop.gcs.refuse = {node_id_of("tpu-a-2")}  # turned busy between the fresh read and its drain
+    await loop.reconciler.reconcile()
+    assert sorted(workers_to_delete(loop)) == sorted(
+        f"{k}-{i}" for k in ("tpu-a", "tpu-b") for i in range(4)
+    )  # whole slices only
+    assert spec_group(loop)["replicas"] == 0
+    every_host = {node_id_of(f"{k}-{i}") for k in ("tpu-a", "tpu-b") for i in range(4)}
+    assert set(loop.gcs.drained) == every_host  # none deleted without its drain being asked
+    assert len(loop.writer.applied) == 2  # record, then one patch: no later timer-driven delete
+
+
+async def test_a_slice_busy_in_the_fresh_read_is_not_drained_at_all() -> None:
+    loop = idle_loop("tpu-a", "tpu-b")
+    now_busy = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]
+    now_busy += tpu_slice_nodes("tpu-b", 4, busy_hosts=(1,))
+    loop.gcs.fresh = state(now_busy)  # the plan saw tpu-b idle; the GCS now says host 1 is busy
+    await loop.reconciler.reconcile()
+    assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]
+    assert not any(d.node_id == node_id_of(f"tpu-b-{i}") for d in loop.gcs.drains for i in range(4))
+    assert spec_group(loop)["replicas"] == 1  # tpu-b kept whole, no host of it drained
+
+
+async def test_no_fresh_read_no_drain() -> None:
+    loop = idle_loop("tpu-a")
+    loop.gcs.fresh_fails = True
+    await loop.reconciler.reconcile()
+    assert loop.gcs.drains == [] and workers_to_delete(loop) == []
+    assert spec_group(loop)["replicas"] == 1
