@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from kuberay_scaler.app import Daemon
 from kuberay_scaler.control.reconciler import LoopConfig
@@ -327,3 +328,47 @@ async def test_restart_after_the_record_keeps_a_slice_that_turned_busy() -> None
     await again.reconciler.reconcile()
     assert workers_to_delete(again) == [] and spec_group(again)["replicas"] == 1
     assert DRAINING_ANNOTATION not in again.server.obj["metadata"]["annotations"]
+
+
+def overrides_metric(group_name: str) -> float:
+    value = REGISTRY.get_sample_value("kuberay_scaler_overrides_total", {"group": group_name})
+    return value or 0.0
+
+
+async def test_another_writer_resetting_replicas_is_named_and_not_fought() -> None:
+    """Item 8 / catalogue row 13: a GitOps tool resets replicas; we say so and back off
+    exponentially per group instead of re-patching after every reset."""
+    demand = state([head_node()], [tasks({"CPU": 8}, 2)])
+    loop = make_loop(cluster(group("cpu", max_replicas=5)), [], demand)
+    await loop.reconciler.reconcile()
+    assert spec_group(loop)["replicas"] == 2 and len(loop.writer.applied) == 1
+    before = overrides_metric("cpu")
+
+    async def reset_by_gitops() -> None:
+        loop.server.edit(["spec", "workerGroupSpecs", 0, "replicas"], 0)
+        await loop.view.refresh()
+
+    async def minutes(count: int) -> None:
+        for _ in range(count):
+            loop.clock.advance(60)
+            loop.see_ray(demand)
+            await loop.reconciler.reconcile()
+
+    await reset_by_gitops()
+    with capture_logs() as logs:
+        await minutes(1)
+    assert [e for e in logs if e["event"] == "replicas overridden by another writer"]
+    assert any(reason == "OverriddenByAnotherWriter" for reason, _ in loop.events.recorded)
+    assert overrides_metric("cpu") == before + 1
+    assert len(loop.writer.applied) == 1, "re-patched right after the other writer's reset"
+    assert spec_group(loop)["replicas"] == 0  # their value stands for now
+    await minutes(2)  # the first backoff (2 min) passes: we try once more
+    assert len(loop.writer.applied) == 2 and spec_group(loop)["replicas"] == 2
+    await reset_by_gitops()
+    await minutes(3)  # second override: the backoff doubles (4 min), no write in 3 min
+    assert len(loop.writer.applied) == 2 and spec_group(loop)["replicas"] == 0
+    assert overrides_metric("cpu") == before + 2
+    decision = loop.reconciler.status.last_decision
+    assert decision is not None
+    held = decision.plan.group("cpu")
+    assert held is not None and held.held is not None and "another writer" in str(held.held)
