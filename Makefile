@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint demo e2e bench clean image ray-matrix
+.PHONY: install test lint demo e2e bench bench-quick bench-planner clean image ray-matrix
 
 $(STAMP): pyproject.toml standins/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,15 @@ image: install
 ray-matrix: install
 	scripts/ray-matrix.sh
 
+# Ours vs Ray v1/v2 side by side (docs/benchmarks.md); QUICK=1 (or bench-quick): ≤ 5 min.
 bench: install
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/run.py $(if $(QUICK),--quick,)
+
+bench-quick:
+	$(MAKE) bench QUICK=1
+
+bench-planner: install
 	$(BIN)/python bench/bench_planner.py
 
 clean:

@@ -23,6 +23,8 @@ from typing import Any
 
 from kuberay_scaler.defaults import DRAIN_DEADLINE_S
 from kuberay_scaler.liveness import HostClock
+from kuberay_scaler.model.cluster import Problem
+from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, Snapshot
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import PlanProblem, ProblemKind
@@ -41,6 +43,7 @@ class GcsView:
     reply: Any  # a GetClusterResourceStateReply, its JSON, or an already parsed RayState
     cluster_id: str | None = None  # drains are pinned to it
     epoch: int = 0  # GCS incarnation the reply came from
+    state: RayState | None = None  # `reply` already parsed (the daemon parses each poll once)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class Observation:
     # Groups whose last write is not observed yet → what is awaited (from the loop's expectations).
     awaiting_write: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     clock: HostClock | None = None  # the daemon's own liveness memory; None: pod timestamps
+    # `pods` already parsed (the daemon's PodCache, once per watch event); `pods` is then unused.
+    parsed_pods: tuple[Sequence[Host], Sequence[Problem]] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,10 @@ def decide(
     """Plan from `observed` at `now` and list the writes that carry the plan out."""
     raw = observed.raycluster
     spec = parse_raycluster(raw)
-    hosts, pod_problems = parse_pods(list(observed.pods), spec)
+    if observed.parsed_pods is not None:
+        hosts, pod_problems = observed.parsed_pods
+    else:
+        hosts, pod_problems = parse_pods(list(observed.pods), spec)
     snapshot = Snapshot(spec, tuple(hosts), observed.synced, tuple(pod_problems), observed.clock)
     ray, ray_problem = _ray_state(observed.gcs)
     memory = replace(
@@ -217,6 +225,8 @@ def write_document(write: Write) -> dict[str, Any]:
 def _ray_state(gcs: GcsView | None) -> tuple[RayState | None, PlanProblem | None]:
     if gcs is None:
         return None, None
+    if gcs.state is not None:
+        return gcs.state, None
     if isinstance(gcs.reply, RayState):
         return gcs.reply, None
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -38,12 +38,13 @@ from kuberay_scaler.metrics import (
     SLICES,
     TARGET_REPLICAS,
 )
+from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.plan import GroupDecision, Memory, Plan
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import Action
 from kuberay_scaler.model.slices import SliceState
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
+from kuberay_scaler.parse.pod_cache import PodCache
+from kuberay_scaler.parse.ray_state import RayStateError, alive_instance_ids, parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.ray_gcs.errors import GcsError
@@ -59,6 +60,7 @@ MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often p
 OVERRIDE_BACKOFF_S = 120.0
 MAX_OVERRIDE_BACKOFF_S = 1800.0
 OVERRIDE_MEMORY_S = 3600.0  # an override older than this no longer counts toward the backoff
+_SETTLED = ("no change", "dry run")  # outcomes after which the same inputs give the same plan
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,11 @@ class Reconciler:
         self._overrides: dict[str, tuple[int, float]] = {}  # group → (overrides, hands off until)
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
+        self._pod_cache = PodCache()
+        self._parsed_ray: tuple[GcsObservation | None, RayState | None] = (None, None)
+        self._content = 0  # rises when the GCS content (not its version) changed
+        self._last_inputs: tuple[object, ...] | None = None
+        self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
 
     def observe_gcs(self, observation: GcsObservation) -> None:
         """The poller pushes every observation here; a reconcile uses the latest one."""
@@ -176,11 +183,25 @@ class Reconciler:
             _alive_instances(observation.reply),
         )
 
-    async def reconcile(self) -> Plan | None:
-        """Run one reconcile; errors are logged and counted, never raised."""
+    def gcs_changed(self, _: GcsObservation | None = None) -> None:
+        """The poller saw new content (the `on_change` callback): the next reconcile plans."""
+        self._content += 1
+
+    async def reconcile(self, reasons: set[str] | None = None) -> Plan | None:
+        """Run one reconcile; errors are logged and counted, never raised.
+
+        `reasons` are what woke it (see Trigger). Woken by a change alone, it is skipped when
+        nothing the plan reads differs from the last settled reconcile: pods as parsed, the
+        RayCluster's spec and annotations, the GCS content (never its version, which any client's
+        call raises), sync and freshness, write expectations. The timer (or no reasons) always
+        plans: idle clocks and deadlines move with time alone.
+        """
         started = self._monotonic()
         self._write_failure = None
         try:
+            if reasons and "timer" not in reasons and self._unchanged():
+                self.skipped += 1
+                return self.status.last_plan
             result = await self._reconcile()
         except asyncio.CancelledError:
             raise
@@ -228,8 +249,10 @@ class Reconciler:
             self._publish(decision)
             # Launches this plan adds are reported only when they are about to be written.
             writes = not self._config.dry_run and now.mono >= self._not_before
+            # The patch first: it is what grows the cluster; the report only informs Ray.
+            done = await self._act(decision, now)
             await self._report(decision, now, launches_asked=writes)
-            if await self._act(decision, now):
+            if done:
                 return decision.plan
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
@@ -259,20 +282,46 @@ class Reconciler:
             return None
         self._notice_recreation(raw)
         self._notice_overrides(raw, now.mono)
-        pods = list(self._pods.store.values())
+        self._last_inputs = self._inputs(raw, now.mono)
+        parsed = self._pod_cache.hosts(self._pods.store, parse_raycluster(raw))
         return Observation(
             raycluster=raw,
-            pods=pods,
             gcs=gcs,
             synced=self._pods.synced and self._cluster.synced,
             awaiting_write=self._awaiting(raw, now.mono),
-            clock=self._host_clock(raw, pods, now.mono),
+            clock=self._host_clock(parsed[0], now.mono),
+            parsed_pods=parsed,
         )
 
-    def _host_clock(self, raw: Mapping[str, Any], pods: list[Any], now: float) -> HostClock:
-        hosts, _ = parse_pods(pods, parse_raycluster(raw))
+    def _host_clock(self, hosts: Sequence[Host], now: float) -> HostClock:
         self._liveness.observe_pods(now, hosts)
         return self._liveness.clock(now)
+
+    def _inputs(self, raw: Mapping[str, Any], now: float) -> tuple[object, ...]:
+        """What the plan reads, by content (never by resourceVersion or GCS version)."""
+        spec = parse_raycluster(raw)
+        self._pod_cache.hosts(self._pods.store, spec)
+        observation = self._observation
+        fresh = observation is not None and observation.fresh(now, self._config.gcs_stale_after_s)
+        meta = raw.get("metadata", {})
+        return (
+            replace(spec, resource_version=""),
+            meta.get("uid"),
+            meta.get("annotations"),
+            self._pod_cache.version,
+            self._content,
+            fresh,
+            self._pods.synced and self._cluster.synced,
+            self._awaiting(raw, now),
+        )
+
+    def _unchanged(self) -> bool:
+        raw = self._cluster.current()
+        if raw is None or self._last_inputs is None:
+            return False
+        if self.status.last_outcome not in _SETTLED:
+            return False
+        return self._inputs(raw, self._monotonic()) == self._last_inputs
 
     def decide(self, observed: Observation, now: Instant) -> Decision:
         return decide(observed, self.memory, self._policy, now.wall, self._config.drain_deadline_s)
@@ -281,7 +330,23 @@ class Reconciler:
         observation = self._observation
         if observation is None or not observation.fresh(now.mono, self._config.gcs_stale_after_s):
             return None
-        return GcsView(observation.reply, observation.cluster_id, observation.gcs_epoch)
+        return GcsView(
+            observation.reply,
+            observation.cluster_id,
+            observation.gcs_epoch,
+            state=self._parsed(observation),
+        )
+
+    def _parsed(self, observation: GcsObservation) -> RayState | None:
+        """The reply parsed once per poll (a replan, or a reconcile before the next poll, reuse
+        it); None for an unusable reply, which decide() then parses and names the problem of."""
+        if self._parsed_ray[0] is not observation:
+            try:
+                state: RayState | None = parse_ray_state(observation.reply)
+            except RayStateError:
+                state = None
+            self._parsed_ray = (observation, state)
+        return self._parsed_ray[1]
 
     def _awaiting(self, raw: Mapping[str, Any], now: float) -> dict[str, str]:
         groups = _group_specs(raw)
@@ -520,6 +585,9 @@ def _alive_instances(reply: Any) -> list[str] | None:
     """Instance ids (pod names) of the live Ray nodes in a reply; None when it is unusable."""
     if reply is None:
         return None
+    fast = alive_instance_ids(reply)  # every poll comes here: no full parse of the reply
+    if fast is not None:
+        return fast
     try:
         ray = reply if isinstance(reply, RayState) else parse_ray_state(reply)
     except RayStateError:
