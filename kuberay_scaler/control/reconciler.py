@@ -24,7 +24,15 @@ from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.control.execute import Executed, execute
 from kuberay_scaler.control.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Writer
 from kuberay_scaler.control.report import report_from_plan
-from kuberay_scaler.decision import Decision, GcsView, Observation, decide
+from kuberay_scaler.decision import (
+    Decision,
+    Drain,
+    GcsView,
+    Observation,
+    RecordIntent,
+    Write,
+    decide,
+)
 from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.liveness import HostClock, LivenessTracker
@@ -415,6 +423,17 @@ class Reconciler:
 
     async def _carry_out(self, decision: Decision) -> bool:
         """Execute the writes. True when done (applied or given up), False to replan."""
+        # Said before the first write, so the log reads in the order things happen.
+        log.info(
+            "decided",
+            groups=[
+                f"{d.group}: {d.action.value} {d.current}->{d.target}"
+                + (f" ({'; '.join(map(str, d.reasons))})" if d.reasons else "")
+                for d in decision.plan.groups
+                if d.changes
+            ],
+            writes=[_write_text(w) for w in decision.writes],
+        )
         done = await execute(
             decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
         )
@@ -557,6 +576,15 @@ class Reconciler:
         task = asyncio.get_running_loop().create_task(self._events.record(reason, message))
         _background.add(task)
         task.add_done_callback(_background.discard)
+
+
+def _write_text(write: Write) -> str:
+    if isinstance(write, RecordIntent):
+        return f"record draining {dict(write.draining)}"
+    if isinstance(write, Drain):
+        why = "preemption" if write.preempt else "idle termination"
+        return f"drain {write.group}/{write.slice_key} ({len(write.node_ids)} hosts, {why})"
+    return f"patch ({len(write.ops)} ops)"
 
 
 _background: set[asyncio.Task[None]] = set()

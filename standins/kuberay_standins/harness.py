@@ -56,15 +56,21 @@ class Moment:
 @dataclass
 class Timeline:
     started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
     moments: list[Moment] = field(default_factory=list)
     listeners: list[Callable[[Moment], None]] = field(default_factory=list)
 
-    def add(self, kind: str, text: str) -> Moment:
-        moment = Moment(time.monotonic() - self.started, kind, text)
+    def add(self, kind: str, text: str, at: float | None = None) -> Moment:
+        """Record a moment; `at` (seconds since start) when it happened earlier than now."""
+        moment = Moment(time.monotonic() - self.started if at is None else at, kind, text)
         self.moments.append(moment)
         for listener in self.listeners:
             listener(moment)
         return moment
+
+    def at_wall(self, epoch_s: float) -> float:
+        """Seconds since start of a wall-clock moment (a daemon log line's timestamp)."""
+        return epoch_s - self.started_wall
 
     def first(self, kind: str, after: float = 0.0) -> Moment | None:
         return next((m for m in self.moments if m.kind == kind and m.at >= after), None)
@@ -314,6 +320,9 @@ class LocalCluster:
             self._pod_changed(event)
 
     def _raycluster_changed(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        body = self._patch_in_flight()
+        if body is not None:
+            self.timeline.add("patch", f"PATCH rayclusters/{self.name}: {_ops_text(body)}")
         old = {g["groupName"]: g for g in before["spec"].get("workerGroupSpecs", [])}
         for group in after["spec"].get("workerGroupSpecs", []):
             prev = old.get(group["groupName"], {})
@@ -331,6 +340,13 @@ class LocalCluster:
                     f"RayCluster patched: {name} workersToDelete = {doomed or '[] (cleared)'}",
                 )
                 self._check_whole_slices(group, doomed)
+
+    def _patch_in_flight(self) -> Any:
+        """The body of the PATCH being applied right now (the store commits inside it)."""
+        for record in reversed(self.api.requests):
+            if record.method == "PATCH" and record.status == 0 and "/rayclusters/" in record.path:
+                return record.body
+        return None
 
     def _check_whole_slices(self, group: dict[str, Any], doomed: list[str]) -> None:
         if int(group.get("numOfHosts", 1)) <= 1 or not doomed:
@@ -358,3 +374,13 @@ class LocalCluster:
             self.timeline.add("pod_created", f"pod {meta['name']} created ({where})")
         elif event.type == "DELETED":
             self.timeline.add("pod_deleted", f"pod {meta['name']} deleted ({where})")
+
+
+def _ops_text(body: Any) -> str:
+    """A JSON patch on one line, `test` guards counted rather than shown."""
+    if not isinstance(body, list):
+        return json.dumps(body, separators=(",", ":"))[:400]
+    guards = sum(1 for op in body if isinstance(op, dict) and op.get("op") == "test")
+    changes = [op for op in body if not (isinstance(op, dict) and op.get("op") == "test")]
+    text = json.dumps(changes, separators=(",", ":"), ensure_ascii=False)
+    return f"{text} (+{guards} test guards)"
