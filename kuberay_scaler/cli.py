@@ -155,6 +155,9 @@ def _run(_: argparse.Namespace) -> int:
     settings = load_settings()
     settings.require_cluster()
     _check_files(settings)
+    from kuberay_scaler import lightimports
+
+    lightimports.install()  # before anything imports ray or kubernetes_asyncio
     from kuberay_scaler.app import run_daemon
 
     return run_daemon(settings)

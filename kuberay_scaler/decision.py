@@ -23,6 +23,8 @@ from typing import Any
 
 from kuberay_scaler.defaults import DRAIN_DEADLINE_S
 from kuberay_scaler.liveness import HostClock
+from kuberay_scaler.model.cluster import Problem
+from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, Snapshot
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import PlanProblem, ProblemKind
@@ -41,6 +43,7 @@ class GcsView:
     reply: Any  # a GetClusterResourceStateReply, its JSON, or an already parsed RayState
     cluster_id: str | None = None  # drains are pinned to it
     epoch: int = 0  # GCS incarnation the reply came from
+    state: RayState | None = None  # `reply` already parsed (the daemon parses each poll once)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class Observation:
     # Groups whose last write is not observed yet → what is awaited (from the loop's expectations).
     awaiting_write: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     clock: HostClock | None = None  # the daemon's own liveness memory; None: pod timestamps
+    # `pods` already parsed (the daemon's PodCache, once per watch event); `pods` is then unused.
+    parsed_pods: tuple[Sequence[Host], Sequence[Problem]] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,9 @@ class Drain:
     # Reason preemption: a busy slice above maxReplicas, deleted by a later plan once drained
     # or past `deadline_ms` (never by this decision's patch). Otherwise idle termination.
     preempt: bool = False
+    # Hosts of the slice already gone from Ray (drained before a restart): the slice is deleted
+    # whole whatever its remaining hosts answer (control/execute.py, partial drains).
+    hosts_gone: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,10 @@ def decide(
     """Plan from `observed` at `now` and list the writes that carry the plan out."""
     raw = observed.raycluster
     spec = parse_raycluster(raw)
-    hosts, pod_problems = parse_pods(list(observed.pods), spec)
+    if observed.parsed_pods is not None:
+        hosts, pod_problems = observed.parsed_pods
+    else:
+        hosts, pod_problems = parse_pods(list(observed.pods), spec)
     snapshot = Snapshot(spec, tuple(hosts), observed.synced, tuple(pod_problems), observed.clock)
     ray, ray_problem = _ray_state(observed.gcs)
     memory = replace(
@@ -214,6 +225,8 @@ def write_document(write: Write) -> dict[str, Any]:
 def _ray_state(gcs: GcsView | None) -> tuple[RayState | None, PlanProblem | None]:
     if gcs is None:
         return None, None
+    if gcs.state is not None:
+        return gcs.state, None
     if isinstance(gcs.reply, RayState):
         return gcs.reply, None
     try:
@@ -261,11 +274,18 @@ def _drains(result: Plan, cluster_id: str | None, deadline_ms: int) -> list[Drai
             cluster_id=cluster_id,
             deadline_ms=deadline_ms,
             message=f"kuberay-scaler: slice {x.slice_key} idle",
+            hosts_gone=_hosts_gone(result, d.group, x.slice_key, len(x.node_ids)),
         )
         for d in result.groups
         for x in d.deletions
         if x.kind in DRAINED_FIRST and x.node_ids
     ]
+
+
+def _hosts_gone(result: Plan, group: str, key: str, joined: int) -> int:
+    gs = result.slice_map.groups.get(group) if result.slice_map else None
+    sl = next((s for s in gs.slices if s.key == key), None) if gs else None
+    return max(0, sl.expected_hosts - joined) if sl else 0
 
 
 def _patch_ops(base: Mapping[str, Any], result: Plan) -> list[Op]:

@@ -12,7 +12,8 @@ RAY_API_GROUP = "ray.io"
 CRD_VERSION = "v1"
 
 # GCS side.
-GCS_POLL_INTERVAL_S = 1.0
+# The longest wait between polls; small or busy clusters are polled sooner (ray_gcs/cadence.py).
+GCS_POLL_INTERVAL_S = 5.0
 GCS_RPC_TIMEOUT_S = 5.0
 GCS_STALE_AFTER_S = 15.0
 DRAIN_DEADLINE_S = 30.0

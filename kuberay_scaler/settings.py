@@ -131,7 +131,8 @@ class Settings(BaseSettings):
         gt=0,
         le=60,
         validation_alias=_ours("gcs_poll_interval_s"),
-        description="Seconds between GetClusterResourceState polls.",
+        description="Longest wait between GetClusterResourceState polls; the poller polls sooner"
+        " (down to 0.1 s) while a poll is cheap, demand is pending or the state just moved.",
     )
     gcs_rpc_timeout_s: float = Field(
         default=D.GCS_RPC_TIMEOUT_S,

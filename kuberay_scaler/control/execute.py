@@ -3,6 +3,22 @@
 Nothing here decides anything: the writes come from `decision.decide`; a refused drain only
 removes that slice's deletion (`patch_after_drains`, pure). Each step's outcome is returned for
 the loop to judge (replan on stale, back off on the rest).
+
+Partial drains (issue 11, item 2; catalogue row 20). Right before draining, the GCS is read
+afresh: a slice with a host no longer idle (or gone, or under another cluster id) is not drained
+at all, which shrinks the window in which a host turns busy to the few milliseconds of the
+concurrent DrainNode calls. If a host still refuses, the rule is:
+
+- no host of the slice accepted: the slice is kept, untouched (nothing was lost);
+- some hosts accepted: the slice is deleted whole in the same patch. An accepted
+  IDLE_TERMINATION drain makes that raylet exit at once (tests/ray/test_tpu_hosts_and_drain.py:
+  `test_idle_single_host_drain_is_accepted_and_the_node_dies`,
+  `test_partly_busy_slice_is_kept_and_lists_hosts_already_drained`), so the slice can no longer
+  run slice-wide work; keeping it would hold dead accelerators until the broken-slice timer and
+  then delete the refused host undrained anyway. Deleting now loses at most what the refused host
+  started in the last moments, and never leaves a slice with dead hosts waiting for a timer.
+  The same holds for a slice adopted after a restart (recorded, drained before the kill): hosts
+  already gone from Ray count as accepted (`Drain.hosts_gone`).
 """
 
 from __future__ import annotations
@@ -18,6 +34,8 @@ from kuberay_scaler.control.ports import ClusterView, Gcs, GcsFeed, Writer
 from kuberay_scaler.decision import Decision, Drain, Patch, patch_after_drains
 from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.model.plan import Plan
+from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.patch.ops import Op, PatchError
 from kuberay_scaler.ray_gcs.drain import (
     IDLE_TERMINATION,
@@ -25,6 +43,7 @@ from kuberay_scaler.ray_gcs.drain import (
     SliceDrainResult,
     drain_slice,
 )
+from kuberay_scaler.ray_gcs.errors import GcsError
 
 log = structlog.get_logger(__name__)
 
@@ -60,7 +79,10 @@ async def execute(
             return Executed(decision.plan, outcome, "record", replan=outcome.kind == "stale")
         base = outcome.obj
         view.observe(base)
-    refused = await drain_all(decision.drains, gcs)
+    stale = await not_idle_any_more(decision.drains, gcs)
+    refused = stale | await drain_all(
+        tuple(d for d in decision.drains if (d.group, d.slice_key) not in stale), gcs
+    )
     if decision.drains:
         feed.poll_soon()
     plan, patch = decision.plan, decision.patch
@@ -73,11 +95,52 @@ async def execute(
     return await _send_patch(plan, patch, writer, uid, refused)
 
 
+async def not_idle_any_more(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
+    """Idle-termination drains whose slice is no longer all idle in a fresh GCS read."""
+    # A slice with hosts already gone is deleted whatever the others say: no need to look.
+    idle = [d for d in drains if not d.preempt and not d.hosts_gone]
+    if not idle:
+        return frozenset()
+    try:
+        fresh = _ray(await gcs.get_cluster_resource_state())
+    except (GcsError, RayStateError) as err:
+        log.warning("fresh GCS read before draining failed: draining nothing", error=str(err))
+        return frozenset((d.group, d.slice_key) for d in idle)
+    idle_now = {n.node_id for n in fresh.nodes if n.idle}
+    stale = set()
+    for d in idle:
+        if d.cluster_id != gcs.cluster_id or not set(d.node_ids) <= idle_now:
+            stale.add((d.group, d.slice_key))
+            log.info(
+                "slice kept: no longer idle in a fresh GCS read",
+                group=d.group,
+                slice=d.slice_key,
+                busy_or_gone=sorted(set(d.node_ids) - idle_now),
+            )
+    return frozenset(stale)
+
+
+def _ray(reply: Any) -> RayState:
+    return reply if isinstance(reply, RayState) else parse_ray_state(reply)
+
+
 async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
-    """Drain every slice concurrently; the slices that may not be deleted."""
+    """Drain every slice concurrently (each slice's hosts concurrently too); the slices that may
+    not be deleted. An idle slice some of whose hosts accepted is deleted (see the module doc)."""
     results = await asyncio.gather(*(_drain(d, gcs) for d in drains))
     refused = set()
     for d, result in zip(drains, results, strict=True):
+        partly = bool(result.drained_node_ids) or d.hosts_gone > 0
+        if not d.preempt and not result.may_delete and partly:
+            log.warning(
+                "slice partly drained: deleted whole, its drained hosts have exited",
+                group=d.group,
+                slice=d.slice_key,
+                reason=result.reason,
+                hosts_drained=[n.hex() for n in result.drained_node_ids],
+                hosts_gone_before=d.hosts_gone,
+            )
+            continue
         if not result.may_delete:
             refused.add((d.group, d.slice_key))
             log.warning(

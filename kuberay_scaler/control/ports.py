@@ -57,6 +57,9 @@ class Gcs(Protocol):
 
     async def report(self, state: Any) -> int: ...
 
+    async def get_cluster_resource_state(self) -> Any:
+        """A fresh GetClusterResourceStateReply (read right before draining)."""
+
 
 class GcsFeed(Protocol):
     """The poller's side channel: ask for a poll soon (right after drains)."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -23,25 +24,35 @@ from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.control.execute import Executed, execute
 from kuberay_scaler.control.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Writer
 from kuberay_scaler.control.report import report_from_plan
-from kuberay_scaler.decision import Decision, GcsView, Observation, decide
+from kuberay_scaler.decision import (
+    Decision,
+    Drain,
+    GcsView,
+    Observation,
+    RecordIntent,
+    Write,
+    decide,
+)
 from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.liveness import HostClock, LivenessTracker
 from kuberay_scaler.metrics import (
     DECISIONS,
     LAST_SUCCESSFUL_RECONCILE,
+    OVERRIDES,
     RECONCILE_FAILURES,
     RECONCILE_SECONDS,
     RECONCILES,
     SLICES,
     TARGET_REPLICAS,
 )
+from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.plan import GroupDecision, Memory, Plan
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import Action
 from kuberay_scaler.model.slices import SliceState
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
+from kuberay_scaler.parse.pod_cache import PodCache
+from kuberay_scaler.parse.ray_state import RayStateError, alive_instance_ids, parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.ray_gcs.errors import GcsError
@@ -50,7 +61,14 @@ from kuberay_scaler.ray_gcs.report import build_autoscaling_state
 
 log = structlog.get_logger(__name__)
 
+RECENT_DECISIONS = 20  # kept for /debug/slices
 MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often per reconcile
+# Another writer (GitOps, kubectl scale, an in-tree autoscaler) reset a group's replicas: leave
+# that group alone for this long, doubling with each override, instead of fighting it.
+OVERRIDE_BACKOFF_S = 120.0
+MAX_OVERRIDE_BACKOFF_S = 1800.0
+OVERRIDE_MEMORY_S = 3600.0  # an override older than this no longer counts toward the backoff
+_SETTLED = ("no change", "dry run")  # outcomes after which the same inputs give the same plan
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,8 @@ class LoopStatus:
     last_patch: list[dict[str, Any]] = field(default_factory=list)
     last_outcome: str = "not run yet"
     reconciles: int = 0
+    # The last decisions that changed something (newest last), for /debug/slices.
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))
     last_success: float = field(default_factory=time.monotonic)  # or the start
     consecutive_failures: int = 0
     last_error: str | None = None  # of the latest failed reconcile (kept after a success)
@@ -102,6 +122,7 @@ class LoopStatus:
             "last_outcome": self.last_outcome,
             "last_patch_sent": self.last_patch,
             "reconciles": self.reconciles,
+            "recent_decisions": list(self.recent),
             "last_error": self.last_error,
             "consecutive_failures": self.consecutive_failures,
         }
@@ -151,8 +172,15 @@ class Reconciler:
             stale_after_s=config.gcs_stale_after_s,
         )
         self._uid: str | None = None
+        self._written: dict[str, int] = {}  # group → replicas our last applied write set
+        self._overrides: dict[str, tuple[int, float]] = {}  # group → (overrides, hands off until)
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
+        self._pod_cache = PodCache()
+        self._parsed_ray: tuple[GcsObservation | None, RayState | None] = (None, None)
+        self._content = 0  # rises when the GCS content (not its version) changed
+        self._last_inputs: tuple[object, ...] | None = None
+        self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
 
     def observe_gcs(self, observation: GcsObservation) -> None:
         """The poller pushes every observation here; a reconcile uses the latest one."""
@@ -163,11 +191,25 @@ class Reconciler:
             _alive_instances(observation.reply),
         )
 
-    async def reconcile(self) -> Plan | None:
-        """Run one reconcile; errors are logged and counted, never raised."""
+    def gcs_changed(self, _: GcsObservation | None = None) -> None:
+        """The poller saw new content (the `on_change` callback): the next reconcile plans."""
+        self._content += 1
+
+    async def reconcile(self, reasons: set[str] | None = None) -> Plan | None:
+        """Run one reconcile; errors are logged and counted, never raised.
+
+        `reasons` are what woke it (see Trigger). Woken by a change alone, it is skipped when
+        nothing the plan reads differs from the last settled reconcile: pods as parsed, the
+        RayCluster's spec and annotations, the GCS content (never its version, which any client's
+        call raises), sync and freshness, write expectations. The timer (or no reasons) always
+        plans: idle clocks and deadlines move with time alone.
+        """
         started = self._monotonic()
         self._write_failure = None
         try:
+            if reasons and "timer" not in reasons and self._unchanged():
+                self.skipped += 1
+                return self.status.last_plan
             result = await self._reconcile()
         except asyncio.CancelledError:
             raise
@@ -215,8 +257,10 @@ class Reconciler:
             self._publish(decision)
             # Launches this plan adds are reported only when they are about to be written.
             writes = not self._config.dry_run and now.mono >= self._not_before
+            # The patch first: it is what grows the cluster; the report only informs Ray.
+            done = await self._act(decision, now)
             await self._report(decision, now, launches_asked=writes)
-            if await self._act(decision, now):
+            if done:
                 return decision.plan
             await self._refresh_quietly()
         self.status.last_outcome = f"still stale after {MAX_REPLANS} replans"
@@ -245,20 +289,47 @@ class Reconciler:
         if raw is None:
             return None
         self._notice_recreation(raw)
-        pods = list(self._pods.store.values())
+        self._notice_overrides(raw, now.mono)
+        self._last_inputs = self._inputs(raw, now.mono)
+        parsed = self._pod_cache.hosts(self._pods.store, parse_raycluster(raw))
         return Observation(
             raycluster=raw,
-            pods=pods,
             gcs=gcs,
             synced=self._pods.synced and self._cluster.synced,
             awaiting_write=self._awaiting(raw, now.mono),
-            clock=self._host_clock(raw, pods, now.mono),
+            clock=self._host_clock(parsed[0], now.mono),
+            parsed_pods=parsed,
         )
 
-    def _host_clock(self, raw: Mapping[str, Any], pods: list[Any], now: float) -> HostClock:
-        hosts, _ = parse_pods(pods, parse_raycluster(raw))
+    def _host_clock(self, hosts: Sequence[Host], now: float) -> HostClock:
         self._liveness.observe_pods(now, hosts)
         return self._liveness.clock(now)
+
+    def _inputs(self, raw: Mapping[str, Any], now: float) -> tuple[object, ...]:
+        """What the plan reads, by content (never by resourceVersion or GCS version)."""
+        spec = parse_raycluster(raw)
+        self._pod_cache.hosts(self._pods.store, spec)
+        observation = self._observation
+        fresh = observation is not None and observation.fresh(now, self._config.gcs_stale_after_s)
+        meta = raw.get("metadata", {})
+        return (
+            replace(spec, resource_version=""),
+            meta.get("uid"),
+            meta.get("annotations"),
+            self._pod_cache.version,
+            self._content,
+            fresh,
+            self._pods.synced and self._cluster.synced,
+            self._awaiting(raw, now),
+        )
+
+    def _unchanged(self) -> bool:
+        raw = self._cluster.current()
+        if raw is None or self._last_inputs is None:
+            return False
+        if self.status.last_outcome not in _SETTLED:
+            return False
+        return self._inputs(raw, self._monotonic()) == self._last_inputs
 
     def decide(self, observed: Observation, now: Instant) -> Decision:
         return decide(observed, self.memory, self._policy, now.wall, self._config.drain_deadline_s)
@@ -267,19 +338,73 @@ class Reconciler:
         observation = self._observation
         if observation is None or not observation.fresh(now.mono, self._config.gcs_stale_after_s):
             return None
-        return GcsView(observation.reply, observation.cluster_id, observation.gcs_epoch)
+        return GcsView(
+            observation.reply,
+            observation.cluster_id,
+            observation.gcs_epoch,
+            state=self._parsed(observation),
+        )
+
+    def _parsed(self, observation: GcsObservation) -> RayState | None:
+        """The reply parsed once per poll (a replan, or a reconcile before the next poll, reuse
+        it); None for an unusable reply, which decide() then parses and names the problem of."""
+        if self._parsed_ray[0] is not observation:
+            try:
+                state: RayState | None = parse_ray_state(observation.reply)
+            except RayStateError:
+                state = None
+            self._parsed_ray = (observation, state)
+        return self._parsed_ray[1]
 
     def _awaiting(self, raw: Mapping[str, Any], now: float) -> dict[str, str]:
-        groups = {
-            g.get("groupName"): g
-            for g in raw.get("spec", {}).get("workerGroupSpecs") or []
-            if isinstance(g, Mapping)
+        groups = _group_specs(raw)
+        awaiting = {
+            name: f"another writer set its replicas ({count}× so far): left alone for"
+            f" {until - now:.0f} s more instead of fighting it"
+            for name, (count, until) in self._overrides.items()
+            if now < until
         }
-        return {
-            name: "waiting to observe our last write to this group"
-            for name in self.expectations.groups()
-            if self.expectations.pending(name, groups.get(name), now)
-        }
+        awaiting.update(
+            {
+                name: "waiting to observe our last write to this group"
+                for name in self.expectations.groups()
+                if self.expectations.pending(name, groups.get(name), now)
+            }
+        )
+        return awaiting
+
+    def _notice_overrides(self, raw: Mapping[str, Any], now: float) -> None:
+        """A group whose replicas differ from what we wrote, once our write was seen: overridden."""
+        groups = _group_specs(raw)
+        for name, ours in list(self._written.items()):
+            spec = groups.get(name)
+            if spec is None or self.expectations.pending(name, spec, now):
+                continue
+            theirs = spec.get("replicas", 0)
+            if theirs == ours:
+                continue
+            del self._written[name]  # their value is the truth until our next write
+            count, until = self._overrides.get(name, (0, 0.0))
+            count = 1 if now - until > OVERRIDE_MEMORY_S else count + 1
+            delay = min(MAX_OVERRIDE_BACKOFF_S, OVERRIDE_BACKOFF_S * 2 ** (count - 1))
+            self._overrides[name] = (count, now + delay)
+            OVERRIDES.labels(name).inc()
+            managers = _recent_managers(raw)
+            log.warning(
+                "replicas overridden by another writer",
+                group=name,
+                ours=ours,
+                theirs=theirs,
+                field_managers=managers,
+                overrides=count,
+                hands_off_s=delay,
+            )
+            self._background_event(
+                "OverriddenByAnotherWriter",
+                f"group {name}: replicas {ours} (ours) reset to {theirs} by another writer"
+                f" ({', '.join(managers) or 'unknown field manager'}); kuberay-scaler leaves"
+                f" the group alone for {delay:.0f} s (override {count})",
+            )
 
     def _notice_recreation(self, raw: Mapping[str, Any]) -> None:
         uid = raw.get("metadata", {}).get("uid")
@@ -298,6 +423,17 @@ class Reconciler:
 
     async def _carry_out(self, decision: Decision) -> bool:
         """Execute the writes. True when done (applied or given up), False to replan."""
+        # Said before the first write, so the log reads in the order things happen.
+        log.info(
+            "decided",
+            groups=[
+                f"{d.group}: {d.action.value} {d.current}->{d.target}"
+                + (f" ({'; '.join(map(str, d.reasons))})" if d.reasons else "")
+                for d in decision.plan.groups
+                if d.changes
+            ],
+            writes=[_write_text(w) for w in decision.writes],
+        )
         done = await execute(
             decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
         )
@@ -330,6 +466,8 @@ class Reconciler:
         for d in result.groups:
             if not d.changes:
                 continue
+            if d.spec_changes:
+                self._written[d.group] = d.target
             pods = [p for x in d.deletions for p in x.pods]
             self.expectations.expect(
                 d.group,
@@ -403,6 +541,17 @@ class Reconciler:
             if not d.changes:
                 continue
             DECISIONS.labels(d.group, d.action.value, d.reason_code).inc()
+            self.status.recent.append(
+                {
+                    "at": self._wall().isoformat(timespec="seconds"),
+                    "group": d.group,
+                    "action": d.action.value,
+                    "replicas": f"{d.current}->{d.target}",
+                    "slices": [x.slice_key for x in (*d.deletions, *d.preempt)],
+                    "reasons": [str(r) for r in d.reasons],
+                    "dry_run": dry_run,
+                }
+            )
             log.info(
                 "decision",
                 group=d.group,
@@ -421,19 +570,52 @@ class Reconciler:
             f"; slices {slices}" if slices else ""
         )
         message += f" ({'; '.join(map(str, d.reasons))[:500]})"
+        self._background_event(reason, message)
+
+    def _background_event(self, reason: str, message: str) -> None:
         task = asyncio.get_running_loop().create_task(self._events.record(reason, message))
         _background.add(task)
         task.add_done_callback(_background.discard)
+
+
+def _write_text(write: Write) -> str:
+    if isinstance(write, RecordIntent):
+        return f"record draining {dict(write.draining)}"
+    if isinstance(write, Drain):
+        why = "preemption" if write.preempt else "idle termination"
+        return f"drain {write.group}/{write.slice_key} ({len(write.node_ids)} hosts, {why})"
+    return f"patch ({len(write.ops)} ops)"
 
 
 _background: set[asyncio.Task[None]] = set()
 _EVENT_REASONS = {Action.SCALE_UP: "ScaledUp", Action.SCALE_DOWN: "ScaledDown"}
 
 
+def _group_specs(raw: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {
+        str(g.get("groupName")): g
+        for g in raw.get("spec", {}).get("workerGroupSpecs") or []
+        if isinstance(g, Mapping)
+    }
+
+
+def _recent_managers(raw: Mapping[str, Any]) -> list[str]:
+    """Field managers that last wrote the spec (metadata.managedFields), newest first."""
+    entries = raw.get("metadata", {}).get("managedFields") or []
+    spec_writers = [
+        e for e in entries if isinstance(e, Mapping) and "f:spec" in (e.get("fieldsV1") or {})
+    ]
+    spec_writers.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
+    return [str(e.get("manager")) for e in spec_writers if e.get("manager")]
+
+
 def _alive_instances(reply: Any) -> list[str] | None:
     """Instance ids (pod names) of the live Ray nodes in a reply; None when it is unusable."""
     if reply is None:
         return None
+    fast = alive_instance_ids(reply)  # every poll comes here: no full parse of the reply
+    if fast is not None:
+        return fast
     try:
         ray = reply if isinstance(reply, RayState) else parse_ray_state(reply)
     except RayStateError:

@@ -112,6 +112,10 @@ class Informer:
     server to end each watch after 1-2x that many seconds (spreading reconnects, as client-go
     does); `connect_timeout` bounds opening a watch. Lists use the client's request timeout.
 
+    `transform(obj)`, when given, is applied to every listed or watched object before it is
+    stored (client-go's TransformFunc): keep only the fields the consumer reads. It must keep
+    `metadata.name` and `metadata.resourceVersion` and return a new object.
+
     `on_change(changes)` runs after every applied batch: one watch event, or one relist (its diff,
     possibly empty), and whenever `synced` flips; it must not block.
     """
@@ -129,6 +133,7 @@ class Informer:
         relist_backoff: Backoff | None = None,
         on_change: OnChange | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        transform: Callable[[RawObject], RawObject] | None = None,
     ) -> None:
         self._api = api
         self.source = source
@@ -142,6 +147,7 @@ class Informer:
         self._watch_progressed = False  # a watch event arrived since the last relist
         self._sleep = sleep
         self._on_change = on_change
+        self._transform = transform
         self._store: dict[str, RawObject] = {}
         self._resource_version: str | None = None
         self._synced = False
@@ -200,6 +206,8 @@ class Informer:
 
     async def _relist(self) -> None:
         items, resource_version = await self._list_all()
+        if self._transform is not None:
+            items = [self._transform(obj) for obj in items]
         fresh = {_name(obj): obj for obj in items}
         changes = _diff(self._store, fresh)
         # In place, so a `store` view taken earlier sees the replacement too.
@@ -294,6 +302,8 @@ class Informer:
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             self._log.warning("unknown watch event type ignored", type=kind)
             return
+        if self._transform is not None:
+            obj = self._transform(obj)
         name = _name(obj)
         if kind == "DELETED":
             self._store.pop(name, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -112,4 +113,13 @@ class ClusterSpec:
     skipped_groups: tuple[str, ...] = field(default=())
 
     def group(self, name: str) -> WorkerGroup | None:
-        return next((g for g in self.groups if g.name == name), None)
+        return self._by_name.get(name)
+
+    @cached_property
+    def _by_name(self) -> Mapping[str, WorkerGroup]:
+        # Looked up once per pod and per host: an index, not a scan of the group list. The first
+        # group of a name wins, as the scan did (duplicates are a RayCluster problem anyway).
+        index: dict[str, WorkerGroup] = {}
+        for g in self.groups:
+            index.setdefault(g.name, g)
+        return index

@@ -75,7 +75,7 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
         labels=frozen_map(labels),
         node_name=node_name if isinstance(node_name, str) and node_name else None,
         created_at=_time(meta.get("creationTimestamp")),
-        slice_key=_slice_key(name, labels),
+        slice_key=_slice_key(name, labels, spec, group),
         replica_index=_int_label(labels.get(LABEL_REPLICA_INDEX)),
         host_index=_host_index(pod, labels),
         running_since=started,
@@ -139,7 +139,12 @@ def _pending_detail(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
     return f"pod {phase}" if isinstance(phase, str) else "no status yet"
 
 
-def _slice_key(name: str, labels: Mapping[str, str]) -> str:
+def _slice_key(name: str, labels: Mapping[str, str], spec: ClusterSpec, group: str) -> str:
+    # KubeRay reconciles a single-host group pod by pod (replica labels are for numOfHosts > 1):
+    # a stray replica label must not tie two single-host pods into one "slice".
+    found = spec.group(group)
+    if found is not None and found.num_of_hosts <= 1:
+        return name
     return labels.get(LABEL_REPLICA_NAME) or labels.get(LABEL_LEGACY_REPLICA) or name
 
 
@@ -179,3 +184,82 @@ def _map(value: object) -> Mapping[str, Any]:
 
 def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+# ---- informer transform: keep only what parse_pod reads ------------------------------------
+
+_META_KEPT = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
+_WORKER_ID_ENV = "TPU_WORKER_ID"
+
+
+def slim_pod(pod: Any) -> Any:
+    """The pod with only the fields `parse_pod` (and the informer: name, resourceVersion) read.
+
+    Applied by the pod informer to every object before it is stored, as client-go's
+    TransformFunc is: a full pod is 5-20 kB of which the daemon reads a few hundred bytes.
+    `parse_pod(slim_pod(p), spec) == parse_pod(p, spec)` for every pod (tests pin this); an
+    object of an unexpected shape is kept whole, so its problem reads the same.
+    """
+    if not isinstance(pod, dict):
+        return pod
+    parts = {k: pod[k] for k in ("metadata", "spec", "status") if k in pod}
+    if not all(isinstance(v, Mapping) for v in parts.values()):
+        return pod
+    slim: dict[str, Any] = {}
+    if "metadata" in parts:
+        slim["metadata"] = {k: parts["metadata"][k] for k in _META_KEPT if k in parts["metadata"]}
+    if "spec" in parts:
+        slim["spec"] = _slim_spec(parts["spec"])
+    if "status" in parts:
+        slim["status"] = _slim_status(parts["status"])
+    return slim
+
+
+def _slim_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    slim = {k: spec[k] for k in ("nodeName", "restartPolicy") if k in spec}
+    containers = spec.get("containers")
+    if "containers" in spec:
+        slim["containers"] = (
+            [_slim_container(c) for c in containers] if isinstance(containers, list) else containers
+        )
+    return slim
+
+
+def _slim_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    slim = {k: status[k] for k in ("phase", "reason") if k in status}
+    entries = status.get("containerStatuses")
+    if isinstance(entries, list):
+        slim["containerStatuses"] = [
+            {k: c[k] for k in ("name", "state") if k in c} if isinstance(c, Mapping) else c
+            for c in entries
+        ]
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):
+        slim["conditions"] = [
+            c for c in conditions if not isinstance(c, Mapping) or c.get("type") == "PodScheduled"
+        ]
+    return slim
+
+
+def _slim_container(container: object) -> object:
+    if not isinstance(container, Mapping):
+        return container
+    slim: dict[str, Any] = {}
+    if "name" in container:
+        slim["name"] = container["name"]
+    env = container.get("env")
+    if isinstance(env, list):
+        slim["env"] = [
+            e for e in env if not isinstance(e, Mapping) or e.get("name") == _WORKER_ID_ENV
+        ]
+    elif "env" in container:
+        slim["env"] = env
+    return slim

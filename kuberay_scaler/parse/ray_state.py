@@ -53,6 +53,16 @@ def parse_ray_state(reply: object) -> RayState:
     )
 
 
+def alive_instance_ids(reply: object) -> list[str] | None:
+    """Instance ids of the nodes not DEAD, straight off a reply message (what
+    `parse_ray_state(reply).node_by_instance()` keys, in a fraction of the time); None when
+    `reply` is not a reply message (parse it instead)."""
+    if not isinstance(reply, autoscaler_pb2.GetClusterResourceStateReply):
+        return None
+    nodes = reply.cluster_resource_state.node_states
+    return list(dict.fromkeys(n.instance_id for n in nodes if n.instance_id and n.status != _DEAD))
+
+
 def _as_state(reply: object) -> Any:
     if isinstance(reply, autoscaler_pb2.GetClusterResourceStateReply):
         return reply.cluster_resource_state
@@ -88,7 +98,9 @@ def _state_from_json(reply: Mapping[Any, Any]) -> Any:
 
 def _node(node: Any) -> RayNode:
     total = _plain_resources(node.total_resources)
-    labels = {**dict(node.labels), **dict(node.dynamic_labels)}
+    labels = dict(node.labels)
+    if node.dynamic_labels:
+        labels.update(node.dynamic_labels)
     return RayNode(
         node_id=bytes(node.node_id).hex(),
         instance_id=node.instance_id,
@@ -103,23 +115,34 @@ def _node(node: Any) -> RayNode:
     )
 
 
+def _status_table() -> dict[int, NodeStatus]:
+    table = {}
+    for name, number in autoscaler_pb2.NodeStatus.items():
+        try:
+            table[number] = NodeStatus(name)
+        except ValueError:
+            table[number] = NodeStatus.UNKNOWN
+    return table
+
+
+_STATUS = _status_table()
+_DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")
+
+
 def _status(value: int) -> NodeStatus:
-    name = (
-        autoscaler_pb2.NodeStatus.Name(value) if value in autoscaler_pb2.NodeStatus.values() else ""
-    )
-    try:
-        return NodeStatus(name)
-    except ValueError:
-        return NodeStatus.UNKNOWN
+    return _STATUS.get(value, NodeStatus.UNKNOWN)
 
 
 def _plain_resources(resources: Mapping[str, float]) -> dict[str, float]:
-    return {k: v for k, v in _finite(resources).items() if _PG_RESOURCE_MARK not in k}
+    # dict() first: one C-level copy of the protobuf map beats iterating it from Python.
+    return {
+        k: v for k, v in dict(resources).items() if _PG_RESOURCE_MARK not in k and math.isfinite(v)
+    }
 
 
 def _finite(resources: Mapping[str, float]) -> dict[str, float]:
     # NaN compares false with everything and would slip through every fit check.
-    return {k: float(v) for k, v in resources.items() if math.isfinite(v)}
+    return {k: v for k, v in dict(resources).items() if math.isfinite(v)}
 
 
 def _bundle(request: Any) -> Bundle:

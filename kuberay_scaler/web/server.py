@@ -11,6 +11,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.web.slices_page import render_slices
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ def make_app(probes: Probes) -> web.Application:
     app.router.add_get("/readyz", _probe(probes.ready))
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/debug/plan", _plan(probes.plan))
+    app.router.add_get("/debug/slices", _slices(probes.plan))
     return app
 
 
@@ -53,6 +55,13 @@ def _plan(source: Callable[[], dict[str, Any] | None]) -> Any:
             text=json.dumps(document, indent=2, ensure_ascii=False, default=str),
             content_type="application/json",
         )
+
+    return handler
+
+
+def _slices(source: Callable[[], dict[str, Any] | None]) -> Any:
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(text=render_slices(source()), content_type="text/html")
 
     return handler
 

@@ -194,6 +194,8 @@ class FakeGcs:
     report_fails: bool = False
     drains: list[DrainCall] = field(default_factory=list)
     reports: list[Any] = field(default_factory=list)
+    fresh: Any = None  # what a fresh GetClusterResourceState returns (a reply or a RayState)
+    fresh_fails: bool = False
 
     async def drain_node(
         self,
@@ -210,6 +212,11 @@ class FakeGcs:
         if node_id.hex() in self.refuse:
             return SimpleNamespace(is_accepted=False, rejection_reason_message="node is busy")
         return SimpleNamespace(is_accepted=True, rejection_reason_message="")
+
+    async def get_cluster_resource_state(self) -> Any:
+        if self.fresh_fails or self.fresh is None:
+            raise GcsCallError("GetClusterResourceState", "UNAVAILABLE", "injected")
+        return self.fresh
 
     async def report(self, state: Any) -> int:
         if self.report_fails:
@@ -255,6 +262,8 @@ class Loop:
     def see_ray(self, ray: Any, *, cluster_id: str = "cluster-1", epoch: int = 1) -> None:
         """The poller pushes an observation made now: a reply or a parsed RayState (None: GCS
         unknown)."""
+        if ray is not None:  # the GCS itself now answers this (a fresh read gets it)
+            self.gcs.fresh, self.gcs.cluster_id = ray, cluster_id
         self.reconciler.observe_gcs(
             GcsObservation(
                 reply=ray,

@@ -90,7 +90,8 @@ async def test_idle_slice_is_recorded_then_drained_then_deleted_with_the_record(
 
 async def test_a_refused_drain_keeps_that_slice_and_deletes_the_other() -> None:
     loop = idle_slices_loop("tpu-a", "tpu-b")
-    loop.gcs.refuse = {node_id_of("tpu-a-2")}
+    # No host of tpu-a accepts (a partly accepted slice is deleted whole: see test_faults.py).
+    loop.gcs.refuse = {node_id_of(f"tpu-a-{i}") for i in range(4)}
     await loop.reconciler.reconcile()
     assert spec_group(loop)["replicas"] == 1
     assert sorted(workers_to_delete(loop)) == [f"tpu-b-{i}" for i in range(4)]
@@ -100,7 +101,7 @@ async def test_a_refused_drain_keeps_that_slice_and_deletes_the_other() -> None:
 
 async def test_every_drain_refused_clears_the_record_and_deletes_nothing() -> None:
     loop = idle_slices_loop("tpu-a")
-    loop.gcs.fail = {node_id_of("tpu-a-0")}
+    loop.gcs.fail = {node_id_of(f"tpu-a-{i}") for i in range(4)}
     await loop.reconciler.reconcile()
     assert spec_group(loop)["replicas"] == 1
     assert workers_to_delete(loop) == []
@@ -171,10 +172,9 @@ async def test_drains_are_pinned_to_the_observation_the_plan_was_made_from() -> 
 
     loop.writer.after_apply = gcs_replaced_mid_reconcile
     await loop.reconciler.reconcile()
-    assert loop.gcs.drains and {d.cluster_id for d in loop.gcs.drains} == {"cluster-1"}
-    # One now per reconcile: the drain deadline counts from the instant the plan was made.
-    deadline = int((loop.clock.wall().timestamp() + LoopConfig().drain_deadline_s) * 1000)
-    assert {d.deadline_ms for d in loop.gcs.drains} == {deadline}
+    # The fresh read right before draining sees the new GCS: nothing is drained or deleted.
+    assert loop.gcs.drains == [] and workers_to_delete(loop) == []
+    assert spec_group(loop)["replicas"] == 1
     (report,) = loop.gcs.reports  # told from the observation the plan was made from
     assert report.last_seen_cluster_resource_state_version == 5
     decision = loop.reconciler.status.last_decision

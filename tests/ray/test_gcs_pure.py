@@ -353,6 +353,32 @@ async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> No
     assert errors_after == errors_before + 1
 
 
+async def test_the_fingerprint_leaves_the_reply_as_it_came() -> None:
+    # The fingerprint zeroes volatile fields in place; what the planner reads must come back.
+    reply = _reply(7, idle_ms=4_200)
+    poller = GcsPoller(FakeSource(iter([("A", reply)])), interval_s=1.0)
+    observation = await poller.poll_once()
+    state = observation.reply.cluster_resource_state
+    assert state.cluster_resource_state_version == 7
+    assert state.node_states[0].idle_duration_ms == 4_200
+    assert poller.content_version == 1
+
+
+def test_polls_are_frequent_while_cheap_and_spaced_out_when_costly() -> None:
+    from kuberay_scaler.ray_gcs.cadence import Cadence
+
+    cadence = Cadence(ceiling_s=5.0)
+    quiet = {"demand_pending": False, "last_change": 0.0, "now": 100.0}
+    busy = {"demand_pending": True, "last_change": 0.0, "now": 100.0}
+    assert cadence.next_interval(cost_s=0.0005, **quiet) == 0.25  # small cluster, idle
+    assert cadence.next_interval(cost_s=0.0005, **busy) == 0.1  # demand pending: faster
+    moved = {"demand_pending": False, "last_change": 98.0, "now": 100.0}
+    assert cadence.next_interval(cost_s=0.0005, **moved) == 0.1  # the state just moved
+    assert cadence.next_interval(cost_s=0.05, **quiet) == 5.0  # 10k nodes idle: the ceiling
+    assert cadence.next_interval(cost_s=0.05, **busy) == pytest.approx(1.0)  # 5 % of a core
+    assert Cadence(ceiling_s=0.05).next_interval(cost_s=0.0005, **quiet) == 0.05
+
+
 async def test_preemption_drain_sends_reason_preemption() -> None:
     from kuberay_scaler.ray_gcs.drain import PREEMPTION
 

@@ -356,3 +356,17 @@ def test_captured_request_resources_floor() -> None:
     [floor] = captured("request_resources.json").constraint
 
     assert (dict(floor.bundle.resources), floor.count) == ({"TPU": 4.0}, 4)
+
+
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
+def test_alive_instance_ids_match_the_full_parse(path: Path) -> None:
+    from kuberay_scaler.parse.ray_state import alive_instance_ids
+
+    reply = json_format.Parse(
+        path.read_text(), autoscaler_pb2.GetClusterResourceStateReply(), ignore_unknown_fields=True
+    )
+    dead = reply.cluster_resource_state.node_states.add(instance_id="gone", status=2)  # DEAD
+    assert dead.instance_id == "gone"
+    assert alive_instance_ids(reply) == list(parse_ray_state(reply).node_by_instance())
+    assert "gone" not in (alive_instance_ids(reply) or [])
+    assert alive_instance_ids(json_format.MessageToDict(reply)) is None

@@ -1,0 +1,34 @@
+"""A Ray driver that adds one pending `num_cpus=1` task per `up` line on stdin.
+
+    python bench/demand_driver.py GCS_ADDRESS NODE_IP
+
+The head has no CPUs, so each task waits in the GCS as demand for one more worker host.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    gcs_address, node_ip = sys.argv[1:3]
+    import ray
+
+    ray.init(
+        address=gcs_address, _node_ip_address=node_ip, log_to_driver=False, logging_level="warning"
+    )
+
+    @ray.remote(num_cpus=1)
+    def wait() -> None:
+        return None
+
+    pending = []
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "up":
+            pending.append(wait.remote())
+            print(f"ok {len(pending)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

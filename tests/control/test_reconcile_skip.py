@@ -1,0 +1,164 @@
+"""A reconcile woken by a change that changes nothing the plan reads does not plan.
+
+The GCS side is a real `GcsPoller` over a scripted source (replies whose state version and idle
+clocks move on every call, as a real GCS's do), wired to the reconciler as app.py wires it; the
+Kubernetes side is the informer's store and the RayCluster view, faked as the loop's Protocols.
+Plans are counted at `plan()` itself. Dry-run mode keeps the writer and drains out of it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler import decision as decision_module
+from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
+from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.ray_gcs.poller import GcsPoller
+from tests.control.fakes import FakeEvents, FakeFeed, FakeGcs
+from tests.factories import cluster, group, pod
+
+IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
+
+
+def _reply(version: int, *, idle_ms: int, demand: bool = False) -> Any:
+    head = autoscaler_pb2.NodeState(
+        node_id=b"h" * 28,
+        instance_id="rc-head",
+        ray_node_type_name="headgroup",
+        status=IDLE,
+        idle_duration_ms=idle_ms,
+        node_state_version=version,
+    )
+    head.total_resources["node:__internal_head__"] = 1.0
+    state = autoscaler_pb2.ClusterResourceState(
+        cluster_resource_state_version=version, node_states=[head]
+    )
+    if demand:
+        entry = state.pending_resource_requests.add()
+        entry.request.resources_bundle["CPU"] = 1.0
+        entry.count = 1
+    return autoscaler_pb2.GetClusterResourceStateReply(cluster_resource_state=state)
+
+
+@dataclass
+class Source:
+    script: Iterator[Any]
+    cluster_id: str | None = "c1"
+
+    async def get_cluster_resource_state(self) -> Any:
+        return next(self.script)
+
+
+@dataclass
+class Pods:
+    store: dict[str, Any] = field(default_factory=dict)
+    synced: bool = True
+
+
+@dataclass
+class View:
+    raw: dict[str, Any]
+    synced: bool = True
+
+    def current(self) -> dict[str, Any]:
+        return self.raw
+
+
+@pytest.fixture
+def plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = decision_module.plan
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decision_module, "plan", counting)
+    return calls
+
+
+def _wired(replies: Iterator[Any], pods: Pods, view: View) -> tuple[GcsPoller, Reconciler]:
+    rec = Reconciler(
+        config=LoopConfig(dry_run=True),
+        policy=Policy(),
+        pods=pods,
+        cluster=view,  # type: ignore[arg-type]
+        feed=FakeFeed(),
+        gcs=FakeGcs(),
+        writer=None,  # type: ignore[arg-type]
+        events=FakeEvents(),
+    )
+    poller = GcsPoller(
+        Source(replies), interval_s=1.0, on_change=rec.gcs_changed, on_observation=rec.observe_gcs
+    )
+    return poller, rec
+
+
+async def test_an_unchanged_gcs_reply_triggers_no_plan(plans: list[int]) -> None:
+    replies = iter(
+        [
+            _reply(1, idle_ms=1_000),
+            _reply(2, idle_ms=2_000),  # only the version and the idle clock moved
+            _reply(3, idle_ms=3_000, demand=True),
+        ]
+    )
+    pods = Pods({"rc-head": pod("rc-head", "headgroup", head=True, container="ray-head")})
+    poller, rec = _wired(replies, pods, View(cluster(group("cpu", max_replicas=5))))
+
+    await poller.poll_once()
+    await rec.reconcile({"gcs"})
+    assert len(plans) == 1
+
+    await poller.poll_once()
+    await rec.reconcile({"gcs"})
+    assert len(plans) == 1  # same content: skipped
+    assert rec.skipped == 1
+
+    await rec.reconcile({"timer"})
+    assert len(plans) == 2  # the timer always plans: idle clocks and deadlines move
+
+    await poller.poll_once()
+    result = await rec.reconcile({"gcs"})
+    assert len(plans) == 3  # new demand
+    assert result is not None and {d.group: d.target for d in result.groups}["cpu"] == 1
+
+
+async def test_a_pod_event_that_changes_no_host_triggers_no_plan(plans: list[int]) -> None:
+    pods = Pods(
+        {
+            "rc-head": pod("rc-head", "headgroup", head=True, container="ray-head"),
+            "cpu-a": pod("cpu-a", "cpu"),
+        }
+    )
+    view = View(cluster(group("cpu", replicas=1, min_replicas=1, max_replicas=5)))
+    poller, rec = _wired(iter([_reply(1, idle_ms=0)]), pods, view)
+    await poller.poll_once()
+    await rec.reconcile({"pods"})
+    assert len(plans) == 1
+
+    touched = copy.deepcopy(pods.store["cpu-a"])
+    touched["metadata"]["resourceVersion"] = "12"
+    pods.store["cpu-a"] = touched
+    await rec.reconcile({"pods"})
+    assert len(plans) == 1
+
+    pods.store["cpu-a"] = pod("cpu-a", "cpu", deleting=True)
+    await rec.reconcile({"pods"})
+    assert len(plans) == 2
+
+    changed = copy.deepcopy(view.raw)
+    changed["metadata"]["resourceVersion"] = "8"  # e.g. a status write by the operator
+    view.raw = changed
+    await rec.reconcile({"raycluster"})
+    assert len(plans) == 2
+    changed = copy.deepcopy(changed)
+    changed["spec"]["workerGroupSpecs"][0]["maxReplicas"] = 6
+    view.raw = changed
+    await rec.reconcile({"raycluster"})
+    assert len(plans) == 3
