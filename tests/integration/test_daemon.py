@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kuberay_standins.demo import Scenario, demo_raycluster, run_demo
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver
+from tests.invariants import watch_local_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -43,8 +44,15 @@ def _replicas(cluster: LocalCluster, group: str) -> int:
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[LocalCluster]:
+    """The local cluster; every RayCluster write the daemon makes is judged (tests/invariants)."""
     async with LocalCluster(demo_raycluster(Scenario()), pod_start_delay=0.5) as local:
-        yield local
+        feed = watch_local_cluster(local)
+        try:
+            yield local
+            await feed.drain()
+        finally:
+            await feed.close()
+        feed.checker.assert_clean()
 
 
 def _driver(cluster: LocalCluster, body: str) -> RayDriver:
