@@ -27,7 +27,7 @@ from tests.e2e.observer import Observer, Timeline, group_named, workers_to_delet
 from tests.e2e.procs import Daemon, RayProbe, foreign_connections
 from tests.e2e.ray_bridge import HOST_INDEX, RayBridge, labels_of, pod_name
 
-SAMPLE = REPO.parent / "shared" / "kuberay" / "v1.7.0" / "ray-cluster.tpu-v6e-16-multihost.yaml"
+SAMPLE = REPO / "tests" / "fixtures" / "rayclusters" / "ray-cluster.tpu-v6e-16-multihost.yaml"
 SIDECAR_ROLE = REPO / "deploy" / "sidecar" / "base" / "role.yaml"
 CLUSTER = "e2e"
 TPU_GROUP = "tpu-group"
@@ -50,7 +50,7 @@ print("SLICE_READY", [b for b in handle.placement_group.bundle_specs], flush=Tru
 def tpu_raycluster(
     *, replicas: int = 0, min_replicas: int = 0, max_replicas: int = 2
 ) -> dict[str, Any]:
-    """The shared v6e-16 multi-host sample, shrunk to fit one machine, in drop-in mode
+    """The v6e-16 multi-host fixture, shrunk to fit one machine, in drop-in mode
     (enableInTreeAutoscaling + autoscaler v2, so KubeRay creates its autoscaler Role)."""
     cluster: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     cluster["metadata"] = {"name": CLUSTER}
