@@ -26,6 +26,7 @@ from tests.e2e.kube import Kube
 from tests.e2e.observer import Observer, Timeline, group_named, workers_to_delete
 from tests.e2e.procs import Daemon, RayProbe, foreign_connections
 from tests.e2e.ray_bridge import HOST_INDEX, RayBridge, labels_of, pod_name
+from tests.invariants import gcs_node_states
 
 SAMPLE = REPO / "tests" / "fixtures" / "rayclusters" / "ray-cluster.tpu-v6e-16-multihost.yaml"
 SIDECAR_ROLE = REPO / "deploy" / "sidecar" / "base" / "role.yaml"
@@ -121,7 +122,7 @@ class World:
         await self._bind_test_users()
         if self.with_ray:
             self.observer.pod_listeners.append(self.bridge.on_pod)
-            self.observer.busy_check = self._busy
+            self.observer.ray_view = self._ray_states
             self.bridge.start()
         self.observer.start()
         self._sampler = asyncio.get_running_loop().create_task(self._sample_connections())
@@ -267,10 +268,11 @@ class World:
                 complete[replica] = sorted(pods, key=lambda p: int(labels_of(p)[HOST_INDEX]))
         return complete
 
-    async def _busy(self, instance_ids: list[str]) -> list[str]:
-        if self.probe is None:
-            return []
-        return await self.probe.busy(instance_ids)
+    async def _ray_states(self) -> dict[str, str] | None:
+        head = self.bridge.head
+        if head is None or not head.alive():
+            return None
+        return await gcs_node_states(head.gcs_address, head.auth_token)
 
     # --- invariants --------------------------------------------------------------------------
 
