@@ -155,8 +155,9 @@ def _run(_: argparse.Namespace) -> int:
     settings = load_settings()
     settings.require_cluster()
     _check_files(settings)
-    from kuberay_scaler import lightimports
+    from kuberay_scaler import heap, lightimports
 
+    heap.limit_arenas()  # before any thread starts
     lightimports.install()  # before anything imports ray or kubernetes_asyncio
     from kuberay_scaler.app import run_daemon
 
