@@ -36,3 +36,18 @@ def test_nothing_is_stubbed_once_ray_is_imported() -> None:
     code += "assert not lightimports.install()\nimport ray\nassert hasattr(ray, 'init')\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_run_installs_them_before_anything_imports_kubernetes_asyncio() -> None:
+    # `run` checks the kubeconfig (importing kube.session) before it starts: stubs come first.
+    code = (
+        "import sys\nfrom kuberay_scaler import cli\n"
+        "try:\n    cli.main(['run'])\nexcept SystemExit:\n    pass\n"
+        "print('kubernetes_asyncio.client.models.v1_pod' in sys.modules,"
+        " 'ray._raylet' in sys.modules)"
+    )
+    env = {"PATH": "/usr/bin:/bin", "RAY_CLUSTER_NAME": "x", "KUBERAY_SCALER_KUBECONFIG": "/nope"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.stdout.strip().splitlines()[-1] == "False False", done.stderr
