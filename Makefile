@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint demo e2e bench bench-quick bench-planner clean image ray-matrix
+.PHONY: install test lint demo e2e bench bench-quick bench-planner fuzz soak clean image ray-matrix
 
 $(STAMP): pyproject.toml standins/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,16 @@ demo: install
 e2e: install
 	scripts/build-control-plane.sh >/dev/null
 	$(BIN)/pytest -q -m e2e tests/e2e
+
+# Planner fuzzing through parse -> plan -> patch (hypothesis); CI runs FUZZ_EXAMPLES=500.
+FUZZ_EXAMPLES ?= 5000
+fuzz: install
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -p no:cacheprovider tests/fuzz
+
+# The demo harness under a random workload and random faults; every write is checked.
+MINUTES ?= 2
+soak: install
+	$(BIN)/python -m tests.soak --minutes $(MINUTES)
 
 # Builds the image without Docker (podman + an mmdebstrap base cached in ~/.cache/kuberay-scaler),
 # then runs it: version, check-config, and the daemon against the stand-ins for one scale-up.

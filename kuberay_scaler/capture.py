@@ -17,6 +17,7 @@ replans the files at the captured moment.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,6 +40,10 @@ RAY_STATE_FILE = "ray-state.json"
 META_FILE = "capture.json"
 REDACTED = "<redacted by kuberay-scaler capture>"
 _SECRET_WORDS = ("password", "token", "secret", "key", "credential")
+_SECRET_FLAG = re.compile(
+    r"(--[\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*)(=|\s+)('[^']*'|\"[^\"]*\"|\S+)",
+    re.IGNORECASE,
+)
 _DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 
 
@@ -135,6 +140,8 @@ def redact(obj: Any, path: str, found: Redactions) -> Any:
                 out[key] = [_env_entry(e, f"{where}[{i}]", found) for i, e in enumerate(value)]
             elif key == "rayStartParams" and isinstance(value, Mapping):
                 out[key] = _start_params(value, where, found)
+            elif key in ("command", "args") and isinstance(value, list):
+                out[key] = [_command_word(w, f"{where}[{i}]", found) for i, w in enumerate(value)]
             else:
                 out[key] = redact(value, where, found)
         return out
@@ -154,6 +161,17 @@ def _env_entry(entry: Any, where: str, found: Redactions) -> Any:
         found.paths.append(f"{where}.value")
         return {**entry, "value": REDACTED}
     return entry  # valueFrom names a secret or field; it holds no secret itself
+
+
+def _command_word(word: Any, where: str, found: Redactions) -> Any:
+    # KubeRay writes rayStartParams into the Ray container's `ray start` line (pod args), so a
+    # `--redis-password=...` there is the same secret as in the spec.
+    if not isinstance(word, str):
+        return word
+    clean = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", word)
+    if clean != word:
+        found.paths.append(where)
+    return clean
 
 
 def _start_params(value: Mapping[str, Any], where: str, found: Redactions) -> dict[str, Any]:

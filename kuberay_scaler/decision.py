@@ -82,6 +82,9 @@ class Drain:
     # Reason preemption: a busy slice above maxReplicas, deleted by a later plan once drained
     # or past `deadline_ms` (never by this decision's patch). Otherwise idle termination.
     preempt: bool = False
+    # Hosts of the slice already gone from Ray (drained before a restart): the slice is deleted
+    # whole whatever its remaining hosts answer (control/execute.py, partial drains).
+    hosts_gone: int = 0
 
 
 @dataclass(frozen=True)
@@ -271,11 +274,18 @@ def _drains(result: Plan, cluster_id: str | None, deadline_ms: int) -> list[Drai
             cluster_id=cluster_id,
             deadline_ms=deadline_ms,
             message=f"kuberay-scaler: slice {x.slice_key} idle",
+            hosts_gone=_hosts_gone(result, d.group, x.slice_key, len(x.node_ids)),
         )
         for d in result.groups
         for x in d.deletions
         if x.kind in DRAINED_FIRST and x.node_ids
     ]
+
+
+def _hosts_gone(result: Plan, group: str, key: str, joined: int) -> int:
+    gs = result.slice_map.groups.get(group) if result.slice_map else None
+    sl = next((s for s in gs.slices if s.key == key), None) if gs else None
+    return max(0, sl.expected_hosts - joined) if sl else 0
 
 
 def _patch_ops(base: Mapping[str, Any], result: Plan) -> list[Op]:

@@ -92,3 +92,9 @@ RECONCILE_FAILURES = Counter(
     ["cause"],
     registry=REGISTRY,
 )
+OVERRIDES = Counter(
+    "kuberay_scaler_overrides_total",
+    "Times another writer reset a group's replicas after ours (we then back off for the group).",
+    ["group"],
+    registry=REGISTRY,
+)

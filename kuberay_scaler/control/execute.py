@@ -17,6 +17,8 @@ concurrent DrainNode calls. If a host still refuses, the rule is:
   run slice-wide work; keeping it would hold dead accelerators until the broken-slice timer and
   then delete the refused host undrained anyway. Deleting now loses at most what the refused host
   started in the last moments, and never leaves a slice with dead hosts waiting for a timer.
+  The same holds for a slice adopted after a restart (recorded, drained before the kill): hosts
+  already gone from Ray count as accepted (`Drain.hosts_gone`).
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ async def execute(
 
 async def not_idle_any_more(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
     """Idle-termination drains whose slice is no longer all idle in a fresh GCS read."""
-    idle = [d for d in drains if not d.preempt]
+    # A slice with hosts already gone is deleted whatever the others say: no need to look.
+    idle = [d for d in drains if not d.preempt and not d.hosts_gone]
     if not idle:
         return frozenset()
     try:
@@ -127,13 +130,15 @@ async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
     results = await asyncio.gather(*(_drain(d, gcs) for d in drains))
     refused = set()
     for d, result in zip(drains, results, strict=True):
-        if not d.preempt and not result.may_delete and result.drained_node_ids:
+        partly = bool(result.drained_node_ids) or d.hosts_gone > 0
+        if not d.preempt and not result.may_delete and partly:
             log.warning(
                 "slice partly drained: deleted whole, its drained hosts have exited",
                 group=d.group,
                 slice=d.slice_key,
                 reason=result.reason,
                 hosts_drained=[n.hex() for n in result.drained_node_ids],
+                hosts_gone_before=d.hosts_gone,
             )
             continue
         if not result.may_delete:

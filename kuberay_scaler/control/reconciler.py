@@ -24,13 +24,22 @@ from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.control.execute import Executed, execute
 from kuberay_scaler.control.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Writer
 from kuberay_scaler.control.report import report_from_plan
-from kuberay_scaler.decision import Decision, GcsView, Observation, decide
+from kuberay_scaler.decision import (
+    Decision,
+    Drain,
+    GcsView,
+    Observation,
+    RecordIntent,
+    Write,
+    decide,
+)
 from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.liveness import HostClock, LivenessTracker
 from kuberay_scaler.metrics import (
     DECISIONS,
     LAST_SUCCESSFUL_RECONCILE,
+    OVERRIDES,
     RECONCILE_FAILURES,
     RECONCILE_SECONDS,
     RECONCILES,
@@ -54,6 +63,11 @@ log = structlog.get_logger(__name__)
 
 RECENT_DECISIONS = 20  # kept for /debug/slices
 MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often per reconcile
+# Another writer (GitOps, kubectl scale, an in-tree autoscaler) reset a group's replicas: leave
+# that group alone for this long, doubling with each override, instead of fighting it.
+OVERRIDE_BACKOFF_S = 120.0
+MAX_OVERRIDE_BACKOFF_S = 1800.0
+OVERRIDE_MEMORY_S = 3600.0  # an override older than this no longer counts toward the backoff
 _SETTLED = ("no change", "dry run")  # outcomes after which the same inputs give the same plan
 
 
@@ -158,6 +172,8 @@ class Reconciler:
             stale_after_s=config.gcs_stale_after_s,
         )
         self._uid: str | None = None
+        self._written: dict[str, int] = {}  # group → replicas our last applied write set
+        self._overrides: dict[str, tuple[int, float]] = {}  # group → (overrides, hands off until)
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
         self._pod_cache = PodCache()
@@ -273,6 +289,7 @@ class Reconciler:
         if raw is None:
             return None
         self._notice_recreation(raw)
+        self._notice_overrides(raw, now.mono)
         self._last_inputs = self._inputs(raw, now.mono)
         parsed = self._pod_cache.hosts(self._pods.store, parse_raycluster(raw))
         return Observation(
@@ -340,16 +357,54 @@ class Reconciler:
         return self._parsed_ray[1]
 
     def _awaiting(self, raw: Mapping[str, Any], now: float) -> dict[str, str]:
-        groups = {
-            g.get("groupName"): g
-            for g in raw.get("spec", {}).get("workerGroupSpecs") or []
-            if isinstance(g, Mapping)
+        groups = _group_specs(raw)
+        awaiting = {
+            name: f"another writer set its replicas ({count}× so far): left alone for"
+            f" {until - now:.0f} s more instead of fighting it"
+            for name, (count, until) in self._overrides.items()
+            if now < until
         }
-        return {
-            name: "waiting to observe our last write to this group"
-            for name in self.expectations.groups()
-            if self.expectations.pending(name, groups.get(name), now)
-        }
+        awaiting.update(
+            {
+                name: "waiting to observe our last write to this group"
+                for name in self.expectations.groups()
+                if self.expectations.pending(name, groups.get(name), now)
+            }
+        )
+        return awaiting
+
+    def _notice_overrides(self, raw: Mapping[str, Any], now: float) -> None:
+        """A group whose replicas differ from what we wrote, once our write was seen: overridden."""
+        groups = _group_specs(raw)
+        for name, ours in list(self._written.items()):
+            spec = groups.get(name)
+            if spec is None or self.expectations.pending(name, spec, now):
+                continue
+            theirs = spec.get("replicas", 0)
+            if theirs == ours:
+                continue
+            del self._written[name]  # their value is the truth until our next write
+            count, until = self._overrides.get(name, (0, 0.0))
+            count = 1 if now - until > OVERRIDE_MEMORY_S else count + 1
+            delay = min(MAX_OVERRIDE_BACKOFF_S, OVERRIDE_BACKOFF_S * 2 ** (count - 1))
+            self._overrides[name] = (count, now + delay)
+            OVERRIDES.labels(name).inc()
+            managers = _recent_managers(raw)
+            log.warning(
+                "replicas overridden by another writer",
+                group=name,
+                ours=ours,
+                theirs=theirs,
+                field_managers=managers,
+                overrides=count,
+                hands_off_s=delay,
+            )
+            self._background_event(
+                "OverriddenByAnotherWriter",
+                f"group {name}: replicas {ours} (ours) reset to {theirs} by another writer"
+                f" ({', '.join(managers) or 'unknown field manager'}); kuberay-scaler leaves"
+                f" the group alone for {delay:.0f} s (override {count})",
+            )
 
     def _notice_recreation(self, raw: Mapping[str, Any]) -> None:
         uid = raw.get("metadata", {}).get("uid")
@@ -368,6 +423,17 @@ class Reconciler:
 
     async def _carry_out(self, decision: Decision) -> bool:
         """Execute the writes. True when done (applied or given up), False to replan."""
+        # Said before the first write, so the log reads in the order things happen.
+        log.info(
+            "decided",
+            groups=[
+                f"{d.group}: {d.action.value} {d.current}->{d.target}"
+                + (f" ({'; '.join(map(str, d.reasons))})" if d.reasons else "")
+                for d in decision.plan.groups
+                if d.changes
+            ],
+            writes=[_write_text(w) for w in decision.writes],
+        )
         done = await execute(
             decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
         )
@@ -400,6 +466,8 @@ class Reconciler:
         for d in result.groups:
             if not d.changes:
                 continue
+            if d.spec_changes:
+                self._written[d.group] = d.target
             pods = [p for x in d.deletions for p in x.pods]
             self.expectations.expect(
                 d.group,
@@ -502,13 +570,43 @@ class Reconciler:
             f"; slices {slices}" if slices else ""
         )
         message += f" ({'; '.join(map(str, d.reasons))[:500]})"
+        self._background_event(reason, message)
+
+    def _background_event(self, reason: str, message: str) -> None:
         task = asyncio.get_running_loop().create_task(self._events.record(reason, message))
         _background.add(task)
         task.add_done_callback(_background.discard)
 
 
+def _write_text(write: Write) -> str:
+    if isinstance(write, RecordIntent):
+        return f"record draining {dict(write.draining)}"
+    if isinstance(write, Drain):
+        why = "preemption" if write.preempt else "idle termination"
+        return f"drain {write.group}/{write.slice_key} ({len(write.node_ids)} hosts, {why})"
+    return f"patch ({len(write.ops)} ops)"
+
+
 _background: set[asyncio.Task[None]] = set()
 _EVENT_REASONS = {Action.SCALE_UP: "ScaledUp", Action.SCALE_DOWN: "ScaledDown"}
+
+
+def _group_specs(raw: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {
+        str(g.get("groupName")): g
+        for g in raw.get("spec", {}).get("workerGroupSpecs") or []
+        if isinstance(g, Mapping)
+    }
+
+
+def _recent_managers(raw: Mapping[str, Any]) -> list[str]:
+    """Field managers that last wrote the spec (metadata.managedFields), newest first."""
+    entries = raw.get("metadata", {}).get("managedFields") or []
+    spec_writers = [
+        e for e in entries if isinstance(e, Mapping) and "f:spec" in (e.get("fieldsV1") or {})
+    ]
+    spec_writers.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
+    return [str(e.get("manager")) for e in spec_writers if e.get("manager")]
 
 
 def _alive_instances(reply: Any) -> list[str] | None:

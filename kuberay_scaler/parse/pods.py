@@ -75,7 +75,7 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
         labels=frozen_map(labels),
         node_name=node_name if isinstance(node_name, str) and node_name else None,
         created_at=_time(meta.get("creationTimestamp")),
-        slice_key=_slice_key(name, labels),
+        slice_key=_slice_key(name, labels, spec, group),
         replica_index=_int_label(labels.get(LABEL_REPLICA_INDEX)),
         host_index=_host_index(pod, labels),
         running_since=started,
@@ -139,7 +139,12 @@ def _pending_detail(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
     return f"pod {phase}" if isinstance(phase, str) else "no status yet"
 
 
-def _slice_key(name: str, labels: Mapping[str, str]) -> str:
+def _slice_key(name: str, labels: Mapping[str, str], spec: ClusterSpec, group: str) -> str:
+    # KubeRay reconciles a single-host group pod by pod (replica labels are for numOfHosts > 1):
+    # a stray replica label must not tie two single-host pods into one "slice".
+    found = spec.group(group)
+    if found is not None and found.num_of_hosts <= 1:
+        return name
     return labels.get(LABEL_REPLICA_NAME) or labels.get(LABEL_LEGACY_REPLICA) or name
 
 

@@ -101,10 +101,17 @@ def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[s
     for resource, need in bundle.resources.items():
         if need <= 0:
             continue
-        copies = min(copies, math.floor((free_amount(free, resource) + EPSILON) / need))
+        copies = min(copies, _whole_copies((free_amount(free, resource) + EPSILON) / need))
         if copies == 0:
             return 0
     return copies
+
+
+def _whole_copies(ratio: float) -> int:
+    # ±inf (a subnormal need, an overdrawn bin) and NaN must not reach math.floor.
+    if ratio >= UNBOUNDED:
+        return UNBOUNDED
+    return math.floor(ratio) if ratio > 0 else 0
 
 
 def take(bin_: Bin, bundle: Bundle, copies: int = 1) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kuberay_standins.ray_start import set_container_command
+
 CLUSTER_LABEL = "ray.io/cluster"
 NODE_TYPE_LABEL = "ray.io/node-type"
 GROUP_LABEL = "ray.io/group"
@@ -334,6 +336,9 @@ def _pod_from_template(
     containers = pod_spec.setdefault("containers", [])
     if containers:
         containers[0].setdefault("env", []).extend(_ray_env(cluster, node_type))
+        meta = cluster["metadata"]
+        head = f"{meta['name']}-head-svc.{meta.get('namespace', 'default')}.svc.cluster.local:6379"
+        set_container_command(containers[0], node_type, spec.get("rayStartParams") or {}, head)
     if autoscaler_v2(cluster):
         pod_spec["restartPolicy"] = "Never"
     labels = _labels(

@@ -90,6 +90,7 @@ __all__ = [
     "RecordedRequest",
     "Rule",
     "StoredEvent",
+    "Write",
 ]
 
 log = structlog.get_logger(__name__)
@@ -135,6 +136,20 @@ class RecordedRequest:
     body: Any
     status: int = 0
     user: str | None = None
+
+
+@dataclass(frozen=True)
+class Write:
+    """One committed change and who made it: ``user`` is the authenticated HTTP caller, or
+    ``DIRECT_WRITER`` for the store methods (the operator stand-in, tests)."""
+
+    user: str
+    event: StoredEvent
+    request: str  # "PATCH /apis/... <body>" for HTTP writes, "" for direct ones
+
+
+DIRECT_WRITER = "<direct>"
+WriteListener = Callable[[Write], None]
 
 
 @dataclass(frozen=True)
@@ -339,6 +354,8 @@ class ApiServerStandIn:
         self.url = ""
         self.requests: list[RecordedRequest] = []
         self.faults = Faults(self)
+        self._write_listeners: list[WriteListener] = []
+        self._acting: tuple[str, str] | None = None  # (user, request) of the HTTP write in hand
         self.add_token(ADMIN_TOKEN, ADMIN_RULES, user="kubernetes-admin")
         self.add_token(
             RESTRICTED_TOKEN,
@@ -349,6 +366,7 @@ class ApiServerStandIn:
             SIDECAR_TOKEN, SIDECAR_RULES, user="system:serviceaccount:default:kuberay-scaler"
         )
         self._store.subscribe(self._fan_out)
+        self._store.subscribe(self._log_write)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -403,6 +421,11 @@ class ApiServerStandIn:
         """Accept ``token`` with these rules; replaces an earlier entry for the same token."""
         name = user or f"user-{len(self._subjects)}"
         self._subjects[token] = Subject(name, tuple(rules))
+
+    def user_of(self, token: str) -> str | None:
+        """The user name a token authenticates as (what the write log records)."""
+        subject = self._subjects.get(token)
+        return subject.user if subject is not None else None
 
     def remove_token(self, token: str) -> None:
         """Stop accepting ``token`` (401 from now on), e.g. to test token rotation."""
@@ -494,6 +517,18 @@ class ApiServerStandIn:
         """Call ``listener`` synchronously on every committed change; returns an unsubscribe."""
         return self._store.subscribe(listener)
 
+    def subscribe_writes(self, listener: WriteListener) -> Callable[[], None]:
+        """The write log: ``listener`` gets every committed change with its writer, synchronously
+        (so it sees the world exactly as the write left it). Returns an unsubscribe."""
+        self._write_listeners.append(listener)
+        return lambda: self._write_listeners.remove(listener)
+
+    def _log_write(self, event: StoredEvent) -> None:
+        user, request = self._acting or (DIRECT_WRITER, "")
+        write = Write(user, event, request)
+        for listener in list(self._write_listeners):
+            listener(write)
+
     # -- watches ---------------------------------------------------------------------------
 
     def _fan_out(self, event: StoredEvent) -> None:
@@ -577,7 +612,11 @@ class ApiServerStandIn:
             )
         if verb == "watch":
             return await self._serve_watch(request, route, query, record)
-        return self._serve_plain(request, route, query, verb, record.body)
+        self._acting = (subject.user, f"{request.method} {request.path_qs} {record.body!r:.2000}")
+        try:
+            return self._serve_plain(request, route, query, verb, record.body)
+        finally:
+            self._acting = None
 
     def _serve_plain(
         self, request: web.Request, route: _Route, query: dict[str, str], verb: str, body: Any

@@ -8,18 +8,20 @@ that reserves whole slices, runs work on every host, adds CPU work, then goes id
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import math
 import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from kuberay_standins.harness import DaemonProcess, LocalCluster, Moment
+from kuberay_standins.harness import DaemonProcess, LocalCluster, Moment, Timeline
 from kuberay_standins.ray_local import RayDriver
 
 SAMPLE = "ray-cluster.tpu-v6e-16-multihost.yaml"
@@ -74,13 +76,10 @@ def demo_raycluster(scenario: Scenario, samples: Path | None = None) -> dict[str
 
 
 def _load_sample(samples: Path | None) -> dict[str, Any]:
-    here = Path(__file__).resolve()
-    candidates = [samples] if samples else []
-    candidates += [p / "shared" / "kuberay" / "v1.7.0" for p in here.parents]
-    for folder in candidates:
-        if folder is not None and (folder / SAMPLE).is_file():
-            loaded: dict[str, Any] = yaml.safe_load((folder / SAMPLE).read_text())
-            return loaded
+    # Only a folder the caller names is read: the demo never looks outside its own package.
+    if samples is not None and (samples / SAMPLE).is_file():
+        loaded: dict[str, Any] = yaml.safe_load((samples / SAMPLE).read_text())
+        return loaded
     return yaml.safe_load(_EMBEDDED_SAMPLE)  # type: ignore[no-any-return]
 
 
@@ -122,11 +121,32 @@ print("IDLE", flush=True)
 
 
 class Printer:
-    def __init__(self, out: TextIO) -> None:
+    """Prints moments in the order they happened, not the order they were learnt.
+
+    The API server's changes are seen at once, the daemon's log lines a poll later (with the
+    time they were written): each moment is held for `hold_s` and printed in time order.
+    """
+
+    def __init__(self, out: TextIO, hold_s: float = 1.5) -> None:
         self.out = out
+        self.hold_s = hold_s
+        self._held: list[tuple[float, int, Moment]] = []
+        self._count = 0
 
     def moment(self, m: Moment) -> None:
-        print(f"[{m.at:7.1f}s] {m.kind:<15} {m.text}", file=self.out, flush=True)
+        heapq.heappush(self._held, (m.at, self._count, m))
+        self._count += 1
+
+    def flush(self, now: float | None = None) -> None:
+        """Print every held moment older than `hold_s` (all of them when `now` is None)."""
+        while self._held and (now is None or self._held[0][0] <= now - self.hold_s):
+            _, _, m = heapq.heappop(self._held)
+            print(f"[{m.at:7.1f}s] {m.kind:<15} {m.text}", file=self.out, flush=True)
+
+    async def run(self, timeline: Timeline) -> None:
+        while True:
+            self.flush(time.monotonic() - timeline.started)
+            await asyncio.sleep(0.2)
 
 
 async def run_demo(scenario: Scenario, out: TextIO = sys.stdout) -> int:
@@ -142,6 +162,7 @@ async def run_demo(scenario: Scenario, out: TextIO = sys.stdout) -> int:
     loop.add_signal_handler(signal.SIGINT, stop.set)
     cluster = LocalCluster(demo_raycluster(scenario), pod_start_delay=1.0)
     cluster.timeline.listeners.append(printer.moment)
+    printing = asyncio.create_task(printer.run(cluster.timeline))
     try:
         async with cluster:
             daemon = cluster.start_daemon(KUBERAY_SCALER_RESYNC_INTERVAL_S="5")
@@ -150,11 +171,15 @@ async def run_demo(scenario: Scenario, out: TextIO = sys.stdout) -> int:
             cluster.timeline.add(
                 "daemon_stopped", f"daemon exited {code} after SIGTERM in {took:.1f} s"
             )
+            printing.cancel()
+            printer.flush()
             if result is None:
                 print("\ninterrupted: cleaning up", file=out)
                 return 130
             return _summary(cluster, daemon, result, code, out)
     finally:
+        printing.cancel()
+        printer.flush()
         loop.remove_signal_handler(signal.SIGINT)
 
 
@@ -216,20 +241,37 @@ async def _echo_daemon(daemon: DaemonProcess, cluster: LocalCluster) -> None:
     while True:
         lines = daemon.lines()
         for line in lines[seen:]:
-            event = line.get("event")
-            if event == "decision":
-                cluster.timeline.add(
-                    "plan",
-                    f"{line['group']}: {line['action']} {line['replicas']}: {line['reason']}",
-                )
-            elif event in ("slice_drained", "slice_drain_refused"):
-                cluster.timeline.add(
-                    "drain", f"{event}: {line.get('hosts')} hosts, {line.get('reason')}"
-                )
-            elif line.get("level") in ("error", "critical"):
-                cluster.timeline.add("daemon_error", str(line.get("event")))
+            moment = daemon_moment(line)
+            if moment is not None:
+                kind, text = moment
+                cluster.timeline.add(kind, text, at=_happened(cluster, line))
         seen = len(lines)
         await asyncio.sleep(0.2)
+
+
+def daemon_moment(line: dict[str, Any]) -> tuple[str, str] | None:
+    """The timeline line for one daemon log record, or None for the ones the story skips."""
+    event = line.get("event")
+    if event == "decided":
+        groups = "; ".join(line.get("groups") or [])
+        writes = " → ".join(line.get("writes") or [])
+        return "plan", f"{groups} | writes: {writes}"
+    if event in ("slice_drained", "slice_drain_refused"):
+        return "drain", f"{event}: {line.get('hosts')} hosts, {line.get('reason')}"
+    if line.get("level") in ("error", "critical"):
+        return "daemon_error", str(event)
+    return None
+
+
+def _happened(cluster: LocalCluster, line: dict[str, Any]) -> float | None:
+    """When the daemon wrote the line, on the timeline's clock (None: not stamped)."""
+    stamp = line.get("timestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return cluster.timeline.at_wall(datetime.fromisoformat(stamp).timestamp())
+    except ValueError:
+        return None
 
 
 def _workers_to_delete(cluster: LocalCluster) -> list[str]:

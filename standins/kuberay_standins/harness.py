@@ -1,9 +1,10 @@
 """A whole local cluster for the demo and the integration tests.
 
 API-server stand-in + KubeRay operator stand-in + a real Ray head; every worker pod the fake
-kubelet marks Running becomes a real Ray host on its own 127.0.0.N with that pod's resources,
-TPU env (slice name, worker id) and `RAY_CLOUD_INSTANCE_ID` = pod name; deleting the pod stops
-the host. The daemon runs as a real subprocess configured by env vars only.
+kubelet marks Running becomes a real Ray host on its own 127.0.0.N, sized by the `ray start`
+line the operator stand-in wrote into the pod as KubeRay does (ray_start.py), with the TPU env
+(slice name, worker id) and `RAY_CLOUD_INSTANCE_ID` = pod name; deleting the pod stops the
+host. The daemon runs as a real subprocess configured by env vars only.
 """
 
 from __future__ import annotations
@@ -24,24 +25,29 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from ray._private.accelerators.tpu import infer_tpu_pod_type_from_topology
 
-from kuberay_scaler.model.labels import GKE_TPU_TOPOLOGY
-from kuberay_scaler.parse.raycluster import GroupError, parse_group
-from kuberay_scaler.planner.shapes import (
-    ShapeError,
-    host_resources,
-    tpu_pod_type,
-)
 from kuberay_standins._k8s_store import StoredEvent
 from kuberay_standins.apiserver import RESTRICTED_TOKEN, ApiServerStandIn
 from kuberay_standins.operator import OperatorStandIn
 from kuberay_standins.ray_local import RayHead, RayHost, free_port, tpu_host_env
+from kuberay_standins.ray_start import flags_of_pod
 
 log = structlog.get_logger(__name__)
 
 REPLICA_NAME = "ray.io/worker-group-replica-name"
 HOST_INDEX = "ray.io/replica-host-index"
 GROUP = "ray.io/group"
+GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
+GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+# GKE accelerator label → TPU generation as Ray names it (TPU_ACCELERATOR_TYPE's prefix).
+TPU_GENERATIONS = {
+    "tpu-v4-podslice": "v4",
+    "tpu-v5-lite-podslice": "v5litepod",
+    "tpu-v5p-slice": "v5p",
+    "tpu-v6e-slice": "v6e",
+    "tpu7x": "v7x",
+}
 
 
 @dataclass
@@ -56,15 +62,21 @@ class Moment:
 @dataclass
 class Timeline:
     started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
     moments: list[Moment] = field(default_factory=list)
     listeners: list[Callable[[Moment], None]] = field(default_factory=list)
 
-    def add(self, kind: str, text: str) -> Moment:
-        moment = Moment(time.monotonic() - self.started, kind, text)
+    def add(self, kind: str, text: str, at: float | None = None) -> Moment:
+        """Record a moment; `at` (seconds since start) when it happened earlier than now."""
+        moment = Moment(time.monotonic() - self.started if at is None else at, kind, text)
         self.moments.append(moment)
         for listener in self.listeners:
             listener(moment)
         return moment
+
+    def at_wall(self, epoch_s: float) -> float:
+        """Seconds since start of a wall-clock moment (a daemon log line's timestamp)."""
+        return epoch_s - self.started_wall
 
     def first(self, kind: str, after: float = 0.0) -> Moment | None:
         return next((m for m in self.moments if m.kind == kind and m.at >= after), None)
@@ -73,14 +85,8 @@ class Timeline:
 class RayPodHooks:
     """The fake kubelet's hooks: Running worker pod → real Ray host, deleted pod → stopped."""
 
-    def __init__(
-        self,
-        head: RayHead,
-        timeline: Timeline,
-        group_spec: Callable[[dict[str, Any]], dict[str, Any] | None],
-    ) -> None:
+    def __init__(self, head: RayHead, timeline: Timeline) -> None:
         self._head = head
-        self._group_spec = group_spec
         self._timeline = timeline
         self._free_ips = [f"127.0.0.{n}" for n in range(11, 250)]
         self.hosts: dict[str, RayHost] = {}
@@ -90,15 +96,15 @@ class RayPodHooks:
         if labels.get("ray.io/node-type") != "worker":
             return  # the head's Ray runs already: RayHead
         name = pod["metadata"]["name"]
-        resources, env = _host_setup(pod, self._group_spec(pod))
+        num_cpus, resources, memory, env = _host_setup(pod)
         ip = self._free_ips.pop(0)
-        num_cpus = int(resources.pop("CPU", 1))
         host = await asyncio.to_thread(
             lambda: RayHost.spawn(
                 self._head.gcs_address,
                 ip=ip,
                 resources=resources,
                 num_cpus=num_cpus,
+                memory=memory,
                 env=env,
                 auth_token=self._head.auth_token,
             ).wait_ready()
@@ -120,32 +126,33 @@ class RayPodHooks:
         await asyncio.gather(*(asyncio.to_thread(h.stop) for h in hosts))
 
 
-def _host_setup(
-    pod: dict[str, Any], spec: dict[str, Any] | None
-) -> tuple[dict[str, float], dict[str, str]]:
-    """Ray resources and env of the host a pod stands for, derived from its group's spec."""
+def _host_setup(pod: dict[str, Any]) -> tuple[int, dict[str, float], int | None, dict[str, str]]:
+    """(num_cpus, resources, memory bytes, env) of the Ray host a worker pod stands for: the
+    flags of the `ray start` KubeRay wrote into the pod, plus the env the GKE TPU webhook would
+    inject. Nothing here asks the daemon's code how big a host is."""
     labels = pod["metadata"]["labels"]
     env = {"RAY_CLOUD_INSTANCE_ID": pod["metadata"]["name"], "RAY_NODE_TYPE_NAME": labels[GROUP]}
-    resources: dict[str, float] = {"CPU": 1.0}
-    if spec is not None:
-        try:
-            resources = host_resources(parse_group(spec, 0))
-        except (GroupError, ShapeError) as err:
-            log.warning("harness cannot size pod", pod=pod["metadata"]["name"], error=str(err))
-    resources.pop("memory", None)
-    resources.pop("GPU", None)
+    try:
+        flags = flags_of_pod(pod)
+    except ValueError as err:
+        log.warning("harness cannot size pod", pod=pod["metadata"]["name"], error=str(err))
+        return 1, {}, None, env
+    resources = dict(flags.resources)
     selector = pod.get("spec", {}).get("nodeSelector") or {}
-    pod_type = tpu_pod_type(selector)
+    generation = TPU_GENERATIONS.get(selector.get(GKE_TPU_ACCELERATOR, ""))
+    topology = selector.get(GKE_TPU_TOPOLOGY, "")
+    pod_type = infer_tpu_pod_type_from_topology(topology, generation) if generation else None
     if resources.get("TPU") and pod_type:
         env |= tpu_host_env(
             labels.get(REPLICA_NAME, pod["metadata"]["name"]),
             int(labels.get(HOST_INDEX, "0")),
             pod_type,
-            selector.get(GKE_TPU_TOPOLOGY, ""),
+            topology,
         )
     else:
-        resources.pop("TPU", None)
-    return resources, env
+        resources.pop("TPU", None)  # without the webhook's env Ray would ask GCE metadata
+    num_cpus = flags.num_cpus if flags.num_cpus is not None else 1
+    return num_cpus, resources, flags.memory, env
 
 
 @dataclass
@@ -218,16 +225,12 @@ class LocalCluster:
         self._unsubscribe = self.api.subscribe(self._watch)
         self.head = await asyncio.to_thread(RayHead.start)
         self.timeline.add("ray_head", f"Ray head up, GCS at {self.head.gcs_address}")
-        self.hooks = RayPodHooks(self.head, self.timeline, self._group_spec)
+        self.hooks = RayPodHooks(self.head, self.timeline)
         self.operator = OperatorStandIn(
             self.api, self.namespace, self.name, hooks=self.hooks, start_delay=self._pod_start_delay
         )
         self._tasks.append(asyncio.create_task(self.operator.run()))
         self.api.create("rayclusters", self.namespace, self.raycluster)
-
-    def _group_spec(self, pod: dict[str, Any]) -> dict[str, Any] | None:
-        where = self.operator.slice_of(pod) if self.operator else None
-        return where.group_spec if where else None
 
     def kubeconfig(self) -> Path:
         path = self.workdir / f"kubeconfig-{self.token}"
@@ -314,6 +317,9 @@ class LocalCluster:
             self._pod_changed(event)
 
     def _raycluster_changed(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        body = self._patch_in_flight()
+        if body is not None:
+            self.timeline.add("patch", f"PATCH rayclusters/{self.name}: {_ops_text(body)}")
         old = {g["groupName"]: g for g in before["spec"].get("workerGroupSpecs", [])}
         for group in after["spec"].get("workerGroupSpecs", []):
             prev = old.get(group["groupName"], {})
@@ -331,6 +337,13 @@ class LocalCluster:
                     f"RayCluster patched: {name} workersToDelete = {doomed or '[] (cleared)'}",
                 )
                 self._check_whole_slices(group, doomed)
+
+    def _patch_in_flight(self) -> Any:
+        """The body of the PATCH being applied right now (the store commits inside it)."""
+        for record in reversed(self.api.requests):
+            if record.method == "PATCH" and record.status == 0 and "/rayclusters/" in record.path:
+                return record.body
+        return None
 
     def _check_whole_slices(self, group: dict[str, Any], doomed: list[str]) -> None:
         if int(group.get("numOfHosts", 1)) <= 1 or not doomed:
@@ -358,3 +371,13 @@ class LocalCluster:
             self.timeline.add("pod_created", f"pod {meta['name']} created ({where})")
         elif event.type == "DELETED":
             self.timeline.add("pod_deleted", f"pod {meta['name']} deleted ({where})")
+
+
+def _ops_text(body: Any) -> str:
+    """A JSON patch on one line, `test` guards counted rather than shown."""
+    if not isinstance(body, list):
+        return json.dumps(body, separators=(",", ":"))[:400]
+    guards = sum(1 for op in body if isinstance(op, dict) and op.get("op") == "test")
+    changes = [op for op in body if not (isinstance(op, dict) and op.get("op") == "test")]
+    text = json.dumps(changes, separators=(",", ":"), ensure_ascii=False)
+    return f"{text} (+{guards} test guards)"

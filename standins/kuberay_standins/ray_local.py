@@ -302,11 +302,15 @@ class RayHost(_RayProcess):
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         auth_token: str | None = None,
+        memory: int | None = None,
     ) -> RayHost:
-        """Launch `ray start --address ... --block` without waiting (see `wait_ready`)."""
+        """Launch `ray start --address ... --block` without waiting (see `wait_ready`).
+        `memory` is Ray's logical memory resource in bytes (`--memory`), as KubeRay sets it."""
         _refuse_tpu_without_env(resources, env)
         full_env = _node_env(env, auth_token)
         args = (f"--address={gcs_address}", *_node_args(ip, num_cpus, resources, labels))
+        if memory is not None:
+            args = (*args, f"--memory={memory}")
         temp_dir, process, log_path = _spawn(ip, args, full_env)
         return cls(
             ip=ip,
@@ -475,16 +479,22 @@ class RayDriver:
         sleeps until stopped so its demand stays in the GCS.
         """
         script = _driver_script(gcs_address, node_ip, body, hold)
-        fd, log_name = tempfile.mkstemp(prefix="krs-driver-", suffix=".log")
-        with os.fdopen(fd, "wb") as out:
+        scratch = Path(tempfile.mkdtemp(prefix="krs-driver-"))
+        log_name = scratch / "driver.log"
+        with log_name.open("wb") as out:
             process = subprocess.Popen(
                 [RAY_PYTHON, "-c", script],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**_clean_parent_env(), **_client_env(None), **(env or {})},
+                env={
+                    **_clean_parent_env(),
+                    **_client_env(None),
+                    **(env or {}),
+                    **own_home(scratch),
+                },
                 start_new_session=True,
             )
-        driver = cls(process=process, log_path=Path(log_name))
+        driver = cls(process=process, log_path=log_name)
         if wait_ready:
             driver.wait_for(cls.READY, timeout_s)
         return driver
@@ -516,8 +526,7 @@ class RayDriver:
         self._stopped = True
         _signal_group(self.process.pid, signal.SIGKILL)
         _wait_group_gone(self.process, 10.0)
-        with contextlib.suppress(OSError):
-            self.log_path.unlink()
+        shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
 
 def _driver_script(gcs_address: str, node_ip: str, body: str, hold: bool) -> str:
@@ -534,12 +543,19 @@ def _driver_script(gcs_address: str, node_ip: str, body: str, hold: bool) -> str
     return "\n".join(lines)
 
 
+def _auth_env(auth_token: str | None) -> dict[str, str]:
+    # Always explicit: with RAY_AUTH_MODE unset, Ray turns token auth on by itself when it finds
+    # ~/.ray/auth_token (what `ray get-auth-token --generate` writes), so a file in the user's
+    # home would change who can join the test cluster.
+    if auth_token:
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token}
+    return {"RAY_AUTH_MODE": "disabled"}
+
+
 def _client_env(auth_token: str | None) -> dict[str, str]:
     env = dict(_QUIET_ENV)
     env.pop("RAY_enable_autoscaler_v2")  # clients must find v2 through the head's KV flag
-    if auth_token:
-        env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token}
-    return env
+    return env | _auth_env(auth_token)
 
 
 def _clean_parent_env() -> dict[str, str]:
@@ -548,10 +564,19 @@ def _clean_parent_env() -> dict[str, str]:
 
 
 def _node_env(env: Mapping[str, str] | None, auth_token: str | None) -> dict[str, str]:
-    full = {**_clean_parent_env(), **_QUIET_ENV, **(env or {})}
-    if auth_token:
-        full |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token}
-    return full
+    return {**_clean_parent_env(), **_QUIET_ENV, **(env or {}), **_auth_env(auth_token)}
+
+
+def own_home(scratch: Path) -> dict[str, str]:
+    """HOME (and the XDG dirs) inside a process's own scratch directory: nothing in the user's
+    home (~/.ray/auth_token, ~/.config, ~/.cache) reaches a Ray process we start."""
+    home = scratch / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+    }
 
 
 def _node_args(
@@ -605,7 +630,7 @@ def _spawn(
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=dict(env),
+            env={**env, **own_home(temp_dir)},
             start_new_session=True,
         )
     log.debug("ray_start_spawned", ip=ip, pid=process.pid, temp_dir=str(temp_dir))

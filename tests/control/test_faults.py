@@ -9,12 +9,14 @@ import time
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from kuberay_scaler.app import Daemon
 from kuberay_scaler.control.reconciler import LoopConfig
 from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.settings import load_settings
-from tests.control.fakes import Loop, make_loop
+from tests.control.fakes import Loop, WriteCall, make_loop
 from tests.control.test_reconciler import spec_group, workers_to_delete
 from tests.factories import (
     cluster,
@@ -246,3 +248,127 @@ async def test_no_fresh_read_no_drain() -> None:
     await loop.reconciler.reconcile()
     assert loop.gcs.drains == [] and workers_to_delete(loop) == []
     assert spec_group(loop)["replicas"] == 1
+
+
+class KilledNine(BaseException):
+    """kill -9: the process stops at this point; nothing after it runs, nothing is cleaned up."""
+
+
+def killed_after_the_record(loop: Loop) -> None:
+    def kill(call: WriteCall) -> None:
+        if any(op.get("path") == "/metadata/annotations" for op in call.ops):
+            raise KilledNine
+
+    loop.writer.after_apply = kill
+
+
+def restarted(loop: Loop, nodes: list[Any]) -> Loop:
+    """A new daemon process: fresh memory and expectations, the same API server and pods."""
+    again = make_loop(loop.server.obj, loop.pods.pods, state(nodes), clock=loop.clock)
+    again.writer.calls.clear()
+    return again
+
+
+async def kill_between_record_and_patch(keys: tuple[str, ...]) -> Loop:
+    loop = idle_loop(*keys)
+    killed_after_the_record(loop)
+    with pytest.raises(KilledNine):
+        await loop.reconciler.reconcile()
+    assert DRAINING_ANNOTATION in loop.server.obj["metadata"]["annotations"]
+    assert workers_to_delete(loop) == [] and spec_group(loop)["replicas"] == len(keys)
+    return loop
+
+
+def assert_deleted_once_whole(loop: Loop, keys: tuple[str, ...], replicas_before: int) -> None:
+    named = sorted(workers_to_delete(loop))
+    assert named == sorted(f"{k}-{i}" for k in keys for i in range(4)), named  # whole, no half
+    assert spec_group(loop)["replicas"] == replicas_before - len(keys)  # decremented once
+    assert DRAINING_ANNOTATION not in loop.server.obj["metadata"]["annotations"]
+
+
+async def test_restart_after_the_record_adopts_and_finishes_an_idle_slice() -> None:
+    """Item 10 / catalogue row 24: the drain never went out; the new process drains and deletes
+    the recorded slice, once."""
+    loop = await kill_between_record_and_patch(("tpu-a",))
+    nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=30)]  # idle, but not for long
+    again = restarted(loop, nodes)
+    await again.reconciler.reconcile()
+    assert sorted(again.gcs.drained) == sorted(node_id_of(f"tpu-a-{i}") for i in range(4))
+    assert_deleted_once_whole(again, ("tpu-a",), 1)
+    # A second reconcile of the new process deletes nothing more (nothing twice).
+    again.clock.advance(5)
+    again.see_ray(state(nodes))
+    await again.reconciler.reconcile()
+    assert_deleted_once_whole(again, ("tpu-a",), 1)
+
+
+async def test_restart_after_the_drains_deletes_the_exited_slice_without_waiting() -> None:
+    """The drains were accepted before the kill: those raylets have exited. The slice is deleted
+    at once, not left for the missing-node timer."""
+    loop = await kill_between_record_and_patch(("tpu-a",))
+    again = restarted(loop, [head_node()])
+    await again.reconciler.reconcile()
+    assert_deleted_once_whole(again, ("tpu-a",), 1)
+
+
+async def test_restart_after_part_of_the_drains_deletes_the_slice_whole() -> None:
+    loop = await kill_between_record_and_patch(("tpu-a",))
+    survivors = tpu_slice_nodes("tpu-a", 4, busy_hosts=(2, 3))[2:]  # hosts 0, 1 exited
+    again = restarted(loop, [head_node(), *survivors])
+    await again.reconciler.reconcile()
+    assert_deleted_once_whole(again, ("tpu-a",), 1)
+
+
+async def test_restart_after_the_record_keeps_a_slice_that_turned_busy() -> None:
+    """The documented rule: no host exited and the slice is busy now: it is kept whole and the
+    record is cleared (never a busy deletion)."""
+    loop = await kill_between_record_and_patch(("tpu-a",))
+    busy = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)]
+    again = restarted(loop, busy)
+    await again.reconciler.reconcile()
+    assert workers_to_delete(again) == [] and spec_group(again)["replicas"] == 1
+    assert DRAINING_ANNOTATION not in again.server.obj["metadata"]["annotations"]
+
+
+def overrides_metric(group_name: str) -> float:
+    value = REGISTRY.get_sample_value("kuberay_scaler_overrides_total", {"group": group_name})
+    return value or 0.0
+
+
+async def test_another_writer_resetting_replicas_is_named_and_not_fought() -> None:
+    """Item 8 / catalogue row 13: a GitOps tool resets replicas; we say so and back off
+    exponentially per group instead of re-patching after every reset."""
+    demand = state([head_node()], [tasks({"CPU": 8}, 2)])
+    loop = make_loop(cluster(group("cpu", max_replicas=5)), [], demand)
+    await loop.reconciler.reconcile()
+    assert spec_group(loop)["replicas"] == 2 and len(loop.writer.applied) == 1
+    before = overrides_metric("cpu")
+
+    async def reset_by_gitops() -> None:
+        loop.server.edit(["spec", "workerGroupSpecs", 0, "replicas"], 0)
+        await loop.view.refresh()
+
+    async def minutes(count: int) -> None:
+        for _ in range(count):
+            loop.clock.advance(60)
+            loop.see_ray(demand)
+            await loop.reconciler.reconcile()
+
+    await reset_by_gitops()
+    with capture_logs() as logs:
+        await minutes(1)
+    assert [e for e in logs if e["event"] == "replicas overridden by another writer"]
+    assert any(reason == "OverriddenByAnotherWriter" for reason, _ in loop.events.recorded)
+    assert overrides_metric("cpu") == before + 1
+    assert len(loop.writer.applied) == 1, "re-patched right after the other writer's reset"
+    assert spec_group(loop)["replicas"] == 0  # their value stands for now
+    await minutes(2)  # the first backoff (2 min) passes: we try once more
+    assert len(loop.writer.applied) == 2 and spec_group(loop)["replicas"] == 2
+    await reset_by_gitops()
+    await minutes(3)  # second override: the backoff doubles (4 min), no write in 3 min
+    assert len(loop.writer.applied) == 2 and spec_group(loop)["replicas"] == 0
+    assert overrides_metric("cpu") == before + 2
+    decision = loop.reconciler.status.last_decision
+    assert decision is not None
+    held = decision.plan.group("cpu")
+    assert held is not None and held.held is not None and "another writer" in str(held.held)

@@ -4,6 +4,7 @@ and what the real operator builds from the two RayClusters."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +27,7 @@ SIDECAR_NAME = "tpu-v6e-16"
 STRICT = {"fieldValidation": "Strict"}
 DRY_RUN = {"dryRun": "All", **STRICT}
 _namespaces = itertools.count(1)
+_created: list[str] = []  # namespaces of the running test, cleaned up by the admin fixture
 
 PATHS = {
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
@@ -46,13 +48,28 @@ async def admin(plane: ControlPlane) -> AsyncIterator[Kube]:
     try:
         yield kube
     finally:
+        await _clean_up(kube)
         await kube.close()
+
+
+async def _clean_up(admin: Kube) -> None:
+    """No controller-manager here (no garbage collector, no namespace controller): delete the
+    RayClusters and their pods by hand, so later tests get the kwok nodes' capacity back."""
+    while _created:
+        ns = _created.pop()
+        with contextlib.suppress(Exception):
+            await admin.request("DELETE", PATHS["RayCluster"].format(ns=ns))
+        with contextlib.suppress(Exception):
+            await admin.request(
+                "DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"}
+            )
 
 
 async def _namespace(admin: Kube, labels: dict[str, str] | None = None) -> str:
     name = f"deploy-{next(_namespaces)}"
     metadata: dict[str, Any] = {"name": name, "labels": labels or {}}
     await admin.ok("POST", "/api/v1/namespaces", {"metadata": metadata})
+    _created.append(name)
     return name
 
 

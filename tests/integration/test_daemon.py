@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kuberay_standins.demo import Scenario, demo_raycluster, run_demo
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver
+from tests.invariants import watch_local_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -43,8 +44,15 @@ def _replicas(cluster: LocalCluster, group: str) -> int:
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[LocalCluster]:
+    """The local cluster; every RayCluster write the daemon makes is judged (tests/invariants)."""
     async with LocalCluster(demo_raycluster(Scenario()), pod_start_delay=0.5) as local:
-        yield local
+        feed = watch_local_cluster(local)
+        try:
+            yield local
+            await feed.drain()
+        finally:
+            await feed.close()
+        feed.checker.assert_clean()
 
 
 def _driver(cluster: LocalCluster, body: str) -> RayDriver:
@@ -158,3 +166,17 @@ async def test_demo_scenario_invariants() -> None:
     assert deleted is not None and int(deleted.group(1)) % 4 == 0 and int(deleted.group(1)) > 0
     assert "WORK_DONE" in text
     assert "scenario completed" in text
+    # Issue 12 item 9: the story in the order it happened. The scale-down's plan, then the
+    # draining record, every drain, and only then the delete patch (whose body is shown).
+    lines = text.splitlines()
+    kinds = [line[11:27].strip() if line.startswith("[") else "" for line in lines]
+    delete = next(
+        i for i, line in enumerate(lines) if "workersToDelete" in line and "PATCH" in line
+    )
+    drains = [i for i, k in enumerate(kinds) if k == "drain"]
+    plans = [i for i, line in enumerate(lines) if "scale_down" in line and kinds[i] == "plan"]
+    assert drains and plans, text
+    assert plans[0] < min(drains) and max(drains) < delete, text
+    assert '"op":"add","path":"/spec/workerGroupSpecs/0/scaleStrategy"' in lines[delete], text
+    stamps = [float(line[1:8]) for line in lines if line.startswith("[")]
+    assert stamps == sorted(stamps), "moments printed out of order"

@@ -49,3 +49,22 @@ def test_secrets_are_redacted_and_the_capture_replans(tmp_path: Path) -> None:
 
     doc = plan_capture(out, Policy())
     assert {g["name"]: g["replicas"]["target"] for g in doc["groups"]} == {"cpu": 2}
+
+
+def test_secrets_in_the_ray_start_line_of_a_pod_are_redacted(tmp_path: Path) -> None:
+    # Found when the operator stand-in started writing KubeRay's `ray start` line into pods:
+    # rayStartParams such as redis-password travel in the Ray container's args too.
+    rc = cluster(group("cpu", replicas=1))
+    running = pod("cpu-0", "cpu")
+    running["spec"]["containers"][0]["command"] = ["/bin/bash", "-lc", "--"]
+    running["spec"]["containers"][0]["args"] = [
+        "ulimit -n 65536; ray start --block --num-cpus=8 --redis-password=hunter2 "
+        "--auth-token 'hunter3' --keep=me"
+    ]
+    reply = json_format.MessageToDict(reply_of(state([head_node()])))
+    meta = {"captured_at": NOW.isoformat(), "cluster": "rc"}
+    out = write_capture(tmp_path, rc, {"items": [running]}, reply, meta)
+    text = (out / "pods.json").read_text()
+    assert "hunter2" not in text and "hunter3" not in text
+    [args] = json.loads(text)["items"][0]["spec"]["containers"][0]["args"]
+    assert f"--redis-password={REDACTED}" in args and "--num-cpus=8" in args and "--keep=me" in args

@@ -1,0 +1,61 @@
+"""The daemon's decision path on raw input, for the fuzz tests: RayCluster dict + pod list +
+serialized GetClusterResourceStateReply → `decide()` → the intent record → drains answered as Ray
+answers them → `patch_after_drains` → the object as the guarded patch leaves it.
+
+Ray's answer to an IDLE_TERMINATION drain (docs/ray-gcs.md, tested against a real head in
+tests/ray): refused for a node that is busy (RUNNING), accepted otherwise (idle, draining, dead
+or unknown ids); an accepted node then drains. Preemption drains delete nothing in this patch.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jsonpatch
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.decision import Decision, GcsView, Observation, decide, patch_after_drains
+from kuberay_scaler.model.plan import Memory, Plan
+from kuberay_scaler.planner.core import Policy
+
+BUSY = 1  # autoscaler.proto NodeStatus RUNNING
+
+
+@dataclass(frozen=True)
+class Outcome:
+    decision: Decision
+    plan: Plan  # as carried out (refused drains put back)
+    after: dict[str, Any]  # the RayCluster once the record and the patch are applied
+    refused: frozenset[tuple[str, str]]
+    drained: frozenset[str]  # node ids (hex) whose drain Ray accepted
+
+
+def node_statuses(reply: bytes) -> dict[str, int]:
+    parsed = autoscaler_pb2.GetClusterResourceStateReply.FromString(reply)
+    return {
+        bytes(n.node_id).hex(): int(n.status) for n in parsed.cluster_resource_state.node_states
+    }
+
+
+def run_daemon_path(rc: dict[str, Any], pods: list[Any], reply: bytes, now: datetime) -> Outcome:
+    parsed = autoscaler_pb2.GetClusterResourceStateReply.FromString(reply)
+    observed = Observation(raycluster=rc, pods=pods, gcs=GcsView(parsed, cluster_id="c0"))
+    decision = decide(observed, Memory(), Policy(), now)
+    base = copy.deepcopy(rc)
+    if decision.record is not None:
+        base = jsonpatch.apply_patch(base, list(decision.record.ops))
+    status = node_statuses(reply)
+    refused, drained = set(), set()
+    for drain in decision.drains:
+        if drain.preempt:
+            continue
+        if any(status.get(n) == BUSY for n in drain.node_ids):
+            refused.add((drain.group, drain.slice_key))
+        else:
+            drained.update(drain.node_ids)
+    result, patch = patch_after_drains(decision, refused, base)
+    after = jsonpatch.apply_patch(base, list(patch.ops)) if patch is not None else base
+    return Outcome(decision, result, after, frozenset(refused), frozenset(drained))

@@ -1,0 +1,537 @@
+"""`make soak MINUTES=n`: the demo harness under a random workload and random faults for n minutes.
+
+Stand-ins (API server, operator, kubelet) + a real Ray head + one real Ray host per Running worker
+pod + the real daemon as a subprocess. A workload loop runs Ray drivers one after another (tasks,
+actors, SlicePlacementGroups, `request_resources`, idle periods); a fault loop injects watch cuts,
+410s, 409s, 422s, 429s, 5xx, an API-server restart, a GCS restart, a killed Ray host, a pod deleted
+behind everyone's back and a paused operator; the daemon is SIGKILLed and restarted twice. Every
+RayCluster write goes through tests/invariants.py. At the end: faults by kind, decisions by kind,
+violations (must be 0), daemon RSS at start and end, reconcile p50/p99; exit 1 on any violation.
+
+    python -m tests.soak --minutes 2 [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+
+from kuberay_standins.demo import Scenario, demo_raycluster
+from kuberay_standins.harness import DaemonProcess, LocalCluster
+from kuberay_standins.ray_local import RayDriver, RayStartError
+from tests import reaper
+from tests.invariants import WriteFeed, finish_local_cluster, watch_local_cluster
+
+# v4 2x2x2: 8 chips, 2 hosts of 4 (small enough for a shared 2-core machine). Not v6e 2x4: Ray
+# counts that as ONE host of 8 chips, so a 2-host group could never serve it.
+SLICE_TOPOLOGY = "2x2x2"
+SLICE_GENERATION = "v4"
+DRIVER_LIFETIME_S = 240.0
+SETTLE_S = 150.0
+DAEMON_KILLS_AT = (0.15, 0.30)  # fractions of the run; the last daemon lives 70 % of it
+RSS_WARMUP_S = 30.0
+ECHOED = {"patch_replicas", "patch_delete", "patch_clear", "ray_host", "ray_host_gone"}
+
+
+def soak_raycluster() -> dict[str, Any]:
+    cluster = demo_raycluster(Scenario(slices=1, hosts=2))
+    cluster["metadata"]["name"] = "soak"
+    tpu = cluster["spec"]["workerGroupSpecs"][0]
+    tpu["template"]["spec"]["nodeSelector"] = {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v4-podslice",
+        "cloud.google.com/gke-tpu-topology": SLICE_TOPOLOGY,
+    }
+    return cluster
+
+
+# --- the workload ----------------------------------------------------------------------------
+
+
+def _tasks(rng: random.Random) -> tuple[str, str]:
+    n, secs = rng.randint(1, 5), rng.uniform(1, 8)
+    body = f"""
+@ray.remote(num_cpus=1)
+def work(i):
+    time.sleep({secs:.1f})
+    return i
+ray.get([work.remote(i) for i in range({n})], timeout=200)
+"""
+    return f"CPU tasks ({n})", body
+
+
+def _actor(rng: random.Random) -> tuple[str, str]:
+    secs = rng.uniform(3, 20)
+    body = f"""
+@ray.remote(num_cpus=1)
+class Holder:
+    def ping(self):
+        return 1
+holder = Holder.remote()
+ray.get(holder.ping.remote(), timeout=200)
+time.sleep({secs:.1f})
+"""
+    return "an actor", body
+
+
+def _slice(rng: random.Random) -> tuple[str, str]:
+    secs = rng.uniform(2, 15)
+    body = f"""
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.tpu import SlicePlacementGroup
+handle = SlicePlacementGroup(topology={SLICE_TOPOLOGY!r}, accelerator_version={SLICE_GENERATION!r},
+                             num_slices=1, head_reservation_timeout_s=200)
+ray.get(handle.placement_group.ready(), timeout=200)
+@ray.remote(num_cpus=0, resources={{"TPU": 4}})
+def on_host(rank):
+    time.sleep({secs:.1f})
+    return rank
+strategy = PlacementGroupSchedulingStrategy(placement_group=handle.placement_group)
+ray.get([on_host.options(scheduling_strategy=strategy).remote(i) for i in range(2)], timeout=200)
+handle.shutdown()
+"""
+    return "a slice reservation", body
+
+
+def _request_resources(rng: random.Random) -> tuple[str, str]:
+    n, secs = rng.randint(1, 3), rng.uniform(5, 20)
+    body = f"""
+from ray.autoscaler.sdk import request_resources
+request_resources(bundles=[{{"CPU": 1}}] * {n})
+time.sleep({secs:.1f})
+request_resources(bundles=[])
+"""
+    return f"request_resources ({n} CPU)", body
+
+
+WORKLOADS: list[Callable[[random.Random], tuple[str, str]]] = [
+    _tasks,
+    _actor,
+    _slice,
+    _request_resources,
+]
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Daemons:
+    """The daemon instances of the run (one alive at a time) and what we know of each."""
+
+    current: DaemonProcess
+    started: float = field(default_factory=time.monotonic)
+    all: list[DaemonProcess] = field(default_factory=list)
+    rss: dict[int, list[tuple[float, int]]] = field(default_factory=dict)  # pid -> (age, kB)
+    histograms: dict[int, dict[float, float]] = field(default_factory=dict)  # pid -> le -> count
+    expected_exit: bool = False
+
+
+@dataclass
+class Soak:
+    cluster: LocalCluster
+    rng: random.Random
+    deadline: float
+    out: TextIO
+    feed: WriteFeed | None = None
+    daemons: Daemons | None = None
+    faults: Counter[str] = field(default_factory=Counter)
+    workload: Counter[str] = field(default_factory=Counter)
+    blind_since: float | None = None
+    demand_epoch: int = 0
+    driver: RayDriver | None = None
+    stopping: bool = False
+    only: tuple[str, ...] = ()  # fault names to draw from (all when empty)
+    workloads: tuple[str, ...] = ()  # tasks, actor, slice, request_resources (all when empty)
+
+    def say(self, text: str) -> None:
+        elapsed = time.monotonic() - self.cluster.timeline.started
+        print(f"[{elapsed:7.1f}s] {text}", file=self.out, flush=True)
+
+    # -- daemon ----------------------------------------------------------------------------
+
+    def start_daemon(self) -> DaemonProcess:
+        daemon = self.cluster.start_daemon()
+        if self.daemons is None:
+            self.daemons = Daemons(daemon, all=[daemon])
+        else:
+            self.daemons.current, self.daemons.started = daemon, time.monotonic()
+            self.daemons.all.append(daemon)
+            self.daemons.expected_exit = False
+        return daemon
+
+    async def kill_daemon(self) -> None:
+        assert self.daemons is not None
+        self.daemons.expected_exit = True
+        self.daemons.current.process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(self.daemons.current.process.wait)
+        self.faults["daemon SIGKILL + restart"] += 1
+        self.say("fault: daemon SIGKILLed; restarting it")
+        self.start_daemon()
+
+    async def watch_daemon(self) -> None:
+        """Exits the tier did not ask for are violations; sample RSS and metrics meanwhile."""
+        assert self.daemons is not None and self.feed is not None
+        tick = 0
+        while True:
+            await asyncio.sleep(1.0)
+            tick += 1
+            d = self.daemons
+            code = d.current.process.poll()
+            if code is not None and not d.expected_exit:
+                tail = "\n".join(str(x) for x in d.current.lines()[-15:])
+                self.feed.checker.daemon_exited(code, tail)
+                self.say(f"VIOLATION: daemon exited on its own with {code}; restarting it")
+                self.start_daemon()
+                continue
+            pid = d.current.process.pid
+            rss = _rss_kb(pid)
+            if rss is not None:
+                d.rss.setdefault(pid, []).append((time.monotonic() - d.started, rss))
+            if tick % 10 == 0:
+                with contextlib.suppress(Exception):
+                    d.histograms[pid] = await asyncio.to_thread(_reconcile_buckets, d.current)
+
+    # -- workload --------------------------------------------------------------------------
+
+    async def run_workload(self) -> None:
+        while not self.stopping:
+            if self.rng.random() < 0.2:
+                idle = self.rng.uniform(5, 40)
+                self.workload["idle period"] += 1
+                self.say(f"workload: idle for {idle:.0f} s")
+                await asyncio.sleep(idle)
+                continue
+            kinds = [w for w in WORKLOADS if not self.workloads or w.__name__[1:] in self.workloads]
+            what, body = self.rng.choice(kinds)(self.rng)
+            self.workload[what.split(" (")[0]] += 1
+            self.demand_epoch += 1
+            self.say(f"workload: {what}")
+            await self._run_driver(body)
+            await asyncio.sleep(self.rng.uniform(0, 10))
+
+    async def _run_driver(self, body: str) -> None:
+        head = self.cluster.head
+        if head is None or not head.alive():
+            await asyncio.sleep(5)
+            return
+        try:
+            self.driver = await asyncio.to_thread(
+                RayDriver.start,
+                head.gcs_address,
+                body,
+                node_ip=head.ip,
+                env=head.client_env(),
+                wait_ready=False,
+                hold=False,
+            )
+        except (RayStartError, OSError) as error:
+            self.say(f"workload: driver failed to start: {error}")
+            return
+        driver = self.driver
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a stuck driver is killed below
+            await asyncio.to_thread(driver.process.wait, DRIVER_LIFETIME_S)
+        code = driver.process.poll()
+        if code != 0 and not self.stopping:
+            tail = driver.output().strip().splitlines()[-3:]
+            self.say(f"workload: driver ended with {code}: {' | '.join(tail)[-400:]}")
+        await asyncio.to_thread(driver.stop)
+        self.driver = None
+
+    # -- faults ----------------------------------------------------------------------------
+
+    async def run_faults(self, kills_at: list[float]) -> None:
+        while not self.stopping:
+            await asyncio.sleep(self.rng.uniform(4, 15))
+            if self.stopping:
+                return
+            if kills_at and time.monotonic() >= kills_at[0]:
+                kills_at.pop(0)
+                await self.kill_daemon()
+                continue
+            name, fault = self.rng.choice(
+                [(n, f) for n, f in self._faults() if not self.only or n in self.only]
+            )
+            self.faults[name] += 1
+            self.say(f"fault: {name}")
+            try:
+                await fault()
+            except Exception as error:  # a fault that cannot be injected is noted, not fatal
+                self.say(f"fault {name} could not be injected: {error!r}")
+
+    def _faults(self) -> list[tuple[str, Callable[[], Any]]]:
+        api = self.cluster.api
+        rc = r"/apis/ray\.io/v1/namespaces/[^/]+/rayclusters"
+
+        async def fail(status: int, method: str = "PATCH", count: int = 1, **kw: Any) -> None:
+            api.faults.fail_next(method, rc, status, count=count, **kw)
+
+        async def watch_cut() -> None:
+            api.faults.drop_watches()
+
+        async def gone() -> None:
+            api.faults.expire_watches()
+
+        return [
+            ("watch cut", watch_cut),
+            ("410 Gone on the watches", gone),
+            ("409 on a patch", lambda: fail(409)),
+            ("422 on a patch", lambda: fail(422)),
+            ("429 with Retry-After", lambda: fail(429, "*", 3, headers={"Retry-After": "1"})),
+            ("5xx", lambda: fail(self.rng.choice((500, 503)), "*", 2)),
+            ("API-server restart", self._apiserver_restart),
+            ("GCS restart", self._gcs_restart),
+            ("Ray host killed", self._kill_host),
+            ("pod deleted behind everyone's back", self._delete_pod),
+            ("operator paused", self._pause_operator),
+        ]
+
+    async def _apiserver_restart(self) -> None:
+        api = self.cluster.api
+        api.faults.refuse_connections(True)
+        await asyncio.sleep(self.rng.uniform(1, 6))
+        api.compact()  # history is lost with the restart: resuming watches get 410
+        api.faults.refuse_connections(False)
+
+    async def _gcs_restart(self) -> None:
+        head, hooks = self.cluster.head, self.cluster.hooks
+        assert head is not None and hooks is not None
+        self.blind_since = time.monotonic()
+        with contextlib.suppress(RuntimeError):
+            await asyncio.to_thread(head.kill_gcs)
+        await asyncio.sleep(self.rng.uniform(1, 8))
+        new = await asyncio.to_thread(head.restart)
+        self.cluster.head = new
+        hooks._head = new
+        self.demand_epoch += 1
+        self.blind_since = None
+
+    async def _kill_host(self) -> None:
+        hooks = self.cluster.hooks
+        assert hooks is not None
+        if not hooks.hosts:
+            return
+        name = self.rng.choice(sorted(hooks.hosts))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(hooks.hosts[name].process.pid, signal.SIGKILL)
+        self.say(f"  killed the Ray host of pod {name}")
+
+    async def _delete_pod(self) -> None:
+        pods = self.cluster.worker_pods()
+        if not pods:
+            return
+        name = self.rng.choice(sorted(p["metadata"]["name"] for p in pods))
+        with contextlib.suppress(Exception):
+            self.cluster.api.delete("pods", self.cluster.namespace, name)
+        self.say(f"  deleted pod {name}")
+
+    async def _pause_operator(self) -> None:
+        operator = self.cluster.operator
+        assert operator is not None
+        operator.paused = True
+        await asyncio.sleep(self.rng.uniform(5, 25))
+        operator.paused = False
+
+    # -- the end ---------------------------------------------------------------------------
+
+    async def settle(self) -> None:
+        """Faults off, workload gone: give the daemon time to finish what it started."""
+        api = self.cluster.api
+        api.faults.clear()
+        api.faults.refuse_connections(False)
+        if self.cluster.operator is not None:
+            self.cluster.operator.paused = False
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            if not _stale_lists(self.cluster):
+                break
+            await asyncio.sleep(1.0)
+
+
+def _stale_lists(cluster: LocalCluster) -> list[str]:
+    names = {p["metadata"]["name"] for p in cluster.api.list("pods", cluster.namespace)}
+    groups = cluster.current()["spec"]["workerGroupSpecs"]
+    listed = [
+        n for g in groups for n in (g.get("scaleStrategy") or {}).get("workersToDelete") or []
+    ]
+    return [n for n in listed if n not in names]
+
+
+def _keep_logs(cluster: LocalCluster, seed: int) -> Path:
+    """The daemons' JSON logs outlive the run (the cluster's workdir does not)."""
+    import shutil
+
+    kept = Path(tempfile.gettempdir()) / f"kuberay-scaler-soak-{seed}"
+    kept.mkdir(exist_ok=True)
+    for log in cluster.workdir.glob("daemon-*.log"):
+        shutil.copy(log, kept / log.name)
+    return kept
+
+
+def _rss_kb(pid: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return None
+
+
+def _reconcile_buckets(daemon: DaemonProcess) -> dict[float, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{daemon.http}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "kuberay_scaler_reconcile_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] = sample.value
+    return buckets
+
+
+def quantile(buckets: dict[float, float], q: float) -> float | None:
+    """The upper bound of the histogram bucket holding quantile q (cumulative counts)."""
+    total = buckets.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    for bound in sorted(buckets):
+        if buckets[bound] >= q * total:
+            return bound
+    return None
+
+
+def _summary(soak: Soak, checker_violations: list[Any], out: TextIO) -> None:
+    d = soak.daemons
+    assert d is not None and soak.feed is not None
+    decisions: Counter[str] = Counter()
+    for daemon in d.all:
+        for line in daemon.lines():
+            if line.get("event") == "decision":
+                decisions[str(line.get("action"))] += 1
+    merged: dict[float, float] = {}
+    for buckets in d.histograms.values():
+        for bound, count in buckets.items():
+            merged[bound] = merged.get(bound, 0.0) + count
+    longest = max(d.rss.items(), key=lambda kv: kv[1][-1][0], default=(0, []))
+    warm = [kb for age, kb in longest[1] if age >= RSS_WARMUP_S] or [kb for _, kb in longest[1]]
+    p50, p99 = quantile(merged, 0.5), quantile(merged, 0.99)
+    print("\nSoak summary", file=out)
+    print(f"  faults injected: {dict(sorted(soak.faults.items()))}", file=out)
+    print(f"  workload: {dict(sorted(soak.workload.items()))}", file=out)
+    print(f"  decisions: {dict(sorted(decisions.items()))}", file=out)
+    print(
+        f"  writes seen: {soak.feed.checker.writes_seen}, judged (daemon's): "
+        f"{soak.feed.checker.judged}",
+        file=out,
+    )
+    if warm:
+        growth = (warm[-1] - warm[0]) / warm[0] * 100
+        print(
+            f"  daemon RSS (pid {longest[0]}, lived {longest[1][-1][0]:.0f} s): start "
+            f"{warm[0] / 1024:.1f} MiB (after {RSS_WARMUP_S:.0f} s warm-up), end "
+            f"{warm[-1] / 1024:.1f} MiB ({growth:+.1f} %)",
+            file=out,
+        )
+    print(f"  reconcile p50 <= {p50} s, p99 <= {p99} s (histogram bucket bounds)", file=out)
+    print(f"  violations: {len(checker_violations)} {soak.feed.checker.counts()}", file=out)
+    for violation in checker_violations[:20]:
+        print(f"\n{violation}", file=out)
+
+
+async def run_soak(
+    minutes: float,
+    seed: int,
+    out: TextIO = sys.stdout,
+    only: tuple[str, ...] = (),
+    workloads: tuple[str, ...] = (),
+) -> int:
+    rng = random.Random(seed)
+    print(f"soak: {minutes} min, seed {seed}", file=out, flush=True)
+    started = time.monotonic()
+    deadline = started + minutes * 60
+    async with LocalCluster(soak_raycluster(), pod_start_delay=0.5) as cluster:
+        soak = Soak(cluster, rng, deadline, out, only=only, workloads=workloads)
+        cluster.timeline.listeners.append(
+            lambda m: soak.say(f"  {m.text}") if m.kind in ECHOED else None
+        )
+        soak.feed = watch_local_cluster(
+            cluster, blind_since=lambda: soak.blind_since, demand=lambda: soak.demand_epoch
+        )
+        soak.start_daemon()
+        kills = [started + f * (deadline - started) for f in DAEMON_KILLS_AT]
+        tasks = [
+            asyncio.create_task(soak.run_workload()),
+            asyncio.create_task(soak.run_faults(kills)),
+            asyncio.create_task(soak.watch_daemon()),
+        ]
+        try:
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            soak.stopping = True
+            soak.say("soak: time is up; stopping the workload and the faults, settling")
+            for task in tasks[:2]:
+                task.cancel()
+            for task in tasks[:2]:
+                with contextlib.suppress(BaseException):
+                    await task
+            if soak.driver is not None:
+                await asyncio.to_thread(soak.driver.stop)
+            await soak.settle()
+            checker = await finish_local_cluster(soak.feed, cluster)
+        finally:
+            tasks[2].cancel()
+            with contextlib.suppress(BaseException):
+                await tasks[2]
+        _summary(soak, checker.violations, out)
+        kept = _keep_logs(cluster, seed)
+        print(f"  daemon logs kept in {kept}", file=out)
+        code, _ = await asyncio.to_thread(soak.daemons.current.stop) if soak.daemons else (0, 0)
+        if code != 0:
+            print(f"  daemon exit code after SIGTERM: {code}", file=out)
+    print(f"(soak took {time.monotonic() - started:.0f} s)", file=out)
+    return 1 if checker.violations or code != 0 else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.soak")
+    parser.add_argument("--minutes", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
+    parser.add_argument("--only", action="append", default=[], help="a fault name (repeatable)")
+    parser.add_argument(
+        "--workload", action="append", default=[], help="tasks, actor, slice or request_resources"
+    )
+    args = parser.parse_args(argv)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    marker = reaper.mark_session()
+    code = asyncio.run(
+        run_soak(args.minutes, args.seed, only=tuple(args.only), workloads=tuple(args.workload))
+    )
+    left = reaper.leftovers(marker)
+    if left:
+        reaper.reap(left)
+        print(f"{len(left)} process(es) started by the soak were still alive (now killed):")
+        for leftover in left:
+            print(f"  {leftover}")
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The demo prints what happened in the order it happened (issue 12 item 9), pure parts."""
+
+from __future__ import annotations
+
+import io
+
+from kuberay_standins.demo import Printer, daemon_moment
+from kuberay_standins.harness import Moment
+
+
+def test_moments_learnt_late_are_printed_where_they_happened() -> None:
+    out = io.StringIO()
+    printer = Printer(out, hold_s=1.0)
+    printer.moment(Moment(10.0, "patch", "PATCH delete"))  # seen at once (the API server)
+    printer.moment(Moment(9.8, "drain", "slice_drained"))  # the daemon's log, a poll later
+    printer.moment(Moment(9.7, "plan", "decided"))
+    printer.flush(now=10.5)  # nothing is old enough yet
+    assert out.getvalue() == ""
+    printer.flush(now=11.2)
+    kinds = [line.split("]", 1)[1].split()[0] for line in out.getvalue().splitlines()]
+    assert kinds == ["plan", "drain", "patch"]
+
+
+def test_the_daemons_decided_line_is_the_plan_with_its_writes() -> None:
+    line = {
+        "event": "decided",
+        "groups": ["tpu: scale_down 1->0 (remove slice s1)"],
+        "writes": [
+            "record draining {'tpu': ('s1',)}",
+            "drain tpu/s1 (4 hosts, idle termination)",
+            "patch (7 ops)",
+        ],
+    }
+    kind, text = daemon_moment(line) or ("", "")
+    assert kind == "plan"
+    assert text.index("record draining") < text.index("drain tpu/s1") < text.index("patch (7")
+    assert daemon_moment({"event": "decision"}) is None  # said after the patch: not the story
