@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from tests.integration.test_daemon import RESERVE_SLICE, _driver, _get, _replicas
@@ -94,3 +95,52 @@ async def test_absurd_groups_are_skipped_and_the_good_group_scales_while_healthz
     code, _ = await asyncio.to_thread(daemon.stop)
     assert code == 0
     assert not cluster.violations
+
+
+@pytest.fixture
+async def plain_cluster() -> AsyncIterator[LocalCluster]:
+    async with LocalCluster(demo_raycluster(Scenario()), pod_start_delay=0.5) as local:
+        yield local
+
+
+def _recorded(cluster: LocalCluster) -> bool:
+    annotations = cluster.current()["metadata"].get("annotations") or {}
+    return DRAINING_ANNOTATION in annotations
+
+
+def _doomed(cluster: LocalCluster) -> list[str]:
+    spec = cluster.current()["spec"]["workerGroupSpecs"]
+    tpu = next(g for g in spec if g["groupName"] == "tpu-group")
+    return list((tpu.get("scaleStrategy") or {}).get("workersToDelete") or [])
+
+
+async def test_kill_9_between_the_record_and_the_delete_patch_is_adopted(
+    plain_cluster: LocalCluster,
+) -> None:
+    """Item 10 / catalogue row 24 with a real daemon process and a real Ray head."""
+    cluster = plain_cluster
+    daemon = cluster.start_daemon()
+    driver = await asyncio.to_thread(_driver, cluster, RESERVE_SLICE)
+    try:
+        await cluster.wait_for(lambda: "SLICE_READY" in driver.output(), 240, "the slice")
+    finally:
+        await asyncio.to_thread(driver.stop)
+    slice_pods = sorted(p["metadata"]["name"] for p in cluster.worker_pods("tpu-group"))
+    assert len(slice_pods) == 4 and _replicas(cluster, "tpu-group") == 1
+    # Every RayCluster PATCH now waits 3 s before it applies: the record lands, the delete patch
+    # hangs, and the daemon is killed -9 inside that window.
+    cluster.api.faults.delay(r"/rayclusters/", 3.0)
+    await cluster.wait_for(lambda: _recorded(cluster), 180, "the draining record")
+    daemon.process.kill()
+    daemon.process.wait(10)
+    cluster.api.faults.clear()
+    assert _doomed(cluster) == [] and _replicas(cluster, "tpu-group") == 1  # not half-written
+    again = cluster.start_daemon()
+    await cluster.wait_for(lambda: not _recorded(cluster), 180, "the record finished")
+    assert sorted(_doomed(cluster)) == slice_pods or not cluster.worker_pods("tpu-group")
+    assert _replicas(cluster, "tpu-group") == 0  # decremented once, not twice
+    await cluster.wait_for(lambda: not cluster.worker_pods("tpu-group"), 120, "slice deleted")
+    assert _replicas(cluster, "tpu-group") == 0
+    assert not cluster.violations  # never a partial slice named for deletion
+    code, _ = await asyncio.to_thread(again.stop)
+    assert code == 0
