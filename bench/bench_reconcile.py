@@ -11,6 +11,7 @@ Running host with its Ray node, and no demand (idle). Timed, median of 5 after a
 
 from __future__ import annotations
 
+import copy
 import gc
 import statistics
 import sys
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scenario
 
 from kuberay_scaler.model.plan import Memory, Snapshot
-from kuberay_scaler.parse.pods import parse_pods
+from kuberay_scaler.parse.pods import parse_pods, slim_pod
 from kuberay_scaler.parse.ray_state import parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.planner.core import Policy, plan
@@ -72,15 +73,15 @@ def _daemon_path(sc: scenario.Scenario, reply: Any) -> dict[str, Any]:
     except ImportError:
         return {}
     spec = parse_raycluster(sc.raycluster)
+    store = {p["metadata"]["name"]: slim_pod(p) for p in sc.pods}
     cache = PodCache()
-    for pod in sc.pods:
-        cache.put(pod)
+    cache.hosts(store, spec)
     state = parse_ray_state(reply)
-    changed = sc.pods[len(sc.pods) // 2]
+    changed = sc.pods[len(sc.pods) // 2]["metadata"]["name"]
 
     def daemon() -> None:
-        cache.put(changed)  # one watch event since the last reconcile
-        hosts, problems = cache.hosts(spec)
+        store[changed] = copy.deepcopy(store[changed])  # one watch event since the last reconcile
+        hosts, problems = cache.hosts(store, spec)
         snapshot = Snapshot(spec, hosts, True, problems)
         plan(snapshot, state, Memory(), Policy(), NOW)
 

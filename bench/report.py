@@ -41,12 +41,80 @@ def render(results: dict[str, Any], plots_dir: Path | None) -> str:
         f" not absolute times: {loads}.",
         "",
     ]
+    lines += _goals(results)
     lines += _reaction(results["live"].get("reaction"), plots_dir)
     lines += _idle(results["live"].get("idle", {}), plots_dir)
     lines += _reconcile(results.get("reconcile", []))
     lines += _gcs(results.get("gcs_poll", []))
     lines += _planner(results.get("planner"))
     return "\n".join(lines) + "\n"
+
+
+def _goals(results: dict[str, Any]) -> list[str]:
+    """Issue 13's goals, judged on this run's numbers."""
+    rows: list[tuple[str, str, str, bool | None]] = []
+    reaction = results["live"].get("reaction")
+    if reaction:
+        s = reaction["summary"]
+        ours, v2 = s["ours"], s["ray-v2"]
+        if ours["p50"] and v2["p50"]:
+            ratio = v2["p50"] / ours["p50"]
+            rows.append(
+                ("reaction p50 ≥ 5× faster than Ray v2", f"{ratio:.1f}×", "≥ 5×", ratio >= 5)
+            )
+        if ours["p99"] is not None:
+            rows.append(
+                ("reaction p99 ≤ 0.5 s", f"{ours['p99']:.2f} s", "≤ 0.5 s", ours["p99"] <= 0.5)
+            )
+    idle = results["live"].get("idle", {})
+    for size in sorted(idle, key=int):
+        row = idle[size]
+        o, v2 = row["ours"]["rss_after_sync_mb"], row["ray-v2"]["rss_after_sync_mb"]
+        rows.append((f"RSS ≤ Ray v2's at {size} pods", f"{o:.0f} vs {v2:.0f} MB", "≤", o <= v2))
+    if idle:
+        big = idle[max(idle, key=int)]
+        o = big["ours"]
+        rows.append(
+            (
+                f"RSS ≤ 200 MB at {max(idle, key=int)} pods",
+                f"{o['rss_after_sync_mb']:.0f} MB",
+                "≤ 200 MB",
+                o["rss_after_sync_mb"] <= 200,
+            )
+        )
+        long = big.get("ours-long")
+        if long:
+            samples = long["rss_samples"]
+            growth = samples[-1][1] - samples[0][1]
+            rows.append(
+                (f"RSS flat ({samples[-1][0]:.0f} s)", f"{growth:+.1f} MB", "flat", abs(growth) < 5)
+            )
+        cpu = o["cpu_s_per_min"]
+        rows.append(
+            (
+                f"idle CPU at {max(idle, key=int)} pods ≤ 0.5 % of a core",
+                f"{cpu / 0.6:.2f} % ({cpu:.2f} s/min)",
+                "≤ 0.5 %",
+                cpu <= 0.3,
+            )
+        )
+    rec = results.get("reconcile") or []
+    if rec and rec[-1].get("daemon_ms") is not None:
+        ms = rec[-1]["daemon_ms"]
+        rows.append(
+            (f"reconcile at {rec[-1]['pods']} pods < 50 ms", f"{ms:.0f} ms", "< 50 ms", ms < 50)
+        )
+    if not rows:
+        return []
+    lines = [
+        "### Goals (issue 13), on this run",
+        "",
+        "| goal | measured | target | |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, measured, target, ok in rows:
+        lines.append(f"| {name} | {measured} | {target} | {'met' if ok else '**missed**'} |")
+    return [*lines, ""]
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import structlog
 
+from kuberay_scaler import heap
 from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
 from kuberay_scaler.control.trigger import Trigger
 from kuberay_scaler.kube.access import detect_access
@@ -27,6 +28,8 @@ from kuberay_scaler.settings import ConfigError, Settings, credentials_hint
 from kuberay_scaler.web.server import Probes, make_app, start_server
 
 log = structlog.get_logger(__name__)
+
+TRIM_EVERY_S = 300.0
 
 
 def run_daemon(settings: Settings) -> int:
@@ -200,12 +203,18 @@ class Daemon:
     async def _loop(self) -> None:
         assert self.reconciler is not None
         s = self.settings
+        next_trim = 0.0
         while not self.stop.is_set():
             reasons = await self.trigger.wait(max_wait=s.resync_interval_s, debounce=s.debounce_s)
             if self.stop.is_set():
                 break
             log.debug("reconcile", reasons=sorted(reasons))
             await self.reconciler.reconcile(reasons)
+            if time.monotonic() >= next_trim:
+                # After the first reconcile (the synced pods parsed) and then now and then: give
+                # the memory of decoded-then-dropped API responses back to the OS.
+                heap.trim()
+                next_trim = time.monotonic() + TRIM_EVERY_S
 
     def _on_pods(self) -> None:
         if self._view is not None:

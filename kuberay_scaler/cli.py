@@ -152,12 +152,13 @@ def _capture(args: argparse.Namespace) -> int:
 
 
 def _run(_: argparse.Namespace) -> int:
+    from kuberay_scaler import heap, lightimports
+
+    heap.limit_arenas()  # before any thread starts
+    lightimports.install()  # before anything imports ray or kubernetes_asyncio
     settings = load_settings()
     settings.require_cluster()
     _check_files(settings)
-    from kuberay_scaler import lightimports
-
-    lightimports.install()  # before anything imports ray or kubernetes_asyncio
     from kuberay_scaler.app import run_daemon
 
     return run_daemon(settings)

@@ -17,6 +17,8 @@ GCS_POLL_INTERVAL_S = 5.0
 GCS_RPC_TIMEOUT_S = 5.0
 GCS_STALE_AFTER_S = 15.0
 DRAIN_DEADLINE_S = 30.0
+# A busy slice above maxReplicas is drained (reason preemption) this long before it is deleted.
+PREEMPT_DEADLINE_S = 600.0
 
 # Kubernetes side.
 K8S_REQUEST_TIMEOUT_S = 30.0

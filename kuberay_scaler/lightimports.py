@@ -16,6 +16,7 @@ already imported (a test process or a script that uses the real `ray`), because 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -54,10 +55,28 @@ def _bare_package(name: str) -> types.ModuleType:
 
 
 def _lazy_module(name: str) -> None:
-    spec = importlib.util.find_spec(name)
+    """A stand-in module that loads the real one on the first attribute it lacks (PEP 562).
+
+    Not importlib's LazyLoader: the import system reads `__spec__` of every module it finds in
+    sys.modules, which would load a LazyLoader module at once.
+    """
+    parent_name, _, child = name.rpartition(".")
+    parent = sys.modules[parent_name]
+    spec = importlib.machinery.PathFinder.find_spec(name, list(parent.__path__))
     if spec is None or spec.loader is None:
         raise ImportError(f"{name} not found")
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    stub = types.ModuleType(name)
+    stub.__spec__ = spec
+    stub.__path__ = list(spec.submodule_search_locations or [])
+
+    def load_real(attr: str) -> object:
+        real = importlib.util.module_from_spec(spec)
+        sys.modules[name] = real
+        setattr(parent, child, real)
+        assert spec.loader is not None
+        spec.loader.exec_module(real)
+        return getattr(real, attr)
+
+    stub.__getattr__ = load_real  # type: ignore[method-assign]
+    sys.modules[name] = stub
+    setattr(parent, child, stub)

@@ -15,4 +15,5 @@ def policy_from_settings(settings: Settings) -> Policy:
             missing_node_grace_s=settings.missing_node_grace_s,
         ),
         replace_backoff_s=settings.replace_backoff_s,
+        preempt_deadline_s=settings.preempt_deadline_s,
     )

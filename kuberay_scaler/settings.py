@@ -236,6 +236,13 @@ class Settings(BaseSettings):
         validation_alias=_ours("drain_deadline_s"),
         description="Deadline handed to DrainNode for each host of a slice.",
     )
+    preempt_deadline_s: float = Field(
+        default=D.PREEMPT_DEADLINE_S,
+        gt=0,
+        validation_alias=_ours("preempt_deadline_s"),
+        description="A busy slice above maxReplicas is drained (reason preemption) this long"
+        " before it is deleted, so Ray can move its work.",
+    )
     unhealthy_after_failures: int = Field(
         default=D.UNHEALTHY_AFTER_FAILURES,
         ge=1,

@@ -29,13 +29,13 @@ from kuberay_scaler.parse.pods import parse_pods
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.planner.core import Policy, plan
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "kuberay" / "v1.7.0"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SAMPLES = FIXTURES / "rayclusters"  # our own RayClusters (see its README), nothing from outside
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def sample(name: str) -> dict[str, Any]:
-    """A RayCluster sample from shared/kuberay/v1.7.0, with metadata the API server would add."""
+    """A RayCluster from tests/fixtures/rayclusters, with metadata the API server would add."""
     docs = [d for d in yaml.safe_load_all((SAMPLES / name).read_text()) if d]
     obj: dict[str, Any] = next(d for d in docs if d.get("kind") == "RayCluster")
     obj["metadata"].update(namespace="default", uid="uid-1", resourceVersion="100")

@@ -270,8 +270,9 @@ class InvariantChecker:
     tell writers apart, such as a watch-based observer).
     """
 
-    def __init__(self, daemon: str | None = None) -> None:
+    def __init__(self, daemon: str | None = None, *, track_scale_ups: bool = True) -> None:
         self.daemon = daemon
+        self.track_scale_ups = track_scale_ups
         self.violations: list[Violation] = []
         self.writes_seen = 0
         self.judged = 0
@@ -285,7 +286,9 @@ class InvariantChecker:
             self._forget_visible(world)
             return []
         self.judged += 1
-        found = check_write(write, world) + self._second_scale_up(write, world)
+        found = check_write(write, world)
+        if self.track_scale_ups:
+            found += self._second_scale_up(write, world)
         self.violations.extend(found)
         return found
 

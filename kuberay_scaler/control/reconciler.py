@@ -34,6 +34,7 @@ from kuberay_scaler.decision import (
     decide,
 )
 from kuberay_scaler.kube.expectations import Expectations
+from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S
 from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.liveness import HostClock, LivenessTracker
 from kuberay_scaler.metrics import (
@@ -494,7 +495,8 @@ class Reconciler:
             self._write_failure = f"patch_{outcome.kind}"
         now = self._monotonic()
         if outcome.kind == "throttled":
-            self._not_before = now + (outcome.retry_after or 1.0)
+            # Honoured, but never longer than the transport's cap (a fake or a proxy may say more).
+            self._not_before = now + min(outcome.retry_after or 1.0, MAX_RETRY_AFTER_S)
         elif outcome.kind != "gone":
             self._not_before = now + self._write_backoff.next_delay()
         if outcome.kind == "forbidden":

@@ -49,8 +49,19 @@ class Bin:
     used: bool = field(default=False)
 
 
+_NONE: frozenset[str] = frozenset()
+_SETS: dict[tuple[str, ...], frozenset[str]] = {}
+
+
 def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
-    return frozenset(k for k in ACCELERATORS if resources.get(k, 0) > 0)
+    # Called for every node of a 10k-node cluster: one shared set per combination, not one each.
+    present = tuple(k for k in ACCELERATORS if resources.get(k, 0) > 0)
+    if not present:
+        return _NONE
+    found = _SETS.get(present)
+    if found is None:
+        found = _SETS.setdefault(present, frozenset(present))
+    return found
 
 
 def bins_for_new_slice(group: str, key: str, hosts: Sequence[HostShape]) -> list[Bin]:

@@ -43,8 +43,9 @@ def build_capacity(
         usable = state in (None, SliceState.COMPLETE, SliceState.PENDING)
         if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
-        cap.available.append(_node_bin(node, group, key, node.available))
-        cap.total.append(_node_bin(node, group, key, node.total))
+        accelerators = accelerators_of(node.total)
+        cap.available.append(_node_bin(node, group, key, node.available, accelerators))
+        cap.total.append(_node_bin(node, group, key, node.total, accelerators))
     for name, gs in slice_map.groups.items():
         shape = shapes.get(name)
         if shape is None:
@@ -102,7 +103,11 @@ def _slice_of_pod(slice_map: SliceMap) -> dict[str, tuple[str, str, SliceState]]
 
 
 def _node_bin(
-    node: RayNode, group: str | None, key: str | None, resources: Mapping[str, float]
+    node: RayNode,
+    group: str | None,
+    key: str | None,
+    resources: Mapping[str, float],
+    accelerators: frozenset[str],
 ) -> Bin:
     return Bin(
         name=node.instance_id or node.node_id,
@@ -110,7 +115,7 @@ def _node_bin(
         slice_key=key,
         free=dict(resources),
         labels=node.labels,
-        accelerators=accelerators_of(node.total),
+        accelerators=accelerators,
         idle_ms=node.idle_ms if node.status is NodeStatus.IDLE else None,
     )
 

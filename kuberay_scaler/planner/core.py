@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 
-from kuberay_scaler.defaults import MAX_REPLACE_BACKOFF_S, REPLACE_BACKOFF_S
+from kuberay_scaler.defaults import MAX_REPLACE_BACKOFF_S, PREEMPT_DEADLINE_S, REPLACE_BACKOFF_S
 from kuberay_scaler.model.cluster import (
     MAX_GROUP_HOSTS,
     ClusterSpec,
@@ -66,7 +66,7 @@ class Policy:
     replace_backoff_s: float = REPLACE_BACKOFF_S
     max_backoff_s: float = MAX_REPLACE_BACKOFF_S
     # How long a busy slice above maxReplicas is drained (reason preemption) before deletion.
-    preempt_deadline_s: float = 600.0
+    preempt_deadline_s: float = PREEMPT_DEADLINE_S
 
 
 @dataclass

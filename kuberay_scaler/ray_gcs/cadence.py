@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 BUSY_FLOOR_S = 0.1  # never faster than this
 IDLE_FLOOR_S = 0.25  # idle: still fast enough that new demand is seen within ~0.25 s
-BUSY_BUDGET = 0.05  # while demand is pending or the state moved: up to 5 % of a core
+MOVING_BUDGET = 0.05  # the state just moved: up to 5 % of a core
+PENDING_BUDGET = 0.01  # demand waits (pods launching, say), nothing moves: up to 1 %
 IDLE_BUDGET = 0.004  # idle: up to 0.4 % of a core
 BUSY_FOR_S = 5.0  # "the state moved" lasts this long after the last change
 
@@ -25,6 +26,10 @@ class Cadence:
     def next_interval(
         self, *, cost_s: float, demand_pending: bool, last_change: float, now: float
     ) -> float:
-        busy = demand_pending or now - last_change < BUSY_FOR_S
-        floor, budget = (BUSY_FLOOR_S, BUSY_BUDGET) if busy else (IDLE_FLOOR_S, IDLE_BUDGET)
+        if now - last_change < BUSY_FOR_S:
+            floor, budget = BUSY_FLOOR_S, MOVING_BUDGET
+        elif demand_pending:
+            floor, budget = BUSY_FLOOR_S, PENDING_BUDGET
+        else:
+            floor, budget = IDLE_FLOOR_S, IDLE_BUDGET
         return min(self.ceiling_s, max(floor, cost_s / budget))

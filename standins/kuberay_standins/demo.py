@@ -76,13 +76,10 @@ def demo_raycluster(scenario: Scenario, samples: Path | None = None) -> dict[str
 
 
 def _load_sample(samples: Path | None) -> dict[str, Any]:
-    here = Path(__file__).resolve()
-    candidates = [samples] if samples else []
-    candidates += [p / "shared" / "kuberay" / "v1.7.0" for p in here.parents]
-    for folder in candidates:
-        if folder is not None and (folder / SAMPLE).is_file():
-            loaded: dict[str, Any] = yaml.safe_load((folder / SAMPLE).read_text())
-            return loaded
+    # Only a folder the caller names is read: the demo never looks outside its own package.
+    if samples is not None and (samples / SAMPLE).is_file():
+        loaded: dict[str, Any] = yaml.safe_load((samples / SAMPLE).read_text())
+        return loaded
     return yaml.safe_load(_EMBEDDED_SAMPLE)  # type: ignore[no-any-return]
 
 

@@ -18,11 +18,12 @@ from kuberay_scaler.kube.informer import Change
 from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.metrics import REGISTRY
 from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
+from tests.factories import SAMPLES
 
 NAMESPACE = "default"
 CLUSTER = "rc"
 GROUP = "tpu-group"
-SAMPLE = Path("/work/shared/kuberay/v1.7.0/ray-cluster.tpu-v6e-16-multihost.yaml")
+SAMPLE = SAMPLES / "ray-cluster.tpu-v6e-16-multihost.yaml"
 
 Connect = Callable[[str], Awaitable[ApiClient]]
 

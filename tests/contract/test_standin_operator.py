@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ import yaml
 
 from kuberay_standins.apiserver import ApiServerStandIn, StoredEvent
 from kuberay_standins.operator import OperatorStandIn, resolve_env
+from tests.factories import SAMPLES
 
 pytestmark = pytest.mark.contract
 
@@ -22,17 +22,12 @@ GROUP = "tpu-group"
 REPLICA_NAME = "ray.io/worker-group-replica-name"
 REPLICA_INDEX = "ray.io/worker-group-replica-index"
 HOST_INDEX = "ray.io/replica-host-index"
-_SAMPLES = [
-    Path(__file__).resolve().parents[2].parent / "shared" / "kuberay" / "v1.7.0",
-    Path("/work/shared/kuberay/v1.7.0"),
-]
 
 
 def tpu_sample(replicas: int, *, max_replicas: int = 2, autoscaling: bool = True) -> dict[str, Any]:
-    """The upstream v6e-16 multi-host sample (4 hosts per slice), with our replica settings."""
-    directory = next(p for p in _SAMPLES if p.is_dir())
+    """The v6e-16 multi-host fixture (4 hosts per slice), with our replica settings."""
     cluster: dict[str, Any] = yaml.safe_load(
-        (directory / "ray-cluster.tpu-v6e-16-multihost.yaml").read_text()
+        (SAMPLES / "ray-cluster.tpu-v6e-16-multihost.yaml").read_text()
     )
     cluster["spec"]["enableInTreeAutoscaling"] = autoscaling
     group = cluster["spec"]["workerGroupSpecs"][0]

@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 
 from kuberay_scaler.app import Daemon
 from kuberay_scaler.control.reconciler import LoopConfig
+from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S
 from kuberay_scaler.metrics import REGISTRY
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.settings import load_settings
@@ -372,3 +373,20 @@ async def test_another_writer_resetting_replicas_is_named_and_not_fought() -> No
     assert decision is not None
     held = decision.plan.group("cpu")
     assert held is not None and held.held is not None and "another writer" in str(held.held)
+
+
+async def test_a_huge_retry_after_is_honoured_but_capped() -> None:
+    """A 429 asking for a day must not stop the group for a day (capped like the transport)."""
+    demand = state([head_node()], [tasks({"CPU": 8}, 2)])
+    loop = make_loop(cluster(group("cpu", max_replicas=5)), [], demand)
+    loop.writer.answer(429, retry_after=86_400)
+    await loop.reconciler.reconcile()
+    loop.clock.advance(MAX_RETRY_AFTER_S / 2)
+    loop.see_ray(demand)
+    await loop.reconciler.reconcile()
+    assert len(loop.writer.calls) == 1, "wrote again inside Retry-After"
+    loop.clock.advance(MAX_RETRY_AFTER_S / 2 + 1)
+    loop.see_ray(demand)
+    await loop.reconciler.reconcile()
+    assert [c.outcome.kind for c in loop.writer.calls] == ["throttled", "applied"]
+    assert spec_group(loop)["replicas"] == 2  # within [min, max], written once

@@ -1,11 +1,8 @@
-"""Watches one RayCluster and its pods as admin, keeps caches and checks invariants on every
-version of the RayCluster the API server hands out:
-
-- `replicas` of every group within [minReplicas, maxReplicas];
-- `workersToDelete` never names part of a multi-host slice (every live pod of a touched replica
-  must be listed);
-- no pod named in `workersToDelete` belongs to a Ray node that is busy at that moment (checked
-  against the GCS right after the change is seen).
+"""Watches one RayCluster and its pods as admin, keeps caches and judges every version of the
+RayCluster the API server hands out with the one invariant checker (tests/invariants.py): whole
+slices only, no busy or undrained slice deleted (Ray's node states read from the GCS right after
+the change is seen), replicas written within [minReplicas, maxReplicas]. A watch cannot tell
+writers apart, so every version is judged and the scale-up rule (which needs the writer) is off.
 
 It also records every BOOKMARK / ERROR line the watches receive, so tests can state what the
 real server sends.
@@ -16,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +26,9 @@ from tests.e2e.ray_bridge import (
     labels_of,
     pod_name,
 )
+from tests.invariants import InvariantChecker, RayView, Write, WriteFeed
 
-INT32_MAX = 2**31 - 1
 PodListener = Callable[[str, Mapping[str, Any]], None]
-BusyCheck = Callable[[list[str]], Awaitable[list[str]]]
 
 
 @dataclass
@@ -71,17 +67,25 @@ class Observer:
         self.pods: dict[str, dict[str, Any]] = {}
         self.raycluster: dict[str, Any] | None = None
         self.versions: list[dict[str, Any]] = []
-        self.violations: list[str] = []
+        self.checker = InvariantChecker(daemon=None, track_scale_ups=False)
+        self.ray_view: RayView | None = None  # set by the world when Ray runs
+        self._feed = WriteFeed(self.checker, self._ray_states)
         self.special_lines: list[dict[str, Any]] = []  # BOOKMARK / ERROR / HTTP_ERROR lines
         self.pod_listeners: list[PodListener] = []
-        self.busy_check: BusyCheck | None = None
         self.ever_deleted: set[str] = set()  # pod names ever named in workersToDelete
         self._tasks: list[asyncio.Task[None]] = []
-        self._checks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
+    @property
+    def violations(self) -> list[str]:
+        return [str(v) for v in self.checker.violations]
+
+    async def _ray_states(self) -> Any:
+        return await self.ray_view() if self.ray_view is not None else None
+
     def start(self) -> None:
+        self._feed.start()
         loop = asyncio.get_running_loop()
         pods = f"/api/v1/namespaces/{self.namespace}/pods"
         clusters = f"/apis/ray.io/v1/namespaces/{self.namespace}/rayclusters"
@@ -95,9 +99,12 @@ class Observer:
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in [*self._tasks, *self._checks]:
+        for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
+        with contextlib.suppress(TimeoutError):
+            await self._feed.drain(30.0)
+        await self._feed.close()
 
     # --- list + watch ------------------------------------------------------------------------
 
@@ -219,7 +226,6 @@ class Observer:
         for group in groups_of(after):
             name = str(group.get("groupName"))
             prev = group_named(before, name)
-            self._check_bounds(name, group)
             if prev is not None and prev.get("replicas") != group.get("replicas"):
                 self.timeline.add(
                     f"raycluster: {name} replicas {prev.get('replicas')} -> {group.get('replicas')}"
@@ -227,64 +233,9 @@ class Observer:
             doomed, was = workers_to_delete(group), workers_to_delete(prev)
             if doomed != was:
                 self.timeline.add(f"raycluster: {name} workersToDelete = {doomed}")
-            fresh = [n for n in doomed if n not in was]
-            if fresh:
-                self.ever_deleted.update(fresh)
-                self._check_whole_slices(name, group, doomed)
-                self._check_not_busy(name, self._in_complete_slices(group, fresh))
-
-    def _check_bounds(self, name: str, group: Mapping[str, Any]) -> None:
-        replicas = group.get("replicas")
-        low = group.get("minReplicas", 0)
-        high = group.get("maxReplicas", INT32_MAX)
-        if isinstance(replicas, int) and not low <= replicas <= high:
-            self.violations.append(f"{name}: replicas {replicas} outside [{low}, {high}]")
-
-    def _check_whole_slices(self, name: str, group: Mapping[str, Any], doomed: list[str]) -> None:
-        if int(group.get("numOfHosts") or 1) <= 1:
-            return
-        slices = self.slices(name)
-        touched = {labels_of(self.pods[n]).get(REPLICA_NAME, "") for n in doomed if n in self.pods}
-        for replica in touched:
-            left_out = sorted(
-                pod_name(p) for p in slices.get(replica, []) if pod_name(p) not in doomed
-            )
-            if left_out:
-                self.violations.append(
-                    f"{name}: partial slice {replica} in workersToDelete, left out {left_out}"
-                )
-
-    def _in_complete_slices(self, group: Mapping[str, Any], names: list[str]) -> list[str]:
-        """The names whose slice is complete (all hosts' pods exist, terminating or not): a
-        broken slice (a host pod gone) is replaced whole, busy or not, by the operator too."""
-        hosts = int(group.get("numOfHosts") or 1)
-        members: dict[str, int] = {}
-        for pod in self.pods.values():
-            replica = labels_of(pod).get(REPLICA_NAME)
-            if replica:
-                members[replica] = members.get(replica, 0) + 1
-        return [
-            n
-            for n in names
-            if n in self.pods
-            and (
-                hosts <= 1 or members.get(labels_of(self.pods[n]).get(REPLICA_NAME, ""), 0) == hosts
-            )
-        ]
-
-    def _check_not_busy(self, name: str, fresh: list[str]) -> None:
-        if self.busy_check is None or not fresh:
-            return
-        check = self.busy_check
-
-        async def run() -> None:
-            busy = await check(fresh)
-            if busy:
-                self.violations.append(f"{name}: busy Ray nodes named in workersToDelete: {busy}")
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._checks.add(task)
-        task.add_done_callback(self._checks.discard)
+            self.ever_deleted.update(n for n in doomed if n not in was)
+        if before is not None:
+            self._feed.offer(Write(before, after, by="(watch)"), dict(self.pods))
 
     def replicas_seen(self, group: str) -> list[int]:
         """Every distinct `replicas` value of `group`, in the order the versions came."""

@@ -26,8 +26,9 @@ from tests.e2e.kube import Kube
 from tests.e2e.observer import Observer, Timeline, group_named, workers_to_delete
 from tests.e2e.procs import Daemon, RayProbe, foreign_connections
 from tests.e2e.ray_bridge import HOST_INDEX, RayBridge, labels_of, pod_name
+from tests.invariants import gcs_node_states
 
-SAMPLE = REPO.parent / "shared" / "kuberay" / "v1.7.0" / "ray-cluster.tpu-v6e-16-multihost.yaml"
+SAMPLE = REPO / "tests" / "fixtures" / "rayclusters" / "ray-cluster.tpu-v6e-16-multihost.yaml"
 SIDECAR_ROLE = REPO / "deploy" / "sidecar" / "base" / "role.yaml"
 CLUSTER = "e2e"
 TPU_GROUP = "tpu-group"
@@ -50,7 +51,7 @@ print("SLICE_READY", [b for b in handle.placement_group.bundle_specs], flush=Tru
 def tpu_raycluster(
     *, replicas: int = 0, min_replicas: int = 0, max_replicas: int = 2
 ) -> dict[str, Any]:
-    """The shared v6e-16 multi-host sample, shrunk to fit one machine, in drop-in mode
+    """The v6e-16 multi-host fixture, shrunk to fit one machine, in drop-in mode
     (enableInTreeAutoscaling + autoscaler v2, so KubeRay creates its autoscaler Role)."""
     cluster: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     cluster["metadata"] = {"name": CLUSTER}
@@ -121,7 +122,7 @@ class World:
         await self._bind_test_users()
         if self.with_ray:
             self.observer.pod_listeners.append(self.bridge.on_pod)
-            self.observer.busy_check = self._busy
+            self.observer.ray_view = self._ray_states
             self.bridge.start()
         self.observer.start()
         self._sampler = asyncio.get_running_loop().create_task(self._sample_connections())
@@ -267,10 +268,11 @@ class World:
                 complete[replica] = sorted(pods, key=lambda p: int(labels_of(p)[HOST_INDEX]))
         return complete
 
-    async def _busy(self, instance_ids: list[str]) -> list[str]:
-        if self.probe is None:
-            return []
-        return await self.probe.busy(instance_ids)
+    async def _ray_states(self) -> dict[str, str] | None:
+        head = self.bridge.head
+        if head is None or not head.alive():
+            return None
+        return await gcs_node_states(head.gcs_address, head.auth_token)
 
     # --- invariants --------------------------------------------------------------------------
 

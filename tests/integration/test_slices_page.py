@@ -7,6 +7,7 @@ a screenshot. Skipped, saying why, when the chromium binary is absent.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -104,6 +105,22 @@ async def test_slices_page_renders_groups_slices_hosts_and_decisions(
             return str(reply.headers["Content-Type"])
 
     assert (await asyncio.to_thread(content_type)).startswith("text/html")  # a page, not JSON
+
+    def plan_json() -> dict[str, Any]:
+        url = page_url.replace("/debug/slices", "/debug/plan")
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            doc: dict[str, Any] = json.loads(reply.read())
+            return doc
+
+    plan = await asyncio.to_thread(plan_json)  # the same slice states, as JSON
+    states = {s["slice"]: s["state"] for g in plan["groups"] for s in g["slices"]}
+    assert states == {
+        "tpu-a": "complete",
+        "tpu-b": "complete",
+        "tpu-c": "partial",
+        "cpu-0": "complete",
+        "cpu-1": "pending",
+    }
     dom = await asyncio.to_thread(_chromium, tmp_path, "--dump-dom", page_url)
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout

@@ -375,7 +375,9 @@ def test_polls_are_frequent_while_cheap_and_spaced_out_when_costly() -> None:
     moved = {"demand_pending": False, "last_change": 98.0, "now": 100.0}
     assert cadence.next_interval(cost_s=0.0005, **moved) == 0.1  # the state just moved
     assert cadence.next_interval(cost_s=0.05, **quiet) == 5.0  # 10k nodes idle: the ceiling
-    assert cadence.next_interval(cost_s=0.05, **busy) == pytest.approx(1.0)  # 5 % of a core
+    assert cadence.next_interval(cost_s=0.005, **busy) == pytest.approx(0.5)  # 1 % of a core
+    assert cadence.next_interval(cost_s=0.05, **busy) == 5.0  # waiting demand, 10k nodes
+    assert cadence.next_interval(cost_s=0.02, **moved) == pytest.approx(0.4)  # 5 % of a core
     assert Cadence(ceiling_s=0.05).next_interval(cost_s=0.0005, **quiet) == 0.05
 
 

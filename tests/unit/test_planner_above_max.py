@@ -206,3 +206,14 @@ def test_within_max_replicas_nothing_changes() -> None:
     result = plan_of(rc, pods, state(cpu_nodes(["cpu-0", "cpu-1"], free_cpu=0)))
     decision = result.group("cpu")
     assert decision is not None and not decision.changes
+
+
+def test_preempt_deadline_comes_from_settings() -> None:
+    from kuberay_scaler.policy import policy_from_settings
+    from kuberay_scaler.settings import load_settings
+
+    policy = policy_from_settings(load_settings({"KUBERAY_SCALER_PREEMPT_DEADLINE_S": "120"}))
+    rc = cluster(group("cpu", replicas=2, max_replicas=1))
+    pods = [pod("cpu-0", "cpu"), pod("cpu-1", "cpu")]
+    result = plan_of(rc, pods, state(cpu_nodes(["cpu-0", "cpu-1"], free_cpu=2)), policy=policy)
+    assert list(result.memory.preempting.values()) == [NOW + timedelta(seconds=120)]

@@ -1,0 +1,71 @@
+"""What the real KubeRay operator does with a multi-host group above maxReplicas (issue 12
+items 1–2): the facts the above-max rule relies on, without Ray and without the daemon.
+
+- with autoscaling on, lowering maxReplicas below the running replicas deletes nothing;
+- writing replicas = maxReplicas while a surplus slice stays deletes nothing either (a busy
+  slice being drained keeps running until it is named);
+- naming one pod of the surplus replica in workersToDelete takes that whole replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tests.e2e.kube import JSON_PATCH
+from tests.e2e.ray_bridge import HOST_INDEX, labels_of, pod_name
+from tests.e2e.world import HOSTS, TPU_GROUP, World, tpu_raycluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+SETTLE_S = 60.0
+QUIET_S = 20.0  # long enough for several operator reconciles
+
+
+def _complete(world: World) -> dict[str, list[dict[str, Any]]]:
+    return {k: v for k, v in world.observer.slices(TPU_GROUP).items() if len(v) == HOSTS}
+
+
+async def _patch(world: World, ops: Sequence[dict[str, Any]]) -> None:
+    await world.admin.ok("PATCH", world.raycluster_path, list(ops), content_type=JSON_PATCH)
+
+
+async def test_surplus_replicas_stay_until_named_whole(bare_world: World) -> None:
+    world = bare_world
+    await world.create_raycluster(tpu_raycluster(replicas=2, max_replicas=2))
+    await world.wait_for(lambda: len(_complete(world)) == 2, SETTLE_S, "2 slices")
+    before = set(_complete(world))
+
+    # A user lowers maxReplicas: the operator deletes nothing by itself.
+    await _patch(
+        world, [{"op": "replace", "path": "/spec/workerGroupSpecs/0/maxReplicas", "value": 1}]
+    )
+    await asyncio.sleep(QUIET_S)
+    assert set(_complete(world)) == before, "the operator deleted a surplus replica by itself"
+
+    # What the daemon writes while a busy surplus slice is drained: replicas = maxReplicas.
+    await _patch(
+        world, [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 1}]
+    )
+    await asyncio.sleep(QUIET_S)
+    assert set(_complete(world)) == before, "replicas = maxReplicas deleted a slice"
+
+    # Named (one pod is enough for the operator; the daemon names all): the whole replica goes.
+    doomed = sorted(before)[0]
+    victim = next(pod_name(p) for p in _complete(world)[doomed] if labels_of(p)[HOST_INDEX] == "0")
+    await _patch(
+        world,
+        [
+            {
+                "op": "add",
+                "path": "/spec/workerGroupSpecs/0/scaleStrategy",
+                "value": {"workersToDelete": [victim]},
+            }
+        ],
+    )
+    await world.wait_for(
+        lambda: doomed not in world.observer.slices(TPU_GROUP), SETTLE_S, "the named replica"
+    )
+    assert set(_complete(world)) == before - {doomed}

@@ -1,0 +1,146 @@
+"""Issue 11 at the daemon level: the whole daemon as a subprocess against the stand-ins and a
+real Ray head. One absurd group next to good ones: the good group scales, /healthz keeps
+answering, and the absurd group is named on /debug/plan (failure catalogue row 21)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
+from kuberay_standins.demo import Scenario, demo_raycluster
+from kuberay_standins.harness import DaemonProcess, LocalCluster
+from tests.integration.test_daemon import RESERVE_SLICE, _driver, _get, _replicas
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def _with_absurd_groups(rc: dict[str, Any]) -> dict[str, Any]:
+    cpu = rc["spec"]["workerGroupSpecs"][1]
+    infinite = copy.deepcopy(cpu)
+    infinite.update(groupName="absurd-resources", replicas=0, maxReplicas=3)
+    infinite["rayStartParams"] = {"resources": '"{\\"CPU\\": 1e400, \\"custom\\": NaN}"'}
+    huge = copy.deepcopy(cpu)
+    huge.update(groupName="absurd-hosts", replicas=0, maxReplicas=3, numOfHosts=1_000_000)
+    rc["spec"]["workerGroupSpecs"] += [infinite, huge]
+    return rc
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[LocalCluster]:
+    rc = _with_absurd_groups(demo_raycluster(Scenario()))
+    async with LocalCluster(rc, pod_start_delay=0.5) as local:
+        yield local
+
+
+class HealthProbe:
+    """Probes /healthz like a kubelet with a 1 s timeout, all along, in a thread of its own."""
+
+    def __init__(self, daemon: DaemonProcess) -> None:
+        self._url = f"http://{daemon.http}/healthz"
+        self.answers: list[int | str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                with urllib.request.urlopen(self._url, timeout=1) as reply:
+                    self.answers.append(reply.status)
+            except urllib.error.HTTPError as err:
+                self.answers.append(err.code)
+            except OSError as err:
+                self.answers.append(repr(err))
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _plan(daemon: DaemonProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{daemon.http}/debug/plan", timeout=5) as reply:
+        document: dict[str, Any] = json.loads(reply.read())
+    return document
+
+
+async def test_absurd_groups_are_skipped_and_the_good_group_scales_while_healthz_answers(
+    cluster: LocalCluster,
+) -> None:
+    daemon = cluster.start_daemon()
+    await cluster.wait_for(lambda: _get(daemon, "/healthz")[0] == 200, 60, "/healthz up")
+    with HealthProbe(daemon) as probe:
+        driver = await asyncio.to_thread(_driver, cluster, RESERVE_SLICE)
+        try:
+            await cluster.wait_for(lambda: "SLICE_READY" in driver.output(), 240, "the slice")
+        finally:
+            await asyncio.to_thread(driver.stop)
+    assert _replicas(cluster, "tpu-group") == 1  # the good group scaled
+    assert _replicas(cluster, "absurd-resources") == 0 and _replicas(cluster, "absurd-hosts") == 0
+    problems = " ".join(str(p) for p in _plan(daemon)["problems"])
+    assert "absurd-resources" in problems and "absurd-hosts" in problems
+    assert probe.answers, "the probe never ran"
+    late = [a for a in probe.answers if a != 200]
+    assert late == [], f"/healthz failed or took over 1 s: {late[:5]} of {len(probe.answers)}"
+    code, _ = await asyncio.to_thread(daemon.stop)
+    assert code == 0
+    assert not cluster.violations
+
+
+@pytest.fixture
+async def plain_cluster() -> AsyncIterator[LocalCluster]:
+    async with LocalCluster(demo_raycluster(Scenario()), pod_start_delay=0.5) as local:
+        yield local
+
+
+def _recorded(cluster: LocalCluster) -> bool:
+    annotations = cluster.current()["metadata"].get("annotations") or {}
+    return DRAINING_ANNOTATION in annotations
+
+
+def _doomed(cluster: LocalCluster) -> list[str]:
+    spec = cluster.current()["spec"]["workerGroupSpecs"]
+    tpu = next(g for g in spec if g["groupName"] == "tpu-group")
+    return list((tpu.get("scaleStrategy") or {}).get("workersToDelete") or [])
+
+
+async def test_kill_9_between_the_record_and_the_delete_patch_is_adopted(
+    plain_cluster: LocalCluster,
+) -> None:
+    """Item 10 / catalogue row 24 with a real daemon process and a real Ray head."""
+    cluster = plain_cluster
+    daemon = cluster.start_daemon()
+    driver = await asyncio.to_thread(_driver, cluster, RESERVE_SLICE)
+    try:
+        await cluster.wait_for(lambda: "SLICE_READY" in driver.output(), 240, "the slice")
+    finally:
+        await asyncio.to_thread(driver.stop)
+    slice_pods = sorted(p["metadata"]["name"] for p in cluster.worker_pods("tpu-group"))
+    assert len(slice_pods) == 4 and _replicas(cluster, "tpu-group") == 1
+    # Every RayCluster PATCH now waits 3 s before it applies: the record lands, the delete patch
+    # hangs, and the daemon is killed -9 inside that window.
+    cluster.api.faults.delay(r"/rayclusters/", 3.0)
+    await cluster.wait_for(lambda: _recorded(cluster), 180, "the draining record")
+    daemon.process.kill()
+    daemon.process.wait(10)
+    cluster.api.faults.clear()
+    assert _doomed(cluster) == [] and _replicas(cluster, "tpu-group") == 1  # not half-written
+    again = cluster.start_daemon()
+    await cluster.wait_for(lambda: not _recorded(cluster), 180, "the record finished")
+    assert sorted(_doomed(cluster)) == slice_pods or not cluster.worker_pods("tpu-group")
+    assert _replicas(cluster, "tpu-group") == 0  # decremented once, not twice
+    await cluster.wait_for(lambda: not cluster.worker_pods("tpu-group"), 120, "slice deleted")
+    assert _replicas(cluster, "tpu-group") == 0
+    assert not cluster.violations  # never a partial slice named for deletion
+    code, _ = await asyncio.to_thread(again.stop)
+    assert code == 0
