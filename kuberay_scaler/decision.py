@@ -5,8 +5,10 @@ The daemon executes the writes (control/execute.py), the `plan` command prints t
 
 1. `RecordIntent`: annotate the RayCluster with the slices about to be drained, so a restart in
    the middle finishes the scale-down instead of forgetting it;
-2. one `Drain` per idle slice (every host, pinned to the GCS the plan was made from), and one
-   per busy slice above maxReplicas with reason preemption (not deleted by this patch);
+2. one `Drain` per idle slice (every host, pinned to the GCS the plan was made from), one per
+   broken slice being replaced whose hosts' Ray nodes are still alive (and idle: a busy broken
+   slice is kept by the planner), and one per busy slice above maxReplicas with reason
+   preemption (not deleted by this patch);
 3. `Patch`: the guarded JSON patch (replicas, workersToDelete, the record cleared).
 
 The patch is computed as if every drain is accepted; `patch_after_drains` gives the one to send
@@ -25,7 +27,7 @@ from kuberay_scaler.defaults import DRAIN_DEADLINE_S
 from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import Problem
 from kuberay_scaler.model.hosts import Host
-from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, Snapshot
+from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, SliceDeletion, Snapshot
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import PlanProblem, ProblemKind
 from kuberay_scaler.parse.pods import parse_pods
@@ -85,6 +87,9 @@ class Drain:
     # Hosts of the slice already gone from Ray (drained before a restart): the slice is deleted
     # whole whatever its remaining hosts answer (control/execute.py, partial drains).
     hosts_gone: int = 0
+    # A broken slice being replaced: its live hosts are drained like idle ones, and the fresh
+    # GCS read before draining is made even when some hosts are gone (control/execute.py).
+    broken: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,11 +244,17 @@ def _ray_state(gcs: GcsView | None) -> tuple[RayState | None, PlanProblem | None
 DRAINED_FIRST = (DeleteKind.IDLE, DeleteKind.SURPLUS)
 
 
+def _drained_first(x: SliceDeletion) -> bool:
+    # A replaced broken slice is drained too when some host's Ray node is alive (the planner
+    # keeps it if any is busy, so those are idle); hosts with no Ray node need no drain.
+    return x.kind in DRAINED_FIRST or (x.kind is DeleteKind.REPLACE and bool(x.node_ids))
+
+
 def _slices_to_drain(result: Plan) -> dict[str, list[str]]:
     return {
-        d.group: [x.slice_key for x in d.deletions if x.kind in DRAINED_FIRST]
+        d.group: [x.slice_key for x in d.deletions if _drained_first(x)]
         for d in result.groups
-        if any(x.kind in DRAINED_FIRST for x in d.deletions)
+        if any(_drained_first(x) for x in d.deletions)
     }
 
 
@@ -273,13 +284,20 @@ def _drains(result: Plan, cluster_id: str | None, deadline_ms: int) -> list[Drai
             node_ids=x.node_ids,
             cluster_id=cluster_id,
             deadline_ms=deadline_ms,
-            message=f"kuberay-scaler: slice {x.slice_key} idle",
+            message=_drain_message(x),
             hosts_gone=_hosts_gone(result, d.group, x.slice_key, len(x.node_ids)),
+            broken=x.kind is DeleteKind.REPLACE,
         )
         for d in result.groups
         for x in d.deletions
-        if x.kind in DRAINED_FIRST and x.node_ids
+        if _drained_first(x) and x.node_ids
     ]
+
+
+def _drain_message(x: SliceDeletion) -> str:
+    if x.kind is DeleteKind.REPLACE:
+        return f"kuberay-scaler: slice {x.slice_key} broken, replaced: {x.reason}"
+    return f"kuberay-scaler: slice {x.slice_key} idle"
 
 
 def _hosts_gone(result: Plan, group: str, key: str, joined: int) -> int:

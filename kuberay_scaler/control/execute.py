@@ -19,6 +19,11 @@ concurrent DrainNode calls. If a host still refuses, the rule is:
   started in the last moments, and never leaves a slice with dead hosts waiting for a timer.
   The same holds for a slice adopted after a restart (recorded, drained before the kill): hosts
   already gone from Ray count as accepted (`Drain.hosts_gone`).
+
+A broken slice being replaced (`Drain.broken`, docs/reliability.md "Broken slices") is drained
+like an idle one: its live hosts only (the planner keeps a broken slice with a busy host), the
+fresh read made even when some hosts are gone (a host turned busy keeps the slice), then the same
+rule for refusals.
 """
 
 from __future__ import annotations
@@ -97,8 +102,9 @@ async def execute(
 
 async def not_idle_any_more(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
     """Idle-termination drains whose slice is no longer all idle in a fresh GCS read."""
-    # A slice with hosts already gone is deleted whatever the others say: no need to look.
-    idle = [d for d in drains if not d.preempt and not d.hosts_gone]
+    # A slice with hosts already gone is deleted whatever the others say: no need to look —
+    # except a broken slice being replaced, which is never deleted over a host turned busy.
+    idle = [d for d in drains if not d.preempt and (d.broken or not d.hosts_gone)]
     if not idle:
         return frozenset()
     try:

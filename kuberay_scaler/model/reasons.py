@@ -204,6 +204,9 @@ class KeepKind(StrEnum):
     MIN_REPLICAS = "min_replicas"  # idle, but the group would fall below minReplicas
     DRAIN_REFUSED = "drain_refused"  # a host refused DrainNode
     REPLACE_BACKING_OFF = "replace_backing_off"  # broken, but replaced too recently
+    # Broken, but a host's Ray node is alive and not idle in the fresh GCS reply: never deleted
+    # over busy work (KubeRay deletes a multi-host replica itself when one of its pods fails).
+    BROKEN_BUT_BUSY = "broken_but_busy"
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,8 @@ class Keep:
             return f"keep slice {self.slice}: drain refused" + (
                 f" ({self.detail})" if self.detail else ""
             )
+        if self.kind is KeepKind.BROKEN_BUT_BUSY:
+            return f"keep broken slice {self.slice}: Ray nodes still busy ({self.detail})"
         return f"{self.count} broken slice(s) left for now: backing off ({self.detail})"
 
 

@@ -44,6 +44,15 @@ class Slice:
     def node_ids(self) -> tuple[str, ...]:
         return tuple(self.nodes[h.pod_name].node_id for h in self.hosts if h.pod_name in self.nodes)
 
+    @property
+    def working_hosts(self) -> tuple[str, ...]:
+        """Pods whose live Ray node is not idle (running work, draining, or of unknown status)."""
+        return tuple(
+            h.pod_name
+            for h in self.hosts
+            if h.pod_name in self.nodes and not self.nodes[h.pod_name].idle
+        )
+
     def idle_ms(self) -> int | None:
         """How long every host has been idle: the minimum, or None if any host is busy/absent."""
         if self.state is not SliceState.COMPLETE:

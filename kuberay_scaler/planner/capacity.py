@@ -58,8 +58,9 @@ def build_capacity(
             elif sl.state is SliceState.PENDING:
                 _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
             elif sl.state is SliceState.PARTIAL or (
-                sl.state is SliceState.BROKEN and name in replacing
+                sl.state is SliceState.BROKEN and name in replacing and not sl.working_hosts
             ):
+                # (A broken slice with busy hosts is kept, not replaced: see planner/replace.py.)
                 # KubeRay deletes a replica missing pods and recreates it whole; a replaced
                 # one is recreated too. Either way a complete fresh slice is on its way.
                 _add_fresh_slice(cap, name, sl.key, shape)

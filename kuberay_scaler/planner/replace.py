@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from kuberay_scaler.backoff import exponential_delay
 from kuberay_scaler.model.plan import DeleteKind, ReplaceBackoff, SliceDeletion
 from kuberay_scaler.model.reasons import Keep, KeepKind, Reason, Replace
-from kuberay_scaler.model.slices import GroupSlices, SliceState
+from kuberay_scaler.model.slices import GroupSlices, Slice, SliceState
 from kuberay_scaler.planner.scale_down import deletion
 
 
@@ -29,8 +29,15 @@ def replacements(
 
     Each replacement round doubles the group's next wait (`initial_s`, capped at `cap_s`), so a
     slice that breaks again and again (a bad node pool, a crashing image) is not churned.
+
+    The first promise holds here too (docs/reliability.md, "Broken slices"): a broken slice any
+    of whose hosts' Ray nodes is alive and not idle in this (fresh) GCS reply is kept
+    (`KeepKind.BROKEN_BUT_BUSY`), never deleted over running work. KubeRay itself deletes a whole
+    multi-host replica when one of its pods fails, so nothing is gained by racing it. A replaced
+    slice's hosts whose Ray nodes are alive (hence idle) keep their `node_ids` and are drained
+    before the patch (decision.py); hosts without a Ray node need no drain.
     """
-    broken = slices.by_state(SliceState.BROKEN)
+    broken = [sl for sl in slices.by_state(SliceState.BROKEN) if not _kept_busy(sl, reasons)]
     if not broken:
         return []
     name = slices.group.name
@@ -50,6 +57,14 @@ def replacements(
         reasons.append(why)
         out.append(deletion(sl, DeleteKind.REPLACE, why))
     return out
+
+
+def _kept_busy(sl: Slice, reasons: list[Reason]) -> bool:
+    working = sl.working_hosts
+    if working:
+        detail = f"{len(working)} of {len(sl.hosts)} hosts not idle in Ray; {sl.reason}"
+        reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail))
+    return bool(working)
 
 
 def live_backoff(backoff: Mapping[str, ReplaceBackoff], now: datetime) -> dict[str, ReplaceBackoff]:

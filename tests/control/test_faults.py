@@ -78,11 +78,17 @@ async def test_gcs_restart_window_replaces_nothing_until_a_full_grace_of_fresh_r
 
 
 async def test_a_node_truly_gone_for_a_full_grace_is_replaced() -> None:
-    """The other side of the rule: a slice whose node stays missing is still replaced."""
+    """The other side of the rule: a slice whose node stays missing is still replaced, once its
+    other hosts are no longer busy (a broken slice is never deleted over busy work: it is kept,
+    KeepKind.BROKEN_BUT_BUSY), their Ray nodes drained first."""
     loop = busy_slice_loop()
     await run_for(loop, 30, state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)]))
     three = state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)[:3]])
     await run_for(loop, GRACE_S + 10, three)
+    assert_nothing_deleted(loop)  # broken, but three hosts still run work
+    three_idle = state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=10)[:3]])
+    await run_for(loop, 5, three_idle)
+    assert sorted(loop.gcs.drained) == sorted(node_id_of(f"tpu-a-{i}") for i in range(3))
     assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]  # whole slice
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.model.cluster import frozen_map
@@ -30,15 +29,10 @@ def test_a_subnormal_demand_fits_unbounded_instead_of_overflowing() -> None:
     assert copies_that_fit(tiny, {"CPU": 0.0}, {}) == UNBOUNDED  # EPSILON / 5e-324 is inf too
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the fuzzer, not fixed (slicemap / decide(), helpers faults' and shape's "
-    "areas): a pod in phase Unknown makes its slice 'broken' and the replacement is written "
-    "without any drain, although Ray reports the node alive and busy",
-)
 def test_a_pod_in_phase_unknown_with_a_busy_ray_node_is_not_deleted() -> None:
-    # kubelet unreachable (phase Unknown) while the GCS still reaches the Ray node, which runs
-    # work. decide() lists no Drain for a replacement, so nothing stops the delete patch.
+    # Found by the fuzzer: kubelet unreachable (phase Unknown) while the GCS still reaches the
+    # Ray node, which runs work. The broken slice was replaced without a drain; it is now kept
+    # (KeepKind.BROKEN_BUT_BUSY) while any of its Ray nodes is busy.
     rc = cluster(group("cpu", replicas=1, min_replicas=0, max_replicas=2))
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     node = reply.cluster_resource_state.node_states.add(
@@ -79,13 +73,8 @@ def test_an_overdrawn_bin_fits_nothing_instead_of_overflowing() -> None:
     assert copies_that_fit(one, {"CPU": float("nan")}, {}) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the fuzzer, not fixed (decide(): REPLACE deletions are never drained): a "
-    "multi-host replica with more pods than numOfHosts is replaced whole without a drain, its "
-    "busy host with it",
-)
 def test_a_slice_with_too_many_hosts_is_not_replaced_over_a_busy_host() -> None:
+    # Found by the fuzzer: a broken slice was replaced whole, its busy host with it.
     rc = cluster(group("tpu", replicas=1, min_replicas=0, max_replicas=1, hosts=2))
     pods = [pod(f"tpu-a-{i}", "tpu", replica="tpu-a", host_index=i % 2) for i in range(3)]
     reply = autoscaler_pb2.GetClusterResourceStateReply()

@@ -29,7 +29,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.model.plan import DeleteKind
 from tests.fuzz.pipeline import Outcome, run_daemon_path
 from tests.invariants import DEAD, DRAINING, NODE_STATUS_NAMES, RUNNING, World, Write, check_write
 
@@ -486,7 +485,6 @@ def test_raw_input_plans_without_exception_and_keeps_every_invariant(
     world = ray_world(pods, reply, outcome.drained)
     request = json.dumps(outcome.decision.document()["writes"], default=str)[:2000]
     violations = check_write(Write(rc, outcome.after, by="daemon", request=request), world)
-    violations = [v for v in violations if not _known(v, outcome)]
     assert not violations, "\n\n".join(map(str, violations))
     again = run_daemon_path(copy.deepcopy(rc), list(pods), reply, NOW)
     assert again.decision.document() == outcome.decision.document(), "same input, other writes"
@@ -538,28 +536,6 @@ def isolated_cases(draw: st.DrawFn) -> tuple[dict[str, Any], list[Any], bytes, i
     changed = draw(st.integers(0, count - 1))
     other = draw(worker_groups(f"g{changed}"))
     return rc, pods, bytes(reply.SerializeToString()), changed, other
-
-
-def _known(violation: Any, outcome: Outcome) -> bool:
-    """A violation of the fault test_found.py holds as xfail (strict), counted, not failed:
-    a broken slice (REPLACE) whose hosts are all alive in Ray is deleted without a drain."""
-    replaced = {
-        (g.group, x.slice_key)
-        for g in outcome.plan.groups
-        for x in g.deletions
-        if x.kind is DeleteKind.REPLACE
-    }
-    known = (
-        violation.rule in ("busy-deleted", "undrained-deleted")
-        and (
-            violation.group,
-            violation.slice,
-        )
-        in replaced
-    )
-    if known:
-        event("known fault: a replacement deleted live hosts without a drain (xfail)")
-    return known
 
 
 def _events(outcome: Outcome) -> None:
