@@ -169,7 +169,8 @@ def check_write(write: Write, world: World) -> list[Violation]:
 
 def _bounds(prev: Mapping[str, Any] | None, group: Mapping[str, Any]) -> list[tuple[str, str]]:
     replicas = group.get("replicas")
-    if prev is not None and prev.get("replicas") == replicas:
+    # An absent value is the CRD default 0 (the API server stores it so): writing it is no change.
+    if prev is not None and _int(prev.get("replicas"), 0) == _int(replicas, 0):
         return []
     if not isinstance(replicas, int):
         return []
