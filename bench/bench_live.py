@@ -328,7 +328,7 @@ async def _round(
         for proc in procs.values():
             await ready(proc, 240)
         await asyncio.to_thread(driver.wait_ready)
-        while watch.pending:  # the last round's driver is gone; so must its demand be
+        while watch.pending:  # noqa: ASYNC110 - the last round's driver is gone; so its demand
             await asyncio.sleep(0.1)
         await asyncio.sleep(6)  # let every loop settle into its rhythm
         for k in range(1, count + 1):
