@@ -87,6 +87,7 @@ class Violation:
     message: str
     write: Write
     world: World
+    slice: str = ""  # the slice key, for the deletion rules
 
     def __str__(self) -> str:
         return (
@@ -157,18 +158,19 @@ def check_write(write: Write, world: World) -> list[Violation]:
     before_groups, after_groups = groups_of(write.before), groups_of(write.after)
     for name, group in after_groups.items():
         prev = before_groups.get(name)
-        for rule, message in (
-            *_bounds(prev, group),
+        for rule, message, key in (
+            *((r, m, "") for r, m in _bounds(prev, group)),
             *_deletions(world, name, group, prev),
-            *_blind(write, world, prev, group),
+            *((r, m, "") for r, m in _blind(write, world, prev, group)),
         ):
-            found.append(Violation(rule, name, message, write, world))
+            found.append(Violation(rule, name, message, write, world, key))
     return found
 
 
 def _bounds(prev: Mapping[str, Any] | None, group: Mapping[str, Any]) -> list[tuple[str, str]]:
     replicas = group.get("replicas")
-    if prev is not None and prev.get("replicas") == replicas:
+    # An absent value is the CRD default 0 (the API server stores it so): writing it is no change.
+    if prev is not None and _int(prev.get("replicas"), 0) == _int(replicas, 0):
         return []
     if not isinstance(replicas, int):
         return []
@@ -180,7 +182,7 @@ def _bounds(prev: Mapping[str, Any] | None, group: Mapping[str, Any]) -> list[tu
 
 def _deletions(
     world: World, name: str, group: Mapping[str, Any], prev: Mapping[str, Any] | None
-) -> list[tuple[str, str]]:
+) -> list[tuple[str, str, str]]:
     was = set(workers_to_delete(prev))
     doomed = workers_to_delete(group)
     fresh = [n for n in doomed if n not in was]
@@ -189,14 +191,14 @@ def _deletions(
     hosts = max(1, _int(group.get("numOfHosts"), 1))
     members = slice_members(world, name, hosts)
     key_of = {pod: key for key, pods in members.items() for pod in pods}
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str]] = []
     for key in sorted({key_of[n] for n in fresh if n in key_of}):
         pods = members[key]
         live = [p for p in pods if not _terminating(world.pods[p])]
         left_out = sorted(p for p in live if p not in doomed)
         if left_out:
-            found.append(("partial-slice", f"slice {key} named without {left_out}"))
-        found.extend(_drain_rule(world, key, pods, hosts))
+            found.append(("partial-slice", f"slice {key} named without {left_out}", key))
+        found.extend((rule, message, key) for rule, message in _drain_rule(world, key, pods, hosts))
     return found
 
 

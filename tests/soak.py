@@ -33,6 +33,7 @@ from typing import Any, TextIO
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from kuberay_standins._k8s_errors import FieldCause, invalid, patch_not_applied
 from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver, RayStartError
@@ -47,6 +48,15 @@ DRIVER_LIFETIME_S = 240.0
 SETTLE_S = 150.0
 DAEMON_KILLS_AT = (0.15, 0.30)  # fractions of the run; the last daemon lives 70 % of it
 RSS_WARMUP_S = 30.0
+# The two 422s kube-apiserver sends: a JSON patch whose `test` fails, and a validation failure.
+STALE_422 = patch_not_applied().status
+INVALID_422 = invalid(
+    "RayCluster.ray.io",
+    "soak",
+    [FieldCause("spec.workerGroupSpecs[0].replicas", "FieldValueInvalid", "Invalid value")],
+    kind="RayCluster",
+    group="ray.io",
+).status
 ECHOED = {"patch_replicas", "patch_delete", "patch_clear", "ray_host", "ray_host_gone"}
 
 
@@ -292,7 +302,8 @@ class Soak:
             ("watch cut", watch_cut),
             ("410 Gone on the watches", gone),
             ("409 on a patch", lambda: fail(409)),
-            ("422 on a patch", lambda: fail(422)),
+            ("422 on a patch (guard failed)", lambda: fail(422, body=STALE_422)),
+            ("422 on a patch (validation)", lambda: fail(422, body=INVALID_422)),
             ("429 with Retry-After", lambda: fail(429, "*", 3, headers={"Retry-After": "1"})),
             ("5xx", lambda: fail(self.rng.choice((500, 503)), "*", 2)),
             ("API-server restart", self._apiserver_restart),

@@ -99,5 +99,13 @@ def drop_deletions(plan: Plan, slice_keys: Collection[tuple[str, str]]) -> Plan:
         kept = tuple(x for x in d.deletions if x not in dropped)
         back = sum(1 for x in dropped if x.kind in (DeleteKind.IDLE, DeleteKind.SURPLUS))
         reasons = (*d.reasons, *(Keep(KeepKind.DRAIN_REFUSED, slice=x.slice_key) for x in dropped))
-        groups.append(replace(d, deletions=kept, target=d.target + back, reasons=reasons))
+        # Never above maxReplicas: a group above it keeps the refused slice at target = max
+        # (KubeRay clamps replicas to it and deletes nothing unnamed).
+        target = min(d.target + back, _max_replicas(plan, d.group, d.target + back))
+        groups.append(replace(d, deletions=kept, target=target, reasons=reasons))
     return replace(plan, groups=tuple(groups))
+
+
+def _max_replicas(plan: Plan, group: str, default: int) -> int:
+    planned = _planned_from(plan, group)
+    return planned.max_replicas if planned is not None else default

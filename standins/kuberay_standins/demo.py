@@ -14,6 +14,7 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -132,6 +133,7 @@ class Printer:
         self.hold_s = hold_s
         self._held: list[tuple[float, int, Moment]] = []
         self._count = 0
+        self.sources: list[Callable[[], None]] = []
 
     def moment(self, m: Moment) -> None:
         heapq.heappush(self._held, (m.at, self._count, m))
@@ -139,6 +141,8 @@ class Printer:
 
     def flush(self, now: float | None = None) -> None:
         """Print every held moment older than `hold_s` (all of them when `now` is None)."""
+        for pull in self.sources:  # what happened elsewhere first (the daemon's log)
+            pull()
         while self._held and (now is None or self._held[0][0] <= now - self.hold_s):
             _, _, m = heapq.heappop(self._held)
             print(f"[{m.at:7.1f}s] {m.kind:<15} {m.text}", file=self.out, flush=True)
@@ -166,7 +170,7 @@ async def run_demo(scenario: Scenario, out: TextIO = sys.stdout) -> int:
     try:
         async with cluster:
             daemon = cluster.start_daemon(KUBERAY_SCALER_RESYNC_INTERVAL_S="5")
-            result = await _race(_scenario(cluster, daemon, scenario), stop)
+            result = await _race(_scenario(cluster, daemon, scenario, printer), stop)
             code, took = await asyncio.to_thread(daemon.stop)
             cluster.timeline.add(
                 "daemon_stopped", f"daemon exited {code} after SIGTERM in {took:.1f} s"
@@ -194,7 +198,9 @@ async def _race(job: Any, stop: asyncio.Event) -> Any:
     return None
 
 
-async def _scenario(cluster: LocalCluster, daemon: DaemonProcess, s: Scenario) -> dict[str, Any]:
+async def _scenario(
+    cluster: LocalCluster, daemon: DaemonProcess, s: Scenario, printer: Printer | None = None
+) -> dict[str, Any]:
     assert cluster.head is not None
     driver = await asyncio.to_thread(
         RayDriver.start,
@@ -206,7 +212,10 @@ async def _scenario(cluster: LocalCluster, daemon: DaemonProcess, s: Scenario) -
         hold=True,
     )
     echo = asyncio.create_task(_echo_driver(driver, cluster))
-    decisions = asyncio.create_task(_echo_daemon(daemon, cluster))
+    reader = DaemonEcho(daemon, cluster)
+    if printer is not None:
+        printer.sources.append(reader.pull)
+    decisions = asyncio.create_task(_echo_daemon(reader))
     try:
         await cluster.wait_for(lambda: "IDLE" in driver.output(), s.timeout_s, "the workload")
         await cluster.wait_for(
@@ -236,16 +245,29 @@ async def _echo_driver(driver: RayDriver, cluster: LocalCluster) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _echo_daemon(daemon: DaemonProcess, cluster: LocalCluster) -> None:
-    seen = 0
-    while True:
-        lines = daemon.lines()
-        for line in lines[seen:]:
+class DaemonEcho:
+    """Reads the daemon's new log lines into the timeline, stamped with when they were written.
+
+    The printer calls `pull` before it prints, so a line the daemon wrote before a moment the
+    API server saw is always in the timeline by the time that moment is printed.
+    """
+
+    def __init__(self, daemon: DaemonProcess, cluster: LocalCluster) -> None:
+        self.daemon, self.cluster, self.seen = daemon, cluster, 0
+
+    def pull(self) -> None:
+        lines = self.daemon.lines()
+        for line in lines[self.seen :]:
             moment = daemon_moment(line)
             if moment is not None:
                 kind, text = moment
-                cluster.timeline.add(kind, text, at=_happened(cluster, line))
-        seen = len(lines)
+                self.cluster.timeline.add(kind, text, at=_happened(self.cluster, line))
+        self.seen = len(lines)
+
+
+async def _echo_daemon(echo: DaemonEcho) -> None:
+    while True:
+        echo.pull()
         await asyncio.sleep(0.2)
 
 

@@ -240,7 +240,10 @@ class LocalCluster:
     def daemon_env(self, **overrides: str) -> dict[str, str]:
         assert self.head is not None
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "KUBERAY_SCALER_"))}
+        home = self.workdir / "daemon-home"  # nothing in the user's home reaches the daemon
+        home.mkdir(exist_ok=True)
         env |= {
+            "HOME": str(home),
             "RAY_CLUSTER_NAME": self.name,
             "RAY_CLUSTER_NAMESPACE": self.namespace,
             "KUBERAY_SCALER_KUBECONFIG": str(self.kubeconfig()),

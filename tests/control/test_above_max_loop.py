@@ -82,3 +82,20 @@ async def test_idle_slice_above_max_is_drained_and_deleted_in_one_reconcile() ->
     assert {d.reason for d in loop.gcs.drains} == {IDLE_TERMINATION}
     assert sorted(_named(loop)) == [f"tpu-b-{i}" for i in range(4)]
     assert _spec(loop)["replicas"] == 1
+
+
+async def test_a_refused_drain_above_max_keeps_the_slice_and_the_target_at_max() -> None:
+    rc = cluster(tpu_group(replicas=3, max_replicas=1))
+    pods = [p for k in ("tpu-a", "tpu-b", "tpu-c") for p in slice_pods("tpu", k, 4)]
+    nodes = [
+        head_node(),
+        *tpu_slice_nodes("tpu-a", 4, busy_hosts=(0,)),
+        *tpu_slice_nodes("tpu-b", 4, idle_s=50),
+        *tpu_slice_nodes("tpu-c", 4, idle_s=40),
+    ]
+    loop = make_loop(rc, pods, state(nodes))
+    # Became busy between the plan and its drain: every host refuses, the slice is kept.
+    loop.gcs.refuse = {node_id_of(f"tpu-c-{i}") for i in range(4)}
+    await loop.reconciler.reconcile()
+    assert sorted(_named(loop)) == [f"tpu-b-{i}" for i in range(4)]  # whole, drained slice only
+    assert _spec(loop)["replicas"] == 1  # never above maxReplicas

@@ -144,3 +144,31 @@ async def test_kill_9_between_the_record_and_the_delete_patch_is_adopted(
     assert not cluster.violations  # never a partial slice named for deletion
     code, _ = await asyncio.to_thread(again.stop)
     assert code == 0
+
+
+async def test_api_server_down_is_not_ready_writes_nothing_and_recovers_once(
+    plain_cluster: LocalCluster,
+) -> None:
+    """Catalogue row 1 with a real daemon: no plan on a stale cache, no duplicate scale-up after."""
+    cluster = plain_cluster
+    daemon = cluster.start_daemon()
+    await cluster.wait_for(lambda: _get(daemon, "/readyz")[0] == 200, 120, "ready")
+    cluster.api.faults.refuse_connections(True)
+    await cluster.wait_for(lambda: _get(daemon, "/readyz")[0] == 503, 120, "not ready")
+    assert "not synced" in _get(daemon, "/readyz")[1]
+    seen = len(cluster.api.requests)
+    driver = await asyncio.to_thread(_driver, cluster, RESERVE_SLICE)  # demand while blind
+    try:
+        await asyncio.sleep(5)
+        assert _replicas(cluster, "tpu-group") == 0
+        assert [r for r in cluster.api.requests[seen:] if r.method == "PATCH"] == []
+        assert _get(daemon, "/healthz")[0] == 200  # blind is not dead: holding and saying so
+        cluster.api.faults.refuse_connections(False)
+        await cluster.wait_for(lambda: "SLICE_READY" in driver.output(), 240, "the slice")
+    finally:
+        await asyncio.to_thread(driver.stop)
+    assert _replicas(cluster, "tpu-group") == 1  # scaled once, not once per missed event
+    assert len(cluster.worker_pods("tpu-group")) == 4
+    assert not cluster.violations
+    code, _ = await asyncio.to_thread(daemon.stop)
+    assert code == 0

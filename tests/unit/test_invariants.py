@@ -105,6 +105,9 @@ def test_bounds_only_when_replicas_change() -> None:
     ]
     above = _rc(5)  # a user's value above max, left alone by the write
     assert _rules(Write(above, copy.deepcopy(above), DAEMON), world) == []
+    absent = _rc(0, minReplicas=1)
+    del absent["spec"]["workerGroupSpecs"][0]["replicas"]  # the CRD default, 0
+    assert _rules(Write(absent, _rc(0, minReplicas=1), DAEMON), world) == []
 
 
 def test_writes_while_blind_except_clearing() -> None:
