@@ -282,8 +282,37 @@ class Driver:
         self.process.wait()
 
 
+ROUND = 8  # trials per set of fresh autoscalers: Ray caps pending launches at 10
+
+
 async def reaction(world: World, trials: int, log: Callable[[str], None]) -> dict[str, Any]:
-    names = {kind: f"r-{kind}" for kind in KINDS}
+    """Trials in rounds: nothing ever launches pods, so each round starts fresh autoscalers on
+    fresh RayClusters and a fresh driver (Ray's autoscalers stop launching once 10 launches are
+    pending, `AUTOSCALER_MAX_CONCURRENT_LAUNCHES`)."""
+    watch = GcsWatch(world.head.gcs_address)
+    watcher = asyncio.create_task(watch.run())
+    rows: list[dict[str, Any]] = []
+    rnd = random.Random(13)
+    try:
+        for first in range(0, trials, ROUND):
+            count = min(ROUND, trials - first)
+            rows += await _round(world, watch, rnd, first // ROUND, first, count, log)
+    finally:
+        watcher.cancel()
+        await watch.client.close()
+    return {"trials": rows, "summary": _reaction_summary(rows)}
+
+
+async def _round(
+    world: World,
+    watch: GcsWatch,
+    rnd: random.Random,
+    index: int,
+    first: int,
+    count: int,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    names = {kind: f"r{index}-{kind}" for kind in KINDS}
     for name in names.values():
         world.add_cluster(name)
     seen: dict[str, list[tuple[float, int]]] = {name: [] for name in names.values()}
@@ -293,36 +322,35 @@ async def reaction(world: World, trials: int, log: Callable[[str], None]) -> dic
         )
     )
     procs = {kind: await world.start(kind, names[kind]) for kind in KINDS}
-    for proc in procs.values():
-        await ready(proc, 240)
-    await asyncio.sleep(6)  # let every loop settle into its rhythm
-    watch = GcsWatch(world.head.gcs_address)
-    watcher = asyncio.create_task(watch.run())
     driver = Driver(world.head)
-    await asyncio.to_thread(driver.wait_ready)
     rows: list[dict[str, Any]] = []
-    rnd = random.Random(13)
     try:
-        for k in range(1, trials + 1):
+        for proc in procs.values():
+            await ready(proc, 240)
+        await asyncio.to_thread(driver.wait_ready)
+        while watch.pending:  # noqa: ASYNC110 - the last round's driver is gone; so its demand
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(6)  # let every loop settle into its rhythm
+        for k in range(1, count + 1):
             await asyncio.sleep(rnd.uniform(0.5, 5.5))
             sent = time.monotonic()
             await asyncio.to_thread(driver.up)
             visible = await watch.until(k, 30)
-            row: dict[str, Any] = {"trial": k, "load1": loadavg()[0]}
+            row: dict[str, Any] = {"trial": first + k, "round": index, "load1": loadavg()[0]}
             for kind, name in names.items():
                 at = await _reached(seen[name], k, sent, 30)
                 row[kind] = None if at is None else round(at - visible, 4)
             rows.append(row)
-            log(f"  trial {k}: " + ", ".join(f"{kind} {row[kind]}" for kind in KINDS))
+            log(f"  trial {first + k}: " + ", ".join(f"{kind} {row[kind]}" for kind in KINDS))
     finally:
         driver.stop()
-        watcher.cancel()
-        await watch.client.close()
         unsubscribe()
         for proc in procs.values():
             proc.stop()
             await proc.proxy.stop()
-    return {"trials": rows, "summary": _reaction_summary(rows)}
+        for name in names.values():
+            await asyncio.to_thread(world.drop_cluster, name)
+    return rows
 
 
 async def _reached(
@@ -348,7 +376,9 @@ def _reaction_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
     for ray in ("ray-v1", "ray-v2"):
         ratios = sorted(
-            r[ray] / r["ours"] for r in rows if r[ray] is not None and r["ours"] and r["ours"] > 0
+            r[ray] / r["ours"]
+            for r in rows
+            if r[ray] is not None and r["ours"] is not None and r["ours"] > 0
         )
         out[f"ratio_{ray}_over_ours"] = {"median": _quantile(ratios, 0.5), "per_trial": ratios}
     return out
