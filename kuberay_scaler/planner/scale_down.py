@@ -84,7 +84,10 @@ def _finish(d: GroupDecision, slice_map: SliceMap, keys: tuple[str, ...]) -> Gro
     extra = [
         deletion(sl, DeleteKind.IDLE, ScaleDown(ScaleDownKind.RECORDED_DRAIN, sl.key))
         for sl in gs.slices
-        if sl.key in keys and sl.key not in planned and sl.state is not SliceState.TERMINATING
+        if sl.key in keys
+        and sl.key not in planned
+        and sl.state is not SliceState.TERMINATING
+        and not _broken_but_busy(sl)
     ]
     if not extra:
         return d
@@ -96,6 +99,12 @@ def _finish(d: GroupDecision, slice_map: SliceMap, keys: tuple[str, ...]) -> Gro
         target=max(floor, base - len(extra)),
         reasons=(*d.reasons, *(x.reason for x in extra)),
     )
+
+
+def _broken_but_busy(sl: Slice) -> bool:
+    # A recorded replacement whose hosts turned busy is kept, as the replace path keeps it
+    # (planner/replace.py): a record never finishes a deletion over running work.
+    return sl.state is SliceState.BROKEN and bool(sl.working_hosts)
 
 
 @dataclass

@@ -4,6 +4,8 @@ hosts with no Ray node are not drained; unknown demand holds."""
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 import jsonpatch
@@ -12,6 +14,7 @@ from kuberay_scaler.decision import Drain, GcsView, Observation, Patch, RecordIn
 from kuberay_scaler.model.plan import DeleteKind, Memory
 from kuberay_scaler.model.reasons import HoldKind, Keep, KeepKind, Replace, SliceFault
 from kuberay_scaler.model.slices import SliceState
+from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.planner.core import Policy
 from kuberay_scaler.slicemap import SliceTimeouts
 from tests.factories import (
@@ -117,3 +120,21 @@ def test_unknown_demand_holds_a_broken_slice() -> None:
     decision = decide(Observation(rc, _unknown_host_slice(), None), Memory(), POLICY, NOW)
     assert decision.writes == ()
     assert decision.plan.held is not None and decision.plan.held.kind is HoldKind.DEMAND_UNKNOWN
+
+
+def test_a_recorded_broken_slice_turned_busy_is_not_finished() -> None:
+    # A replacement recorded (draining intent) whose patch never landed (stale, or a restart):
+    # its hosts are busy now, so the record is not finished over them either.
+    observed = _observe(_unknown_host_slice(), tpu_slice_nodes("tpu-a", 4, idle_s=None))
+    rc = copy.deepcopy(dict(observed.raycluster))
+    rc["metadata"]["annotations"] = {DRAINING_ANNOTATION: json.dumps({"tpu": ["tpu-a"]})}
+    decision = decide(Observation(rc, observed.pods, observed.gcs), Memory(), POLICY, NOW)
+    assert decision.plan.groups[0].deletions == ()
+    assert decision.drains == ()
+    final = rc
+    for write in decision.writes:
+        assert isinstance(write, (RecordIntent, Patch))
+        final = jsonpatch.apply_patch(final, list(write.ops), in_place=False)
+    group = final["spec"]["workerGroupSpecs"][0]
+    assert not (group.get("scaleStrategy") or {}).get("workersToDelete")
+    assert group["replicas"] == 1
