@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from kuberay_scaler.kube.writer import PatchOutcome
+from kuberay_scaler.ray_gcs.drain import DrainClient
 
 RawObject = dict[str, Any]
 
@@ -39,21 +40,8 @@ class ClusterView(Protocol):
         """GET now; raises the adapter's error when the GET fails."""
 
 
-class Gcs(Protocol):
-    """The GCS calls the loop makes (ray_gcs.client.GcsClient)."""
-
-    @property
-    def cluster_id(self) -> str | None: ...
-
-    async def drain_node(
-        self,
-        node_id: bytes,
-        *,
-        reason_message: str,
-        deadline_timestamp_ms: int,
-        reason: int = ...,
-        cluster_id: str | None = None,
-    ) -> object: ...
+class Gcs(DrainClient, Protocol):
+    """The GCS calls the loop makes (ray_gcs.client.GcsClient): drains, and these."""
 
     async def report(self, state: Any) -> int: ...
 
