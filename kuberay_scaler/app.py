@@ -205,7 +205,9 @@ class Daemon:
         s = self.settings
         next_trim = 0.0
         while not self.stop.is_set():
-            reasons = await self.trigger.wait(max_wait=s.resync_interval_s, debounce=s.debounce_s)
+            wake = self.reconciler.seconds_to_wake()
+            max_wait = s.resync_interval_s if wake is None else min(s.resync_interval_s, wake)
+            reasons = await self.trigger.wait(max_wait=max_wait, debounce=s.debounce_s)
             if self.stop.is_set():
                 break
             log.debug("reconcile", reasons=sorted(reasons))

@@ -69,6 +69,10 @@ MAX_REPLANS = 3  # a stale patch is refreshed and replanned at most this often p
 OVERRIDE_BACKOFF_S = 120.0
 MAX_OVERRIDE_BACKOFF_S = 1800.0
 OVERRIDE_MEMORY_S = 3600.0  # an override older than this no longer counts toward the backoff
+# An idle slice reaches its timeout a little after the plan's idle clock says (the GCS reply
+# is some way behind); waking never sooner than MIN_WAKE_S keeps a near-zero wait from spinning.
+WAKE_MARGIN_S = 0.5
+MIN_WAKE_S = 0.5
 _SETTLED = ("no change", "dry run")  # outcomes after which the same inputs give the same plan
 
 
@@ -182,6 +186,7 @@ class Reconciler:
         self._content = 0  # rises when the GCS content (not its version) changed
         self._last_inputs: tuple[object, ...] | None = None
         self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
+        self._wake_at: float | None = None  # monotonic: a time-driven decision is due then
 
     def observe_gcs(self, observation: GcsObservation) -> None:
         """The poller pushes every observation here; a reconcile uses the latest one."""
@@ -255,7 +260,7 @@ class Reconciler:
                 return None
             # In a worker thread: however long planning takes, probes and watches keep running.
             decision = await asyncio.to_thread(self.decide, observed, now)
-            self._publish(decision)
+            self._publish(decision, now)
             # Launches this plan adds are reported only when they are about to be written.
             writes = not self._config.dry_run and now.mono >= self._not_before
             # The patch first: it is what grows the cluster; the report only informs Ray.
@@ -324,9 +329,18 @@ class Reconciler:
             self._awaiting(raw, now),
         )
 
+    def seconds_to_wake(self) -> float | None:
+        """How long until a decision that time alone brings is due (an idle slice reaching its
+        timeout); the loop waits no longer than this for a change. None: nothing is due."""
+        if self._wake_at is None:
+            return None
+        return max(0.0, self._wake_at - self._monotonic())
+
     def _unchanged(self) -> bool:
         raw = self._cluster.current()
         if raw is None or self._last_inputs is None:
+            return False
+        if self._wake_at is not None and self._monotonic() >= self._wake_at:
             return False
         if self.status.last_outcome not in _SETTLED:
             return False
@@ -527,9 +541,13 @@ class Reconciler:
         except GcsError as err:
             log.debug("report to GCS failed", error=str(err))
 
-    def _publish(self, decision: Decision) -> None:
+    def _publish(self, decision: Decision, now: Instant) -> None:
         self.status.last_decision = decision
         result = decision.plan
+        expiry = result.next_idle_expiry_s
+        self._wake_at = (
+            None if expiry is None else now.mono + max(MIN_WAKE_S, expiry + WAKE_MARGIN_S)
+        )
         for d in result.groups:
             TARGET_REPLICAS.labels(d.group).set(d.target)
         if result.slice_map is None:

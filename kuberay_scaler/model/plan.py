@@ -23,6 +23,8 @@ from kuberay_scaler.model.reasons import (
     Replace,
     ScaleDown,
     ScaleUp,
+    Unchanged,
+    UnchangedKind,
 )
 from kuberay_scaler.model.slices import Slice, SliceMap
 
@@ -176,6 +178,19 @@ class Plan:
 
     def group(self, name: str) -> GroupDecision | None:
         return next((g for g in self.groups if g.group == name), None)
+
+    @property
+    def next_idle_expiry_s(self) -> float | None:
+        """Seconds from this plan's observation until the first idle slice that stays reaches
+        its idle timeout; None when no slice is idle below its timeout. Idle clocks move with
+        time alone, so the loop plans again then instead of waiting for its resync timer."""
+        waits = [
+            r.timeout_s - r.idle_s
+            for g in self.groups
+            for r in g.reasons
+            if isinstance(r, Unchanged) and r.kind is UnchangedKind.IDLE_BELOW_TIMEOUT
+        ]
+        return max(0.0, min(waits)) if waits else None
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:
         gs = self.slice_map.groups.get(group) if self.slice_map else None

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.control.reconciler import MAX_REPLANS, LoopConfig
+from kuberay_scaler.control.reconciler import MAX_REPLANS, WAKE_MARGIN_S, LoopConfig
 from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.model.cluster import DEFAULT_IDLE_TIMEOUT_S
 from kuberay_scaler.model.reasons import Action, ScaleDownKind
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from tests.control.fakes import Loop, WriteCall, make_loop, reply_of
@@ -250,3 +251,37 @@ async def test_a_422_failed_test_is_stale_and_replanned_but_a_422_invalid_is_not
     await other.reconciler.reconcile()
     assert [c.outcome.kind for c in other.writer.calls] == ["invalid"]
     assert "replicas" not in spec_group(other) or spec_group(other)["replicas"] == 0
+
+
+async def test_an_idle_slice_below_its_timeout_wakes_the_loop_when_the_timeout_is_due() -> None:
+    # Idle clocks move with time alone (the poller's content check ignores them), so the loop
+    # must plan again when the first idle slice reaches its timeout, not at the next resync.
+    pods = slice_pods("tpu", "tpu-a", 4)
+    loop = make_loop(
+        cluster(tpu_group(replicas=1)),
+        pods,
+        state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=20)]),
+    )
+    await loop.reconciler.reconcile()
+    assert loop.writer.calls == []
+    wake = loop.reconciler.seconds_to_wake()
+    assert wake == pytest.approx(DEFAULT_IDLE_TIMEOUT_S - 20 + WAKE_MARGIN_S)
+
+    loop.clock.advance(wake / 2)  # a change that changes nothing, before the timeout: skipped
+    loop.see_ray(state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=20 + wake / 2)]))
+    await loop.reconciler.reconcile({"pods"})
+    assert loop.reconciler.skipped == 1
+
+    loop.clock.advance(wake / 2)  # the same change once the timeout is due: planned
+    loop.see_ray(state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=20 + wake)]))
+    await loop.reconciler.reconcile({"pods"})
+    assert loop.reconciler.skipped == 1
+    assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]
+    assert_deleted_only_drained_whole_slices(loop)
+    assert loop.reconciler.seconds_to_wake() is None  # nothing idle is left below its timeout
+
+
+async def test_no_idle_slice_below_its_timeout_means_no_early_wake() -> None:
+    loop = idle_slices_loop("tpu-a")  # idle past the timeout: deleted now, nothing left to wait for
+    await loop.reconciler.reconcile()
+    assert loop.reconciler.seconds_to_wake() is None
