@@ -170,13 +170,21 @@ async def test_demo_scenario_invariants() -> None:
     # draining record, every drain, and only then the delete patch (whose body is shown).
     lines = text.splitlines()
     kinds = [line[11:27].strip() if line.startswith("[") else "" for line in lines]
-    delete = next(
-        i for i, line in enumerate(lines) if "workersToDelete" in line and "PATCH" in line
-    )
+    # Patches that name pods (not the ones clearing a processed list with `[]`). The demo may
+    # scale down in more than one step: each step's drains come before its own delete patch.
+    deletes = [
+        i
+        for i, line in enumerate(lines)
+        if "PATCH" in line and re.search(r'workersToDelete"[^\]]*\["', line)
+    ]
     drains = [i for i, k in enumerate(kinds) if k == "drain"]
     plans = [i for i, line in enumerate(lines) if "scale_down" in line and kinds[i] == "plan"]
-    assert drains and plans, text
-    assert plans[0] < min(drains) and max(drains) < delete, text
-    assert '"op":"add","path":"/spec/workerGroupSpecs/0/scaleStrategy"' in lines[delete], text
+    assert deletes and drains and plans, text
+    assert plans[0] < min(drains), text
+    previous = plans[0]
+    for delete in deletes:
+        assert any(previous < i < delete for i in drains), f"undrained delete patch\n{text}"
+        previous = delete
+    assert '"op":"add","path":"/spec/workerGroupSpecs/0/scaleStrategy"' in lines[deletes[0]], text
     stamps = [float(line[1:8]) for line in lines if line.startswith("[")]
     assert stamps == sorted(stamps), "moments printed out of order"
