@@ -123,7 +123,9 @@ def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dic
     return out
 
 
-def run(sizes: tuple[int, ...], log: Callable[[str], None], repeats: int = 3) -> list[dict[str, Any]]:
+def run(
+    sizes: tuple[int, ...], log: Callable[[str], None], repeats: int = 3
+) -> list[dict[str, Any]]:
     return [measure(n, repeats, log) for n in sizes]
 
 
