@@ -83,6 +83,14 @@ class Frame:
         report_from_plan(decision.plan, int(NOW.timestamp()))
         return decision
 
+    def after_pod_event(self) -> Decision:
+        self.touch_pod()
+        return self.run()
+
+    def after_gcs_change(self) -> Decision:
+        self.touch_node()
+        return self.run()
+
     def touch_pod(self) -> None:
         name = self.sc.pods[len(self.sc.pods) // 2]["metadata"]["name"]
         self.store[name] = copy.deepcopy(self.store[name])
@@ -117,8 +125,8 @@ def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dic
         out["pods"] = len(frame.sc.pods)
         out[case] = _median(frame.run, repeats)
         if not launching:
-            out["one_pod_changed"] = _median(lambda f=frame: (f.touch_pod(), f.run()), repeats)
-            out["one_node_changed"] = _median(lambda f=frame: (f.touch_node(), f.run()), repeats)
+            out["one_pod_changed"] = _median(frame.after_pod_event, repeats)
+            out["one_node_changed"] = _median(frame.after_gcs_change, repeats)
         log(f"frame at {hosts} hosts, {case}: {out[case]}")
     return out
 

@@ -83,7 +83,7 @@ def child(input_file: str) -> dict[str, Any]:
         page["metadata"] = {"resourceVersion": "1", "continue": more}
         return page
 
-    informer.request_json = pages  # type: ignore[assignment]
+    informer.request_json = pages  # type: ignore[attr-defined,assignment]  # transport only
     inf = informer.Informer(
         None,  # type: ignore[arg-type]
         informer.Source.pods("default", "bench"),
