@@ -43,7 +43,6 @@ CASES = [
     "YAML error on the token's line",
     "YAML error on a client key's line",
     "tab on a password's line",
-    "token in a duplicate user",
 ]
 
 
@@ -62,9 +61,6 @@ def leaky_kubeconfigs(tmp_path: Path) -> dict[str, str]:
         ),
         "tab on a password's line": _config("{username: u, password: " + SECRET + "}")
         + f"\tpassword: {SECRET}\n",
-        "token in a duplicate user": _config("{token: " + SECRET + "}").replace(
-            "users: [{name: u", "users: [{name: u, user: {token: " + SECRET + "}}, {name: u"
-        ),
     }
 
 
