@@ -60,9 +60,14 @@ def _read_capped(path: Path) -> bytes:
         with open(path, "rb") as stream:  # builtins.open: one sized read
             data: bytes = stream.read(MAX_INPUT_BYTES + 1)
             return data
-    if sys.stdin is None or sys.stdin.closed:  # started with fd 0 closed
+    stream = sys.stdin
+    if stream is None or stream.closed:  # started with fd 0 closed
         raise OSError(0, "closed")
-    return sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:  # a text stream put in its place (tests, embedding)
+        return stream.read(MAX_INPUT_BYTES + 1).encode("utf-8", "surrogatepass")
+    data: bytes = buffer.read(MAX_INPUT_BYTES + 1)
+    return data
 
 
 def load_documents(path: Path, what: str) -> list[Any]:

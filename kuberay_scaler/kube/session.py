@@ -182,7 +182,12 @@ def _kubeconfig_secrets(kubeconfig: str) -> list[str]:
             stack.extend((str(k), v) for k, v in value.items())
         elif isinstance(value, list):
             stack.extend((key, v) for v in value)
-        elif isinstance(value, str) and len(value) >= 4 and _SECRET_KEYS.search(key):
+        elif (
+            isinstance(value, str)
+            and len(value) >= 4
+            and _SECRET_KEYS.search(key)
+            and not key.lower().endswith(("file", "path"))  # a path names where, it is no secret
+        ):
             found.add(value)
     return sorted(found, key=len, reverse=True)
 
