@@ -238,9 +238,16 @@ class Settings(BaseSettings):
     resync_interval_s: float = seconds(
         D.RESYNC_INTERVAL_S,
         "resync_interval_s",
-        "Periodic reconcile (and RayCluster GET in poll mode) when nothing changed.",
+        "Periodic reconcile when nothing changed.",
         minimum=1.0,
         inclusive=True,
+    )
+    raycluster_poll_interval_s: float = seconds(
+        D.RAYCLUSTER_POLL_INTERVAL_S,
+        "raycluster_poll_interval_s",
+        "Poll mode (no watch on rayclusters, KubeRay's Role): GET the RayCluster this"
+        " often, so spec edits are acted on within seconds; pod events bring a GET sooner.",
+        maximum=300,
     )
     debounce_s: float = seconds(
         D.DEBOUNCE_S,
@@ -305,7 +312,7 @@ class Settings(BaseSettings):
         D.PREEMPT_DEADLINE_S,
         "preempt_deadline_s",
         "A busy slice above maxReplicas is drained (reason preemption) this long"
-        " before it is deleted, so Ray can move its work.",
+        " before it is deleted, so Ray can move its work (Ray's own stops it at once).",
     )
     unhealthy_after_failures: int = count(
         D.UNHEALTHY_AFTER_FAILURES,
