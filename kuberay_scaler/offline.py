@@ -57,15 +57,20 @@ def shown(path: Path) -> str:
 
 def _read_capped(path: Path) -> bytes:
     if path != STDIN:
-        with open(path, "rb") as stream:  # builtins.open: one sized read
-            data: bytes = stream.read(MAX_INPUT_BYTES + 1)
+        with open(path, "rb") as file:  # builtins.open: one sized read
+            data: bytes = file.read(MAX_INPUT_BYTES + 1)
             return data
-    stream = sys.stdin
-    if stream is None or stream.closed:  # started with fd 0 closed
+    return _read_stdin_capped()
+
+
+def _read_stdin_capped() -> bytes:
+    text_stream = sys.stdin
+    if text_stream is None or text_stream.closed:  # started with fd 0 closed
         raise OSError(0, "closed")
-    buffer = getattr(stream, "buffer", None)
+    buffer = getattr(text_stream, "buffer", None)
     if buffer is None:  # a text stream put in its place (tests, embedding)
-        return stream.read(MAX_INPUT_BYTES + 1).encode("utf-8", "surrogatepass")
+        text: str = text_stream.read(MAX_INPUT_BYTES + 1)
+        return text.encode("utf-8", "surrogatepass")
     data: bytes = buffer.read(MAX_INPUT_BYTES + 1)
     return data
 
