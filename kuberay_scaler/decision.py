@@ -5,14 +5,17 @@ The daemon executes the writes (control/execute.py), the `plan` command prints t
 
 1. `RecordIntent`: annotate the RayCluster with the slices about to be drained, so a restart in
    the middle finishes the scale-down instead of forgetting it;
-2. one `Drain` per idle slice (every host, pinned to the GCS the plan was made from), one per
-   broken slice being replaced whose hosts' Ray nodes are still alive (and idle: a busy broken
-   slice is kept by the planner), and one per busy slice above maxReplicas with reason
-   preemption (not deleted by this patch);
+2. one `Drain` per idle slice (every live raylet of its hosts, pinned to the GCS the plan was
+   made from), one per broken slice being replaced whose hosts' Ray nodes are still alive (and
+   idle: a busy broken slice is kept by the planner), and one per busy slice to drain for
+   preemption (above maxReplicas, or broken and busy for too long; not deleted by this patch);
 3. `Patch`: the guarded JSON patch (replicas, workersToDelete, the record cleared).
 
-The patch is computed as if every drain is accepted; `patch_after_drains` gives the one to send
-when some are refused (their slices are kept and the targets put back).
+Every deletion passes the deletion gate (planner/gate.py) twice: here, with every drain assumed
+accepted (so a slice it would refuse is never drained, and `plan` / /debug/plan show the patch
+the daemon sends when Ray accepts), and in `after_drains`, with what the drains really did.
+`drains_to_send` and `after_drains` are the rules the shell (control/execute.py) applies around
+the drains, pure and typed so `plan` and tests see them.
 """
 
 from __future__ import annotations
@@ -302,7 +305,7 @@ def _back_in_ray(decision: Decision, fresh: RayState | None) -> dict[SliceRef, K
     a Ray node that is back keeps its slice (never deleted over a node just seen alive)."""
     drained = {(d.group, d.slice_key) for d in decision.drains}
     deadlines = decision.evidence.deadlines if decision.evidence else {}
-    now = decision.now or datetime.now(UTC)
+    now = decision.now or _NEVER
     alive = fresh.node_by_instance() if fresh is not None else {}
     kept: dict[SliceRef, Keep] = {}
     for g in decision.plan.groups:
@@ -332,7 +335,7 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
 
     Raises PatchError when the plan no longer fits `results.base`.
     """
-    now = decision.now or datetime.now(UTC)
+    now = decision.now or _NEVER
     result = decision.plan
     dropped: dict[SliceRef, Reason] = dict(results.not_sent)
     follow: list[Drain] = []
@@ -468,6 +471,10 @@ def _recorded(raw: Mapping[str, Any], draining: Mapping[str, list[str]]) -> bool
     """The object already records every slice about to be drained: never rewrite it."""
     held = read_draining(raw)
     return all(set(keys) <= set(held.get(g, ())) for g, keys in draining.items())
+
+
+# A decision made without a time (a hand-built one in tests): no deadline counts as passed.
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 def _stale_record(raw: Mapping[str, Any], result: Plan) -> list[Op]:

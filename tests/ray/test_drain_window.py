@@ -30,7 +30,7 @@ from tests.ray.helpers import DEAD, node_by_id, wait_for_state
 
 pytestmark = pytest.mark.ray
 
-SLICES = {"win-a": (41, 42, 43, 44), "win-b": (45, 46, 47, 48)}
+SLICES = {"win-a": (41, 42, 43, 44)}
 WINDOWS_MS: list[float] = []
 
 

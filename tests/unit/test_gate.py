@@ -10,7 +10,14 @@ from types import MappingProxyType
 import jsonpatch
 import pytest
 
-from kuberay_scaler.decision import DrainResults, GcsView, Observation, after_drains, decide
+from kuberay_scaler.decision import (
+    DrainResults,
+    GcsView,
+    Observation,
+    after_drains,
+    decide,
+    drains_to_send,
+)
 from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.hosts import HostPhase
 from kuberay_scaler.model.plan import Memory
@@ -145,3 +152,22 @@ def test_the_dry_path_shows_the_same_gate() -> None:
     again = after_drains(decision, replace(assumed, base=base))
     assert again.patch == decision.patch
     assert not decision.blocked and not again.blocked
+
+
+def test_a_deletion_with_nothing_to_drain_is_kept_when_the_fresh_read_has_its_node_back() -> None:
+    """Found by the state machine: judged gone (absent past the grace), replaced with nothing
+    to drain, while the GCS read right before the patch has the node alive again."""
+    rc = cluster(tpu_group(replicas=1))
+    pods = slice_pods("tpu", "tpu-a", 4)
+    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=5)
+    pod_names = [p["metadata"]["name"] for p in pods]
+    clock = HostClock(missing_s=MappingProxyType(dict.fromkeys(pod_names, 2 * GRACE)))
+    observed = Observation(rc, pods, GcsView(state([head_node()]), cluster_id="c"), clock=clock)
+    decision = decide(observed, Memory(), Policy(), NOW)
+    d = decision.plan.group("tpu")
+    assert d is not None and [x.slice_key for x in d.deletions] == ["tpu-a"]
+    assert decision.drains == ()  # nothing alive to drain in the plan's view
+    send, kept = drains_to_send(decision, state([head_node(), *nodes]), "c")
+    assert send == () and kept[("tpu", "tpu-a")].kind is KeepKind.RAY_NODE_BACK
+    writes = after_drains(decision, DrainResults(not_sent=MappingProxyType(kept)))
+    assert not writes.blocked and not writes.plan.group("tpu").deletions  # type: ignore[union-attr]
