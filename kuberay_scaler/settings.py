@@ -314,6 +314,13 @@ class Settings(BaseSettings):
         "A busy slice above maxReplicas is drained (reason preemption) this long"
         " before it is deleted, so Ray can move its work (Ray's own stops it at once).",
     )
+    # --- gate (issue 20): broken but busy is bounded ---
+    broken_busy_max_s: float = seconds(
+        D.BROKEN_BUSY_MAX_S,
+        "broken_busy_max_s",
+        "A broken slice with a busy host is kept at most this long, then its live"
+        " hosts are drained for preemption and it is replaced whole.",
+    )
     unhealthy_after_failures: int = count(
         D.UNHEALTHY_AFTER_FAILURES,
         "unhealthy_after_failures",
