@@ -1,4 +1,5 @@
-"""Session-wide: nothing a test run starts may outlive it (tests/reaper.py).
+"""Session-wide: nothing a test run starts may outlive it (tests/reaper.py); under CI no test
+skips unless marked so (tests/ci_required.py).
 
 At the start, orphans of an earlier killed run are reaped (and named). At the end, any process
 this run started that is still alive is named, killed by process group, and the run fails, on
@@ -12,11 +13,17 @@ from typing import Any
 import pytest
 
 from tests import reaper
+from tests.ci_required import pytest_configure as _ci_configure
+from tests.ci_required import (  # noqa: F401 (hooks: pytest finds them in this module)
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 
 _session: dict[str, str] = {}
 
 
 def pytest_configure(config: Any) -> None:
+    _ci_configure(config)
     found = reaper.orphans()
     if found:
         reaper.reap(found)

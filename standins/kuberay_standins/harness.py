@@ -377,10 +377,10 @@ class LocalCluster:
 
 
 def _ops_text(body: Any) -> str:
-    """A JSON patch on one line, `test` guards counted rather than shown."""
+    """A JSON patch on one line; its guards (JSON-patch `test` ops) counted rather than shown."""
     if not isinstance(body, list):
         return json.dumps(body, separators=(",", ":"))[:400]
     guards = sum(1 for op in body if isinstance(op, dict) and op.get("op") == "test")
     changes = [op for op in body if not (isinstance(op, dict) and op.get("op") == "test")]
     text = json.dumps(changes, separators=(",", ":"), ensure_ascii=False)
-    return f"{text} (+{guards} test guards)"
+    return f"{text} (+{guards} guards)"
