@@ -167,6 +167,12 @@ async def run_demo(
         file=out,
         flush=True,
     )
+    print(
+        "starting the API-server and operator stand-ins, a real Ray head and the daemon "
+        "(10-30 s); then every moment is printed as it happens:\n",
+        file=out,
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)

@@ -479,7 +479,7 @@ class RayDriver:
         sleeps until stopped so its demand stays in the GCS.
         """
         script = _driver_script(gcs_address, node_ip, body, hold)
-        scratch = Path(tempfile.mkdtemp(prefix="krs-driver-"))
+        scratch = scratch_dir("krs-driver-")
         log_name = scratch / "driver.log"
         with log_name.open("wb") as out:
             process = subprocess.Popen(
@@ -567,6 +567,20 @@ def _node_env(env: Mapping[str, str] | None, auth_token: str | None) -> dict[str
     return {**_clean_parent_env(), **_QUIET_ENV, **(env or {}), **_auth_env(auth_token)}
 
 
+# Set by a test session (tests/reaper.py); a scratch dir records it so leftovers can be found.
+SESSION_ENV = "KRS_TEST_SESSION"
+SESSION_FILE = ".krs-session"
+
+
+def scratch_dir(prefix: str, parent: str | None = None) -> Path:
+    """A fresh temp dir, tagged with the test session (if any) that made it."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    session = os.environ.get(SESSION_ENV)
+    if session:
+        (path / SESSION_FILE).write_text(session)
+    return path
+
+
 def own_home(scratch: Path) -> dict[str, str]:
     """HOME (and the XDG dirs) inside a process's own scratch directory: nothing in the user's
     home (~/.ray/auth_token, ~/.config, ~/.cache) reaches a Ray process we start."""
@@ -622,7 +636,7 @@ def _spawn(
     ip: str, args: Sequence[str], env: Mapping[str, str]
 ) -> tuple[Path, subprocess.Popen[bytes], Path]:
     # Short temp path: Ray's unix sockets live under it and paths are limited to 107 bytes.
-    temp_dir = Path(tempfile.mkdtemp(prefix="krs-", dir="/tmp"))
+    temp_dir = scratch_dir("krs-", "/tmp")
     log_path = temp_dir / "ray-start.log"
     with log_path.open("wb") as out:
         process = subprocess.Popen(
