@@ -97,6 +97,9 @@ class RayPodHooks:
     """
 
     START_ATTEMPTS = 3
+    # Ray gives a starting node 30 s to register with the GCS (ray/_private/node.py, not
+    # configurable): hosts started all at once on a loaded 2-core machine miss it together.
+    START_CONCURRENCY = 2
 
     def __init__(self, head: RayHead, timeline: Timeline) -> None:
         self._head = head
@@ -106,6 +109,7 @@ class RayPodHooks:
         self._starts: set[asyncio.Future[RayHost]] = set()
         self._late_stops: set[asyncio.Task[None]] = set()
         self._gone: set[str] = set()
+        self._start_slots = asyncio.Semaphore(self.START_CONCURRENCY)
 
     async def on_running(self, pod: dict[str, Any]) -> None:
         labels = pod["metadata"].get("labels", {})
@@ -131,6 +135,10 @@ class RayPodHooks:
         self._timeline.add("ray_host", f"Ray host for pod {name} started on {ip}")
 
     async def _start_host(self, pod: dict[str, Any], ip: str) -> RayHost:
+        async with self._start_slots:
+            return await self._start_in_thread(pod, ip)
+
+    async def _start_in_thread(self, pod: dict[str, Any], ip: str) -> RayHost:
         num_cpus, resources, memory, env = _host_setup(pod)
         start = asyncio.ensure_future(
             asyncio.to_thread(
