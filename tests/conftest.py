@@ -46,6 +46,7 @@ def _tier(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` deselection: count what runs
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     _run["tiers"] = Counter(_tier(item.nodeid) for item in items)
 

@@ -126,7 +126,10 @@ class RayPodHooks:
                 if attempt == self.START_ATTEMPTS or name in self._gone:
                     self._free_ips.append(ip)
                     raise
-                log.warning("ray_host_start_retried", pod=name, attempt=attempt, error=str(error))
+                why = (str(error).strip().splitlines() or [""])[-1][
+                    :300
+                ]  # the cause, not the trace
+                log.warning("ray_host_start_retried", pod=name, attempt=attempt, error=why)
                 self._timeline.add("ray_host", f"Ray host for pod {name} failed; starting again")
         if name in self._gone:  # the pod went while its host started
             await self._stop(name, host)
