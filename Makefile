@@ -39,7 +39,8 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: install
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -p no:cacheprovider tests/fuzz
 
-# The demo harness under a random workload and random faults; every write is checked.
+# The demo harness under a random workload and random faults; every write is checked, and the run
+# must judge >= 10 daemon writes a minute (scale-ups, scale-downs, a replacement, drains).
 MINUTES ?= 2
 soak: install
 	$(BIN)/python -m tests.soak --minutes $(MINUTES)
