@@ -183,12 +183,17 @@ def merge_tasks(tasks: Iterable[TaskDemand]) -> list[TaskDemand]:
     The GCS reports demand per raylet and shape, so one shape arrives once per node: packing
     entry by entry would make planning cost grow with nodes × shapes (or with task count).
     """
-    merged: dict[object, TaskDemand] = {}
+    first: dict[object, TaskDemand] = {}
+    counts: dict[object, int] = {}
     for demand in tasks:
         key = bundle_key(demand.bundle)
-        seen = merged.get(key)
-        merged[key] = demand if seen is None else TaskDemand(seen.bundle, seen.count + demand.count)
-    return list(merged.values())
+        if key in counts:
+            counts[key] += demand.count
+        else:
+            first[key], counts[key] = demand, demand.count
+    return [
+        d if d.count == counts[k] else TaskDemand(d.bundle, counts[k]) for k, d in first.items()
+    ]
 
 
 def fit_gangs(
