@@ -40,6 +40,8 @@ class HostClock:
     age_s: Mapping[str, float] = field(default_factory=_empty)
     # Set while Ray's view may judge no slice broken; says why.
     settling: str | None = None
+    # Pods whose live Ray node the daemon has seen (the deletion gate: "never had a node").
+    seen: frozenset[str] = frozenset()
 
     @classmethod
     def from_timestamps(
@@ -56,7 +58,7 @@ class HostClock:
             if running and host.pod_name not in present:
                 assert host.running_since is not None
                 missing[host.pod_name] = max(0.0, (now - host.running_since).total_seconds())
-        return cls(MappingProxyType(missing), MappingProxyType(age))
+        return cls(MappingProxyType(missing), MappingProxyType(age), seen=frozenset(present))
 
 
 @dataclass
@@ -128,6 +130,7 @@ class LivenessTracker:
             missing_s=MappingProxyType(self._missing(now)),
             age_s=MappingProxyType(age),
             settling=self._settling(now),
+            seen=frozenset(self._last_seen),
         )
 
     def _settling(self, now: float) -> str | None:

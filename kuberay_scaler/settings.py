@@ -253,6 +253,15 @@ class Settings(BaseSettings):
         " before it is deleted, so Ray can move its work (Ray's own stops it at once). Raise it"
         ' for more grace (see docs/planner.md, "Above maxReplicas").',
     )
+    # --- gate (issue 20): broken but busy is bounded ---
+    broken_busy_max_s: float = Field(
+        default=D.BROKEN_BUSY_MAX_S,
+        gt=0,
+        le=10**9,
+        validation_alias=_ours("broken_busy_max_s"),
+        description="A broken slice with a busy host is kept at most this long, then its live"
+        " hosts are drained for preemption and it is replaced whole.",
+    )
     unhealthy_after_failures: int = Field(
         default=D.UNHEALTHY_AFTER_FAILURES,
         ge=1,

@@ -21,7 +21,7 @@ import structlog
 
 from kuberay_scaler import defaults as D
 from kuberay_scaler.backoff import Backoff
-from kuberay_scaler.control.execute import Executed, execute
+from kuberay_scaler.control.execute import Executed, execute, say_blocked
 from kuberay_scaler.control.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Writer
 from kuberay_scaler.control.report import report_from_plan
 from kuberay_scaler.decision import (
@@ -452,7 +452,7 @@ class Reconciler:
         done = await execute(
             decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
         )
-        self._keep_preemptions(decision, done.refused)
+        self._keep_preemptions(done)
         if done.step == "patch" and done.sent:
             self.status.last_patch = list(done.sent)
         if done.replan:
@@ -464,17 +464,23 @@ class Reconciler:
             return True
         if done.outcome is None:  # every slice kept and nothing else to write
             self.status.last_outcome = "nothing to patch"
+            for d in done.plan.groups:
+                if d.preempt:  # drains alone (preemption): said as an Event too
+                    self._record_event(d)
             return True
         return self._handle_failure(done.outcome)
 
-    def _keep_preemptions(self, decision: Decision, refused: frozenset[tuple[str, str]]) -> None:
-        """Remember the deadlines of slices drained for preemption (a refused one is retried)."""
+    def _keep_preemptions(self, done: Executed) -> None:
+        """Remember the deadlines of slices drained for preemption (a refused one is retried)
+        and the drain backoff of refused slices, whatever became of the patch."""
         keep = {
             key: deadline
-            for key, deadline in decision.plan.memory.preempting.items()
-            if not any(key == s for _, s in refused)
+            for key, deadline in done.plan.memory.preempting.items()
+            if not any(key == s for _, s in done.refused)
         }
-        self.memory = replace(self.memory, preempting=MappingProxyType(keep))
+        self.memory = replace(
+            self.memory, preempting=MappingProxyType(keep), refused=done.plan.memory.refused
+        )
 
     def _applied(self, result: Plan, outcome: PatchOutcome) -> None:
         now = self._monotonic()
@@ -543,6 +549,9 @@ class Reconciler:
 
     def _publish(self, decision: Decision, now: Instant) -> None:
         self.status.last_decision = decision
+        say_blocked(decision.blocked)
+        # Memory that time alone moves is kept from every decision, written or not.
+        self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
         result = decision.plan
         expiry = result.next_idle_expiry_s
         self._wake_at = (
@@ -585,6 +594,8 @@ class Reconciler:
 
     def _record_event(self, d: GroupDecision) -> None:
         reason = _EVENT_REASONS.get(d.action, "Updated")
+        if d.preempt and not d.spec_changes:
+            reason = "DrainingForPreemption"
         slices = ", ".join(x.slice_key for x in d.deletions)
         message = f"group {d.group}: replicas {d.current}->{d.target}" + (
             f"; slices {slices}" if slices else ""

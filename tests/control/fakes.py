@@ -186,10 +186,12 @@ class DrainCall:
 
 @dataclass
 class FakeGcs:
-    """Accepts every drain unless the node is in `refuse` (rejected) or `fail` (RPC error)."""
+    """Accepts every drain unless the node is in `refuse` (rejected) or `fail` (RPC error);
+    a node in `busy` refuses idle-termination drains only (Ray accepts preemption for it)."""
 
     cluster_id: str | None = "cluster-1"
     refuse: set[str] = field(default_factory=set)
+    busy: set[str] = field(default_factory=set)
     fail: set[str] = field(default_factory=set)
     report_fails: bool = False
     drains: list[DrainCall] = field(default_factory=list)
@@ -209,7 +211,7 @@ class FakeGcs:
         self.drains.append(DrainCall(node_id.hex(), cluster_id, deadline_timestamp_ms, reason))
         if node_id.hex() in self.fail:
             raise GcsCallError("DrainNode", "UNAVAILABLE", "injected")
-        if node_id.hex() in self.refuse:
+        if node_id.hex() in self.refuse or (reason == 1 and node_id.hex() in self.busy):
             return SimpleNamespace(is_accepted=False, rejection_reason_message="node is busy")
         return SimpleNamespace(is_accepted=True, rejection_reason_message="")
 
