@@ -13,7 +13,13 @@ from pathlib import Path
 from pydantic import AliasChoices
 
 from kuberay_scaler import __version__
-from kuberay_scaler.settings import ConfigError, Settings, credentials_hint, load_settings
+from kuberay_scaler.settings import (
+    ConfigError,
+    Settings,
+    credentials_hint,
+    load_settings,
+    range_text,
+)
 
 EXIT_CONFIG = 2
 # KubeRay sets these in its autoscaler container (the drop-in); a sidecar sets them itself.
@@ -21,11 +27,11 @@ INJECTED = ("RAY_CLUSTER_NAME", "RAY_CLUSTER_NAMESPACE", "RAY_HEAD_POD_NAME", "K
 REQUIRED = ("RAY_CLUSTER_NAME",)
 
 
-def config_rows() -> list[tuple[str, str, str]]:
-    """(variable, default, meaning) of every setting, from the settings model itself: the one
-    source of `run --help` and the README's configuration table."""
+def config_rows() -> list[tuple[str, str, str, str]]:
+    """(variable, default, range, meaning) of every setting, from the settings model itself: the
+    one source of `run --help` and the README's configuration table."""
     rows = []
-    for info in Settings.model_fields.values():
+    for field, info in Settings.model_fields.items():
         alias = info.validation_alias
         names = [str(c) for c in alias.choices] if isinstance(alias, AliasChoices) else []
         if not names:
@@ -35,7 +41,9 @@ def config_rows() -> list[tuple[str, str, str]]:
             meaning += f" Also read from {', '.join(names[1:])}."
         if name in INJECTED:
             meaning += " KubeRay sets it."
-        rows.append((name, "required" if name in REQUIRED else _default(info.default), meaning))
+        bounded = any(hasattr(m, attr) for m in info.metadata for attr in ("gt", "ge", "le"))
+        default = "required" if name in REQUIRED else _default(info.default)
+        rows.append((name, default, range_text(field) if bounded else "", meaning))
     return rows
 
 
@@ -49,15 +57,15 @@ def _default(value: object) -> str:
 
 def config_table() -> str:
     """The README's configuration table (a unit test keeps the README equal to it)."""
-    lines = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
-    for name, default, meaning in config_rows():
+    lines = ["| Variable | Default | Range | Meaning |", "| --- | --- | --- | --- |"]
+    for name, default, bounds, meaning in config_rows():
         shown = default if default in ("required", "unset") else f"`{default}`"
-        lines.append(f"| `{name}` | {shown} | {meaning} |")
+        lines.append(f"| `{name}` | {shown} | {bounds} | {meaning} |")
     return "\n".join(lines)
 
 
 def _run_epilog() -> str:
-    width = max(len(name) for name, _, _ in config_rows())
+    width = max(len(row[0]) for row in config_rows())
     lines = [
         "Configured by environment variables only (no flags); invalid values exit 2 with one",
         "line naming the variable. `kuberay-scaler check-config` validates a configuration as",
@@ -65,9 +73,10 @@ def _run_epilog() -> str:
         "",
         "environment:",
     ]
-    for name, default, meaning in config_rows():
-        shown = default if default in ("required", "unset") else f"default {default}"
-        lines.append(f"  {name:<{width}}  [{shown}]")
+    for name, default, bounds, meaning in config_rows():
+        shown = default if default in ("required", "unset") else f"default: {default}"
+        within = f", {bounds.strip('`')}" if bounds else ""
+        lines.append(f"  {name:<{width}}  [{shown}{within}]")
         lines.extend(textwrap.wrap(meaning, 96, initial_indent=" " * 6, subsequent_indent=" " * 6))
     return "\n".join(lines)
 
@@ -181,7 +190,20 @@ def _plan(args: argparse.Namespace) -> int:
     except InputError as err:
         print(f"kuberay-scaler plan: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    print(print_plan(document))
+    return _emit(print_plan(document), "plan")
+
+
+def _emit(text: str, command: str) -> int:
+    """Print the result; a closed or broken standard output is one line and exit 1, not a
+    traceback (nor, with `>&-`, silence and exit 0)."""
+    try:
+        if sys.stdout is None:
+            raise OSError(0, "standard output is closed")
+        print(text, flush=True)
+    except OSError as err:
+        print(f"kuberay-scaler {command}: cannot write the result: {err.strerror}", file=sys.stderr)
+        sys.stdout = None  # nothing left to flush at exit
+        return 1
     return 0
 
 

@@ -14,12 +14,12 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_every_setting_is_documented_once() -> None:
-    names = [name for name, _, _ in config_rows()]
+    names = [row[0] for row in config_rows()]
     assert len(names) == len(set(names))
     aliases = {"KUBECONFIG"}  # read as a fallback of KUBERAY_SCALER_KUBECONFIG, named there
     assert set(names) == _known_names() - aliases
-    assert dict((n, d) for n, d, _ in config_rows())["RAY_CLUSTER_NAME"] == "required"
-    for name, _, meaning in config_rows():
+    assert {row[0]: row[1] for row in config_rows()}["RAY_CLUSTER_NAME"] == "required"
+    for name, _, _, meaning in config_rows():
         assert meaning and name not in meaning, f"{name}: a meaning that repeats the name"
 
 
@@ -38,5 +38,5 @@ def test_run_help_lists_the_environment(capsys: pytest.CaptureFixture[str]) -> N
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "check-config" in out
-    for name, _, _ in config_rows():
+    for name, *_ in config_rows():
         assert name in out
