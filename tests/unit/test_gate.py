@@ -171,3 +171,24 @@ def test_a_deletion_with_nothing_to_drain_is_kept_when_the_fresh_read_has_its_no
     assert send == () and kept[("tpu", "tpu-a")].kind is KeepKind.RAY_NODE_BACK
     writes = after_drains(decision, DrainResults(not_sent=MappingProxyType(kept)))
     assert not writes.blocked and not writes.plan.group("tpu").deletions  # type: ignore[union-attr]
+
+
+def test_a_blocked_deletion_is_counted_by_path_and_logged_at_error() -> None:
+    from structlog.testing import capture_logs
+
+    from kuberay_scaler.control.execute import say_blocked
+    from kuberay_scaler.metrics import REGISTRY
+    from kuberay_scaler.planner.gate import Blocked
+
+    def count() -> float:
+        value = REGISTRY.get_sample_value(
+            "kuberay_scaler_deletions_blocked_total", {"path": "above_max"}
+        )
+        return value or 0.0
+
+    before = count()
+    with capture_logs() as logs:
+        say_blocked([Blocked("tpu", "tpu-b", "tpu-b-0", KeepKind.GATE_ABSENT, "above_max")])
+    assert count() == before + 1
+    (line,) = [x for x in logs if x["log_level"] == "error"]
+    assert line["path"] == "above_max" and line["kind"] == "gate_absent"
