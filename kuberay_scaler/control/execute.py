@@ -205,14 +205,16 @@ def say_blocked(blocked: Sequence[Blocked]) -> None:
 
 
 async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:
-    return await drain_slice(
-        gcs,
-        [bytes.fromhex(n) for n in d.node_ids],
-        reason_message=d.message,
-        deadline_ms=d.deadline_ms,
-        cluster_id=d.cluster_id,
-        reason=PREEMPTION if d.preempt else IDLE_TERMINATION,
-    )
+    # Each drain runs in its own task (gather), so the binding names this slice's log lines only.
+    with structlog.contextvars.bound_contextvars(group=d.group, slice=d.slice_key):
+        return await drain_slice(
+            gcs,
+            [bytes.fromhex(n) for n in d.node_ids],
+            reason_message=d.message,
+            deadline_ms=d.deadline_ms,
+            cluster_id=d.cluster_id,
+            reason=PREEMPTION if d.preempt else IDLE_TERMINATION,
+        )
 
 
 async def _send_patch(
