@@ -20,10 +20,12 @@ from kuberay_scaler.kube.raycluster import RayClusterView
 from kuberay_scaler.kube.session import SessionError, open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
+from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.parse.pods import slim_pod
 from kuberay_scaler.policy import policy_from_settings
+from kuberay_scaler.ray_gcs.adapter import RayGcs
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
-from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+from kuberay_scaler.ray_gcs.poller import GcsPoller
 from kuberay_scaler.settings import ConfigError, Settings, credentials_hint
 from kuberay_scaler.web.server import Probes, make_app, start_server
 
@@ -173,7 +175,7 @@ class Daemon:
             pods=self._pods,
             cluster=self._view,
             feed=self._poller,
-            gcs=gcs,
+            gcs=RayGcs(gcs, self._poller),
             writer=RayClusterWriter(
                 api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
             ),
@@ -223,12 +225,12 @@ class Daemon:
             self._view.nudge()
         self.trigger.fire("pods")
 
-    def _on_gcs(self, observation: GcsObservation) -> None:
+    def _on_gcs(self, observation: RayObservation) -> None:
         if self.reconciler is not None:
             self.reconciler.gcs_changed(observation)
         self.trigger.fire("gcs")
 
-    def _on_observation(self, observation: GcsObservation) -> None:
+    def _on_observation(self, observation: RayObservation) -> None:
         if self.reconciler is not None:
             self.reconciler.observe_gcs(observation)
 

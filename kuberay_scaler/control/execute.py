@@ -37,18 +37,10 @@ import structlog
 
 from kuberay_scaler.control.ports import ClusterView, Gcs, GcsFeed, Writer
 from kuberay_scaler.decision import Decision, Drain, Patch, patch_after_drains
-from kuberay_scaler.kube.writer import PatchOutcome
+from kuberay_scaler.model.drains import DrainReason, SliceDrainResult
+from kuberay_scaler.model.outcome import PatchOutcome
 from kuberay_scaler.model.plan import Plan
-from kuberay_scaler.model.ray import RayState
-from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.patch.ops import Op, PatchError
-from kuberay_scaler.ray_gcs.drain import (
-    IDLE_TERMINATION,
-    PREEMPTION,
-    SliceDrainResult,
-    drain_slice,
-)
-from kuberay_scaler.ray_gcs.errors import GcsError
 
 log = structlog.get_logger(__name__)
 
@@ -107,15 +99,14 @@ async def not_idle_any_more(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[Sl
     idle = [d for d in drains if not d.preempt and (d.broken or not d.hosts_gone)]
     if not idle:
         return frozenset()
-    try:
-        fresh = _ray(await gcs.get_cluster_resource_state())
-    except (GcsError, RayStateError) as err:
-        log.warning("fresh GCS read before draining failed: draining nothing", error=str(err))
+    fresh = await gcs.fresh_state()
+    if fresh.state is None:
+        log.warning("fresh GCS read before draining failed: draining nothing", error=fresh.error)
         return frozenset((d.group, d.slice_key) for d in idle)
-    idle_now = {n.node_id for n in fresh.nodes if n.idle}
+    idle_now = {n.node_id for n in fresh.state.nodes if n.idle}
     stale = set()
     for d in idle:
-        if d.cluster_id != gcs.cluster_id or not set(d.node_ids) <= idle_now:
+        if d.cluster_id != fresh.cluster_id or not set(d.node_ids) <= idle_now:
             stale.add((d.group, d.slice_key))
             log.info(
                 "slice kept: no longer idle in a fresh GCS read",
@@ -124,10 +115,6 @@ async def not_idle_any_more(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[Sl
                 busy_or_gone=sorted(set(d.node_ids) - idle_now),
             )
     return frozenset(stale)
-
-
-def _ray(reply: Any) -> RayState:
-    return reply if isinstance(reply, RayState) else parse_ray_state(reply)
 
 
 async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
@@ -143,7 +130,7 @@ async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
                 group=d.group,
                 slice=d.slice_key,
                 reason=result.reason,
-                hosts_drained=[n.hex() for n in result.drained_node_ids],
+                hosts_drained=list(result.drained_node_ids),
                 hosts_gone_before=d.hosts_gone,
             )
             continue
@@ -154,19 +141,18 @@ async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
                 group=d.group,
                 slice=d.slice_key,
                 reason=result.reason,
-                hosts_already_drained=[n.hex() for n in result.drained_node_ids],
+                hosts_already_drained=list(result.drained_node_ids),
             )
     return frozenset(refused)
 
 
 async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:
-    return await drain_slice(
-        gcs,
-        [bytes.fromhex(n) for n in d.node_ids],
-        reason_message=d.message,
+    return await gcs.drain(
+        d.node_ids,
+        reason=DrainReason.PREEMPTION if d.preempt else DrainReason.IDLE_TERMINATION,
+        message=d.message,
         deadline_ms=d.deadline_ms,
         cluster_id=d.cluster_id,
-        reason=PREEMPTION if d.preempt else IDLE_TERMINATION,
     )
 
 

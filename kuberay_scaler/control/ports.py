@@ -1,7 +1,8 @@
-"""What the control loop needs from the outside world, as Protocols.
+"""What the control loop needs from the outside world, as Protocols over plain data.
 
 The adapters (kube/, ray_gcs/) implement these; tests use the fakes in tests/control/fakes.py.
-The loop never constructs an adapter: app.py wires them in.
+The loop never constructs an adapter (app.py wires them in) and never imports one: what crosses
+these seams is the core's data (model/), so no protobuf and no HTTP type reaches control/.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from kuberay_scaler.kube.writer import PatchOutcome
-from kuberay_scaler.ray_gcs.drain import DrainClient
+from kuberay_scaler.model.drains import DrainReason, SliceDrainResult
+from kuberay_scaler.model.outcome import PatchOutcome
+from kuberay_scaler.model.ray import RayObservation
+from kuberay_scaler.model.report import AutoscalingReport
 
 RawObject = dict[str, Any]
 
@@ -40,13 +43,28 @@ class ClusterView(Protocol):
         """GET now; raises the adapter's error when the GET fails."""
 
 
-class Gcs(DrainClient, Protocol):
-    """The GCS calls the loop makes (ray_gcs.client.GcsClient): drains, and these."""
+class Gcs(Protocol):
+    """The GCS calls the loop makes (ray_gcs.adapter.RayGcs)."""
 
-    async def report(self, state: Any) -> int: ...
+    @property
+    def cluster_id(self) -> str | None: ...
 
-    async def get_cluster_resource_state(self) -> Any:
-        """A fresh GetClusterResourceStateReply (read right before draining)."""
+    async def fresh_state(self) -> RayObservation:
+        """Ray's state read now (right before draining); unknown when the read fails."""
+
+    async def drain(
+        self,
+        node_ids: Sequence[str],
+        *,
+        reason: DrainReason,
+        message: str,
+        deadline_ms: int,
+        cluster_id: str | None,
+    ) -> SliceDrainResult:
+        """Drain every host (hex node ids) of one slice, pinned to `cluster_id`."""
+
+    async def report(self, report: AutoscalingReport) -> bool:
+        """Tell Ray what we are doing (`ray status`); False when it did not take it."""
 
 
 class GcsFeed(Protocol):

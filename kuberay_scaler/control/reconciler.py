@@ -27,7 +27,6 @@ from kuberay_scaler.control.report import report_from_plan
 from kuberay_scaler.decision import (
     Decision,
     Drain,
-    GcsView,
     Observation,
     RecordIntent,
     Write,
@@ -35,7 +34,6 @@ from kuberay_scaler.decision import (
 )
 from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S
-from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.liveness import HostClock, LivenessTracker
 from kuberay_scaler.metrics import (
     DECISIONS,
@@ -48,17 +46,14 @@ from kuberay_scaler.metrics import (
     TARGET_REPLICAS,
 )
 from kuberay_scaler.model.hosts import Host
+from kuberay_scaler.model.outcome import PatchOutcome
 from kuberay_scaler.model.plan import GroupDecision, Memory, Plan
-from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.model.reasons import Action
 from kuberay_scaler.model.slices import SliceState
 from kuberay_scaler.parse.pod_cache import PodCache
-from kuberay_scaler.parse.ray_state import RayStateError, alive_instance_ids, parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.ray_gcs.errors import GcsError
-from kuberay_scaler.ray_gcs.poller import GcsObservation
-from kuberay_scaler.ray_gcs.report import build_autoscaling_state
 
 log = structlog.get_logger(__name__)
 
@@ -170,7 +165,7 @@ class Reconciler:
         self.memory = Memory()
         self.status = LoopStatus(last_progress=monotonic(), last_success=monotonic())
         self._write_failure: str | None = None  # why this reconcile's write failed, if it did
-        self._observation: GcsObservation | None = None
+        self._observation: RayObservation | None = None
         # When the daemon itself last saw each Ray node and pod (slices are judged from it).
         self._liveness = LivenessTracker(
             grace_s=policy.timeouts.missing_node_grace_s,
@@ -182,22 +177,21 @@ class Reconciler:
         self._write_backoff = Backoff(initial=1.0, cap=60.0)
         self._not_before = 0.0
         self._pod_cache = PodCache()
-        self._parsed_ray: tuple[GcsObservation | None, RayState | None] = (None, None)
         self._content = 0  # rises when the GCS content (not its version) changed
         self._last_inputs: tuple[object, ...] | None = None
         self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
         self._wake_at: float | None = None  # monotonic: a time-driven decision is due then
 
-    def observe_gcs(self, observation: GcsObservation) -> None:
+    def observe_gcs(self, observation: RayObservation) -> None:
         """The poller pushes every observation here; a reconcile uses the latest one."""
         self._observation = observation
         self._liveness.observe_ray(
             observation.observed_at,
-            (observation.cluster_id, observation.gcs_epoch),
-            _alive_instances(observation.reply),
+            (observation.cluster_id, observation.epoch),
+            observation.alive_instances(),
         )
 
-    def gcs_changed(self, _: GcsObservation | None = None) -> None:
+    def gcs_changed(self, _: RayObservation | None = None) -> None:
         """The poller saw new content (the `on_change` callback): the next reconcile plans."""
         self._content += 1
 
@@ -289,7 +283,7 @@ class Reconciler:
 
     # --- observe and decide (no writes) --------------------------------------------------------
 
-    def observe(self, gcs: GcsView | None, now: Instant) -> Observation | None:
+    def observe(self, gcs: RayObservation | None, now: Instant) -> Observation | None:
         """Read the RayCluster and pods once; None when there is no RayCluster."""
         raw = self._cluster.current()
         if raw is None:
@@ -349,27 +343,17 @@ class Reconciler:
     def decide(self, observed: Observation, now: Instant) -> Decision:
         return decide(observed, self.memory, self._policy, now.wall, self._config.drain_deadline_s)
 
-    def _gcs_view(self, now: Instant) -> GcsView | None:
+    def _gcs_view(self, now: Instant) -> RayObservation | None:
+        """The latest observation when recent enough to plan from (or to name as unusable)."""
         observation = self._observation
-        if observation is None or not observation.fresh(now.mono, self._config.gcs_stale_after_s):
+        if (
+            observation is None
+            or now.mono - observation.observed_at > self._config.gcs_stale_after_s
+        ):
             return None
-        return GcsView(
-            observation.reply,
-            observation.cluster_id,
-            observation.gcs_epoch,
-            state=self._parsed(observation),
-        )
-
-    def _parsed(self, observation: GcsObservation) -> RayState | None:
-        """The reply parsed once per poll (a replan, or a reconcile before the next poll, reuse
-        it); None for an unusable reply, which decide() then parses and names the problem of."""
-        if self._parsed_ray[0] is not observation:
-            try:
-                state: RayState | None = parse_ray_state(observation.reply)
-            except RayStateError:
-                state = None
-            self._parsed_ray = (observation, state)
-        return self._parsed_ray[1]
+        if observation.state is None and not observation.unusable:
+            return None
+        return observation
 
     def _awaiting(self, raw: Mapping[str, Any], now: float) -> dict[str, str]:
         groups = _group_specs(raw)
@@ -531,15 +515,9 @@ class Reconciler:
         if gcs is None or decision.plan.slice_map is None:
             return
         report = report_from_plan(
-            decision.plan,
-            int(now.wall.timestamp()),
-            _version(gcs.reply),
-            launches_asked=launches_asked,
+            decision.plan, int(now.wall.timestamp()), gcs.version, launches_asked=launches_asked
         )
-        try:
-            await self._gcs.report(build_autoscaling_state(report))
-        except GcsError as err:
-            log.debug("report to GCS failed", error=str(err))
+        await self._gcs.report(report)
 
     def _publish(self, decision: Decision, now: Instant) -> None:
         self.status.last_decision = decision
@@ -627,26 +605,6 @@ def _recent_managers(raw: Mapping[str, Any]) -> list[str]:
     ]
     spec_writers.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
     return [str(e.get("manager")) for e in spec_writers if e.get("manager")]
-
-
-def _alive_instances(reply: Any) -> list[str] | None:
-    """Instance ids (pod names) of the live Ray nodes in a reply; None when it is unusable."""
-    if reply is None:
-        return None
-    fast = alive_instance_ids(reply)  # every poll comes here: no full parse of the reply
-    if fast is not None:
-        return fast
-    try:
-        ray = reply if isinstance(reply, RayState) else parse_ray_state(reply)
-    except RayStateError:
-        return None
-    return list(ray.node_by_instance())
-
-
-def _version(reply: Any) -> int:
-    """`cluster_resource_state_version` of a reply (0 for a reply given already parsed)."""
-    state = getattr(reply, "cluster_resource_state", None)
-    return int(getattr(state, "cluster_resource_state_version", 0))
 
 
 def _outcome_text(done: Executed) -> str:

@@ -177,7 +177,7 @@ async def test_drains_are_pinned_to_the_observation_the_plan_was_made_from() -> 
     assert loop.gcs.drains == [] and workers_to_delete(loop) == []
     assert spec_group(loop)["replicas"] == 1
     (report,) = loop.gcs.reports  # told from the observation the plan was made from
-    assert report.last_seen_cluster_resource_state_version == 5
+    assert report.observed_state_version == 5
     decision = loop.reconciler.status.last_decision
     assert decision is not None and decision.gcs is not None
     assert decision.gcs.cluster_id == "cluster-1"
