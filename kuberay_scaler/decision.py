@@ -29,7 +29,7 @@ from kuberay_scaler.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, SliceDeletion, Snapshot
 from kuberay_scaler.model.ray import RayObservation, RayState
-from kuberay_scaler.model.reasons import PlanProblem, ProblemKind
+from kuberay_scaler.model.reasons import Hold, PlanProblem, ProblemKind
 from kuberay_scaler.parse.pods import parse_pods
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.patch.intent import clear_ops, read_draining, record_ops, with_record
@@ -47,7 +47,7 @@ class Observation:
     gcs: RayObservation | None = None
     synced: bool = True  # pod cache and RayCluster view trustworthy
     # Groups whose last write is not observed yet → what is awaited (from the loop's expectations).
-    awaiting_write: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    awaiting_write: Mapping[str, str | Hold] = field(default_factory=lambda: MappingProxyType({}))
     clock: HostClock | None = None  # the daemon's own liveness memory; None: pod timestamps
     # `pods` already parsed (the daemon's PodCache, once per watch event); `pods` is then unused.
     parsed_pods: tuple[Sequence[Host], Sequence[Problem]] | None = None

@@ -247,13 +247,46 @@ class Settings(BaseSettings):
         default=D.UNHEALTHY_AFTER_FAILURES,
         ge=1,
         validation_alias=_ours("unhealthy_after_failures"),
-        description="/healthz fails after this many failed reconciles in a row.",
+        description="/healthz fails after this many failed attempts since the loop last achieved"
+        " what it planned.",
     )
     unhealthy_after_s: float = Field(
         default=D.UNHEALTHY_AFTER_S,
         gt=0,
         validation_alias=_ours("unhealthy_after_s"),
-        description="/healthz fails when no reconcile has succeeded for this long.",
+        description="/healthz fails when the loop has had work to do (a write, a drain, demand"
+        " to serve) and has not achieved it for this long, whatever the cause.",
+    )
+    # --- the loop: giving up on a target that is not served; another writer's overrides ---
+    give_up_after_s: float = Field(
+        default=D.GIVE_UP_AFTER_S,
+        gt=0,
+        le=7 * 24 * 3600,
+        validation_alias=_ours("give_up_after_s"),
+        description="Exit non-zero when the RayCluster has not existed or been served (404, CRD"
+        " version not served, 401/403) for this long; a server that is down never makes it exit.",
+    )
+    override_backoff_s: float = Field(
+        default=D.OVERRIDE_BACKOFF_S,
+        gt=0,
+        le=7 * 24 * 3600,
+        validation_alias=_ours("override_backoff_s"),
+        description="Another writer reset a group's replicas: leave the group alone this long"
+        " (doubling with each override).",
+    )
+    override_backoff_max_s: float = Field(
+        default=D.OVERRIDE_BACKOFF_MAX_S,
+        gt=0,
+        le=7 * 24 * 3600,
+        validation_alias=_ours("override_backoff_max_s"),
+        description="The longest the override back-off grows to.",
+    )
+    override_memory_s: float = Field(
+        default=D.OVERRIDE_MEMORY_S,
+        gt=0,
+        le=30 * 24 * 3600,
+        validation_alias=_ours("override_memory_s"),
+        description="An override older than this no longer counts toward the doubling.",
     )
     shutdown_grace_s: float = Field(
         default=10.0,

@@ -10,8 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from kuberay_scaler.control.handsoff import Overridden
+from kuberay_scaler.control.health import LoopStatus, Outcome
+from kuberay_scaler.decision import Decision
 from kuberay_scaler.model.drains import DrainReason, SliceDrainResult
 from kuberay_scaler.model.outcome import PatchOutcome
+from kuberay_scaler.model.plan import Plan
 from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.model.report import AutoscalingReport
 
@@ -27,6 +31,10 @@ class PodStore(Protocol):
     @property
     def synced(self) -> bool: ...
 
+    @property
+    def failure_status(self) -> int | None:
+        """HTTP status of the last failed list/watch, until one succeeds."""
+
 
 class ClusterView(Protocol):
     """The RayCluster as last seen (kube.raycluster.RayClusterView)."""
@@ -35,6 +43,10 @@ class ClusterView(Protocol):
 
     @property
     def synced(self) -> bool: ...
+
+    @property
+    def failure_status(self) -> int | None:
+        """HTTP status of the last failed read, until one succeeds (None: none, or no answer)."""
 
     def observe(self, obj: RawObject) -> None:
         """Take a copy fresher than the cache (what a successful patch returned)."""
@@ -83,3 +95,41 @@ class Events(Protocol):
     """Kubernetes Events on the RayCluster (kube.events.EventRecorder); never raises."""
 
     async def record(self, reason: str, message: str) -> None: ...
+
+
+class Sink(Protocol):
+    """Where the loop says what happened: metrics, logs, Events and the status the probes read
+    (control.record.Recorder). Never raises."""
+
+    @property
+    def status(self) -> LoopStatus: ...
+
+    def published(self, decision: Decision) -> None: ...
+
+    def carrying_out(self, decision: Decision) -> None: ...
+
+    def sent(self, ops: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def applied(self, result: Plan) -> None: ...
+
+    def not_written(self, result: Plan) -> None: ...
+
+    def replanning(self, error: str) -> None: ...
+
+    def refresh_failed(self, error: str) -> None: ...
+
+    def forbidden(self, message: str) -> None: ...
+
+    def overridden(self, notice: Overridden, managers: Sequence[str]) -> None: ...
+
+    def recreated(self, old_uid: str, uid: str) -> None: ...
+
+    def crashed(self, error: BaseException) -> None: ...
+
+    def not_served(self, problem: str, *, event: bool) -> None: ...
+
+    def giving_up(self, problem: str, after_s: float) -> None: ...
+
+    def blind(self, seconds: Mapping[str, float]) -> None: ...
+
+    def reconciled(self, outcome: Outcome, *, seconds: float, now: float) -> None: ...

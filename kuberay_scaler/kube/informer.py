@@ -152,6 +152,9 @@ class Informer:
         self._resource_version: str | None = None
         self._synced = False
         self._synced_event = asyncio.Event()
+        # HTTP status of the last failed request, until a list or watch succeeds again (None:
+        # no failure, or no answer at all: a server that is down has no status).
+        self.failure_status: int | None = None
         self._log = log.bind(resource=source.resource)
 
     @property
@@ -185,6 +188,7 @@ class Informer:
                 self._set_synced(False)
                 await self._before_relist()
             except (ApiError, NoResponse, BrokenStream) as error:
+                self.failure_status = error.status if isinstance(error, ApiError) else None
                 self._restart("error")
                 self._set_synced(False)
                 await self._sleep_backoff(error)
@@ -215,6 +219,7 @@ class Informer:
         self._store.update(fresh)
         self._resource_version = resource_version
         self._watch_progressed = False
+        self.failure_status = None
         self._backoff.reset()
         self._log.info("listed", objects=len(fresh), changes=len(changes), rv=resource_version)
         self._synced = True
@@ -255,6 +260,7 @@ class Informer:
             async with open_stream(
                 self._api, target, self.source.path, query, connect_timeout=self._connect_timeout
             ) as stream:
+                self.failure_status = None
                 self._set_synced(True)
                 received = await self._consume(stream)
         except ApiError as error:

@@ -149,6 +149,7 @@ class FakeView:
     server: FakeApiServer
     synced: bool = True
     refreshes: int = 0
+    failure_status: int | None = None
     cached: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -170,6 +171,7 @@ class FakeView:
 class FakePods:
     pods: list[dict[str, Any]] = field(default_factory=list)
     synced: bool = True
+    failure_status: int | None = None
 
     @property
     def store(self) -> Mapping[str, dict[str, Any]]:

@@ -220,14 +220,14 @@ async def test_an_exception_in_decide_is_caught_and_counted(
 async def test_recreated_raycluster_drops_memory_and_expectations() -> None:
     loop = scale_up_loop()
     await loop.reconciler.reconcile()
-    assert loop.reconciler.expectations.groups() == {"cpu"}
+    assert loop.reconciler.observer.expectations.groups() == {"cpu"}
     fresh = cluster(group("cpu", max_replicas=5))
     fresh["metadata"]["uid"] = "uid-2"
     loop.server.obj = fresh
     await loop.view.refresh()
     loop.see_ray(state([head_node()]))
     await loop.reconciler.reconcile()
-    assert loop.reconciler.expectations.groups() == frozenset()
+    assert loop.reconciler.observer.expectations.groups() == frozenset()
 
 
 async def test_decision_metrics_are_labelled_from_the_enums() -> None:
