@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 DAEMON_IMPORTS = """
 import sys
@@ -92,7 +93,7 @@ def _import_statements(modules: list[str]) -> list[tuple[str, str, list[str]]]:
     for name in modules:
         spec = importlib.util.find_spec(name)
         assert spec is not None and spec.origin is not None
-        tree = ast.parse(open(spec.origin, encoding="utf-8").read())
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
         package = name if spec.submodule_search_locations else name.rpartition(".")[0]
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
