@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
+from typing import Any
 
 from kuberay_scaler import defaults as D
 from kuberay_scaler.model.cluster import ClusterSpec
@@ -41,6 +42,7 @@ class Overridden:
     theirs: int
     count: int
     hands_off_s: float
+    managers: tuple[str, ...] = ()  # field managers that last wrote the spec, newest first
 
 
 def _empty_written() -> Mapping[str, int]:
@@ -79,6 +81,7 @@ class HandsOff:
 def hands_off(
     state: HandsOff,
     spec: ClusterSpec,
+    raw: Mapping[str, Any],
     awaiting: Callable[[str], bool],
     now: float,
     backoff: OverrideBackoff,
@@ -99,7 +102,17 @@ def hands_off(
         count = 1 if last is None or now - last.until > backoff.memory_s else last.count + 1
         delay = min(backoff.max_s, backoff.initial_s * 2 ** (count - 1))
         overrides[name] = Override(count, now + delay)
-        noticed.append(Overridden(name, ours, group.replicas, count, delay))
+        noticed.append(Overridden(name, ours, group.replicas, count, delay, field_managers(raw)))
     if not noticed:
         return state, ()
     return HandsOff(MappingProxyType(written), MappingProxyType(overrides)), tuple(noticed)
+
+
+def field_managers(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """Field managers that last wrote the spec (metadata.managedFields), newest first."""
+    entries = (raw.get("metadata") or {}).get("managedFields") or []
+    spec_writers = [
+        e for e in entries if isinstance(e, Mapping) and "f:spec" in (e.get("fieldsV1") or {})
+    ]
+    spec_writers.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
+    return tuple(str(e.get("manager")) for e in spec_writers if e.get("manager"))

@@ -112,6 +112,7 @@ class Observer:
         self.hands_off, overridden = hands_off(
             self.hands_off,
             spec,
+            raw,
             lambda name: self.expectations.pending(name, groups.get(name), now.mono),
             now.mono,
             self._config.override,

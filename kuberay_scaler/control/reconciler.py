@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -170,7 +170,7 @@ class Reconciler:
             self.sink.recreated(seen.recreated, uid)
             self.memory = Memory()
         for notice in seen.overridden:
-            self.sink.overridden(notice, _recent_managers(seen.observation.raycluster))
+            self.sink.overridden(notice)
         return seen
 
     def _unchanged(self, seen: Snapshot, now: Instant) -> bool:
@@ -286,13 +286,3 @@ def _blind_outcome(seen: Snapshot, demand: bool) -> Outcome | None:
     if seen.fresh:
         return None
     return Outcome(Step.BLIND, f"blind: {', '.join(sorted(seen.unknown))} not fresh", demand=demand)
-
-
-def _recent_managers(raw: Mapping[str, Any]) -> list[str]:
-    """Field managers that last wrote the spec (metadata.managedFields), newest first."""
-    entries = raw.get("metadata", {}).get("managedFields") or []
-    spec_writers = [
-        e for e in entries if isinstance(e, Mapping) and "f:spec" in (e.get("fieldsV1") or {})
-    ]
-    spec_writers.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
-    return [str(e.get("manager")) for e in spec_writers if e.get("manager")]

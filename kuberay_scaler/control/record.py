@@ -107,7 +107,8 @@ class Recorder:
     def forbidden(self, message: str) -> None:
         log.error("not allowed to patch the RayCluster", error=message)
 
-    def overridden(self, notice: Overridden, managers: Sequence[str]) -> None:
+    def overridden(self, notice: Overridden) -> None:
+        managers = notice.managers
         OVERRIDES.labels(notice.group).inc()
         log.warning(
             "replicas overridden by another writer",

@@ -52,6 +52,12 @@ async def every(loop: Loop, seconds: float, ray: Any, step: float = 2.0) -> list
     return health
 
 
+def blind_seconds(source: str) -> float:
+    value = REGISTRY.get_sample_value("kuberay_scaler_blind_seconds", {"source": source})
+    assert value is not None
+    return value
+
+
 def last_success() -> float:
     value = REGISTRY.get_sample_value("kuberay_scaler_last_successful_reconcile_timestamp_seconds")
     return value or 0.0
@@ -100,6 +106,7 @@ async def test_gcs_unreachable_with_demand_pending_fails_healthz_and_stops_the_s
     assert spec_group(loop)["replicas"] == 2  # blind: nothing written
     assert not health[-1], f"healthz 200 after 60 s blind with demand: {loop.reconciler.health()}"
     assert last_success() <= blind_from, "held reconciles counted as successes"
+    assert blind_seconds("gcs") >= 55 and blind_seconds("pods") == 0
 
 
 async def test_pods_unreadable_with_demand_pending_fails_healthz() -> None:
@@ -124,3 +131,4 @@ async def test_write_failures_that_recover_are_healthy_again() -> None:
     loop.writer._script.clear()
     health = await every(loop, 120, demand)
     assert health[-1] and spec_group(loop)["replicas"] == 2
+    assert last_success() == loop.clock.wall().timestamp()  # fresh and written: progress
