@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gcs_poll
 import bench_live
 import bench_reconcile
+import bench_spec_edit
 import report
 from common import loadavg, machine
 
@@ -89,6 +90,11 @@ def main() -> int:
         )
     )
     loads.append(("after live", loadavg()))
+    save()
+    results["spec_edit"] = asyncio.run(bench_spec_edit.run(trials=mode.trials, log=log))
+    table = bench_spec_edit.markdown(results["spec_edit"])
+    out.with_name(f"{mode.name}-spec-edit.md").write_text(table + "\n")
+    log(f"spec edit -> patch:\n{table}")
     save()
     results["planner"] = planner(mode.planner_scale, log)
     loads.append(("end", loadavg()))

@@ -150,7 +150,7 @@ class Daemon:
             namespace=s.cluster_namespace,
             name=s.cluster_name,
             mode="watch" if access.watch_rayclusters else "poll",
-            refresh_interval=s.resync_interval_s,
+            refresh_interval=s.raycluster_poll_interval_s,
             silent_timeout=s.watch_silence_timeout_s,
             debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),

@@ -169,7 +169,15 @@ class Settings(BaseSettings):
         default=D.RESYNC_INTERVAL_S,
         gt=0,
         validation_alias=_ours("resync_interval_s"),
-        description="Periodic reconcile (and RayCluster GET in poll mode) when nothing changed.",
+        description="Periodic reconcile when nothing changed.",
+    )
+    raycluster_poll_interval_s: float = Field(
+        default=D.RAYCLUSTER_POLL_INTERVAL_S,
+        gt=0,
+        le=300,
+        validation_alias=_ours("raycluster_poll_interval_s"),
+        description="Poll mode (no watch on rayclusters, KubeRay's Role): GET the RayCluster this"
+        " often, so spec edits are acted on within seconds; pod events bring a GET sooner.",
     )
     debounce_s: float = Field(
         default=D.DEBOUNCE_S,
@@ -241,7 +249,7 @@ class Settings(BaseSettings):
         gt=0,
         validation_alias=_ours("preempt_deadline_s"),
         description="A busy slice above maxReplicas is drained (reason preemption) this long"
-        " before it is deleted, so Ray can move its work.",
+        " before it is deleted, so Ray can move its work (Ray's own stops it at once).",
     )
     unhealthy_after_failures: int = Field(
         default=D.UNHEALTHY_AFTER_FAILURES,

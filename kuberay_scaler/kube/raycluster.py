@@ -1,8 +1,10 @@
 """The current RayCluster, kept fresh by a watch or, under KubeRay's Role, by GETs.
 
 Mode is chosen once at start from `detect_access`: "watch" when the token may list+watch
-rayclusters (an informer with `fieldSelector=metadata.name=<name>`), else "poll": a GET after pod
-events (debounced: `nudge()` from the pod informer) and every `refresh_interval` seconds.
+rayclusters (an informer with `fieldSelector=metadata.name=<name>`, which a Role limited by
+`resourceNames` allows), else "poll": a GET every `refresh_interval` seconds (2.5 s: a user's spec
+edit is acted on within seconds) and sooner after pod events (`nudge()` from the pod informer),
+never two GETs closer than `min_get_gap`. `PollCadence` is that schedule, a pure function of time.
 
 Whatever the mode, a GET (`refresh()`) or a patch result (`observe()`) can bring a fresher copy;
 the view keeps the newest by resourceVersion. resourceVersions are officially opaque, but every
@@ -15,7 +17,9 @@ sets `uid_changed`: the loop drops its memory of the old one, then clears the ev
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
@@ -33,6 +37,26 @@ RawObject = dict[str, Any]
 _GET = Target("get", "rayclusters")
 
 
+@dataclass(frozen=True)
+class PollCadence:
+    """When poll mode GETs the RayCluster next (times in monotonic seconds, passed in).
+
+    Every `interval_s` after the last GET; a nudge (pod events) brings it to `debounce_s` after
+    the first nudge since that GET (a burst folds into one GET), but never closer than
+    `min_gap_s` to the last GET: pod churn cannot raise the rate above 1 / `min_gap_s`.
+    """
+
+    interval_s: float = D.RAYCLUSTER_POLL_INTERVAL_S
+    min_gap_s: float = D.RAYCLUSTER_MIN_GET_GAP_S
+    debounce_s: float = D.DEBOUNCE_S
+
+    def next_get(self, last_get: float, nudged_at: float | None) -> float:
+        due = last_get + self.interval_s
+        if nudged_at is None:
+            return due
+        return min(due, max(nudged_at + self.debounce_s, last_get + self.min_gap_s))
+
+
 class RayClusterView:
     """One RayCluster (`namespace`/`name`) as last seen; run `run()` as a task.
 
@@ -48,8 +72,9 @@ class RayClusterView:
         namespace: str,
         name: str,
         mode: Mode,
-        refresh_interval: float = D.RESYNC_INTERVAL_S,
+        refresh_interval: float = D.RAYCLUSTER_POLL_INTERVAL_S,
         debounce: float = D.DEBOUNCE_S,
+        min_get_gap: float = D.RAYCLUSTER_MIN_GET_GAP_S,
         silent_timeout: float = D.WATCH_SILENCE_TIMEOUT_S,
         backoff: Backoff | None = None,
         on_change: Callable[[], None] | None = None,
@@ -60,8 +85,13 @@ class RayClusterView:
         self.namespace = namespace
         self.name = name
         self._path = f"{D.rayclusters_path(namespace, crd_version)}/{name}"
-        self._refresh_interval = refresh_interval
-        self._debounce = debounce
+        self._cadence = PollCadence(
+            interval_s=refresh_interval,
+            min_gap_s=min(min_get_gap, refresh_interval),
+            debounce_s=debounce,
+        )
+        self._clock = time.monotonic
+        self._nudged_at: float | None = None
         self._backoff = backoff or Backoff()
         self._on_change = on_change
         self._current: RawObject | None = None
@@ -105,6 +135,8 @@ class RayClusterView:
 
     def nudge(self) -> None:
         """Something changed (a pod event): GET soon, folding bursts. No-op in watch mode."""
+        if self._nudged_at is None:
+            self._nudged_at = self._clock()
         self._nudged.set()
 
     def observe(self, obj: RawObject) -> None:
@@ -137,7 +169,8 @@ class RayClusterView:
 
     async def _poll(self) -> None:
         while True:
-            self._nudged.clear()
+            self._nudged_at = None  # nudges from now on may not be reflected by this GET
+            started = self._clock()
             try:
                 await self.refresh()
             except (ApiError, NoResponse) as error:
@@ -152,15 +185,20 @@ class RayClusterView:
             self._backoff.reset()
             self._poll_failure = None
             self._set_polled_ok(True)
-            await self._wait_for_nudge_or_refresh()
+            await self._until_next_get(started)
 
-    async def _wait_for_nudge_or_refresh(self) -> None:
-        try:
-            async with asyncio.timeout(self._refresh_interval):
-                await self._nudged.wait()
-        except TimeoutError:
-            return
-        await asyncio.sleep(self._debounce)  # more pod events usually follow: one GET for all
+    async def _until_next_get(self, last_get: float) -> None:
+        """Sleep until the cadence says GET, re-planning the wake-up on every nudge."""
+        while True:
+            wait_s = self._cadence.next_get(last_get, self._nudged_at) - self._clock()
+            if wait_s <= 0:
+                return
+            self._nudged.clear()
+            try:
+                async with asyncio.timeout(wait_s):
+                    await self._nudged.wait()
+            except TimeoutError:
+                return
 
     def _set_polled_ok(self, ok: bool) -> None:
         if ok != self._polled_ok:

@@ -248,6 +248,23 @@ class ClearWorkersToDelete:
         return f"clear workersToDelete: all {self.count} named pod(s) are gone"
 
 
+@dataclass(frozen=True)
+class RunsMinReplicas:
+    """`replicas` is below `minReplicas`: KubeRay runs minReplicas, so the plan starts from (and
+    writes) that, instead of a target below what runs."""
+
+    replicas: int
+    min_replicas: int
+
+    kind = "runs_min_replicas"
+
+    def __str__(self) -> str:
+        return (
+            f"replicas {self.replicas} below minReplicas {self.min_replicas}: KubeRay runs"
+            f" {self.min_replicas}, planning from {self.min_replicas}"
+        )
+
+
 class UnchangedKind(StrEnum):
     """Why a group's slices stay as they are (said for every group a plan leaves alone)."""
 
@@ -293,7 +310,17 @@ class Unchanged:
                 return f"{self.count} slice(s) {self.kind.value}{example}"
 
 
-Reason = ScaleUp | Waiting | ScaleDown | Replace | Keep | ClearWorkersToDelete | Hold | Unchanged
+Reason = (
+    ScaleUp
+    | Waiting
+    | ScaleDown
+    | Replace
+    | Keep
+    | ClearWorkersToDelete
+    | RunsMinReplicas
+    | Hold
+    | Unchanged
+)
 
 
 class ProblemKind(StrEnum):

@@ -36,6 +36,7 @@ from kuberay_scaler.model.reasons import (
     PlanProblem,
     ProblemKind,
     Reason,
+    RunsMinReplicas,
     ScaleUp,
     Waiting,
 )
@@ -404,7 +405,11 @@ def _decide(
         keep = group.effective_replicas + room.added - group.min_replicas
         deletions += idle_deletions(g.slices, keep, needed, timeout_s, reasons)
     idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
-    scaled = room.added or idle_deleted
+    below_min = not (group.suspend or g.hold_down) and group.replicas < group.min_replicas
+    if below_min:
+        # KubeRay runs minReplicas when replicas is lower: plan (and write) what runs.
+        reasons.append(RunsMinReplicas(group.replicas, group.min_replicas))
+    scaled = room.added or idle_deleted or below_min
     target = group.effective_replicas + room.added - idle_deleted if scaled else group.replicas
     decision = replace(
         base,

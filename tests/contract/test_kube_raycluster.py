@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -33,13 +34,16 @@ pytestmark = pytest.mark.contract
 REPLICAS_PATH = "/spec/workerGroupSpecs/0/replicas"
 
 
-def make_view(api: ApiClient, mode: Mode, *, refresh_interval: float = 60.0) -> RayClusterView:
+def make_view(
+    api: ApiClient, mode: Mode, *, refresh_interval: float = 60.0, min_get_gap: float = 1.0
+) -> RayClusterView:
     return RayClusterView(
         api,
         namespace=NAMESPACE,
         name=CLUSTER,
         mode=mode,
         refresh_interval=refresh_interval,
+        min_get_gap=min_get_gap,
         debounce=0.01,
         silent_timeout=5.0,
         backoff=Backoff(initial=0.02, cap=0.2),
@@ -109,6 +113,30 @@ async def test_poll_mode_refreshes_periodically_without_pod_events(
         await eventually(lambda: shows(view, apiserver), "first GET")
         set_replicas(apiserver, 2)
         await eventually(lambda: shows(view, apiserver), "periodic refresh")
+
+
+async def test_poll_mode_pod_churn_never_gets_closer_than_the_gap(
+    apiserver: ApiServerStandIn, connect: Connect
+) -> None:
+    """Issue 22: pod events bring GETs sooner, but a storm of them cannot raise the GET rate
+    above one per `min_get_gap` (an edit is still seen: the GETs keep coming)."""
+    apiserver.create("rayclusters", NAMESPACE, raycluster())
+    gap = 0.2
+    view = make_view(
+        await connect(RESTRICTED_TOKEN), "poll", refresh_interval=60.0, min_get_gap=gap
+    )
+    async with running(view.run()):
+        await eventually(lambda: shows(view, apiserver), "first GET")
+        before = len(rc_requests(apiserver))
+        started = asyncio.get_running_loop().time()
+        set_replicas(apiserver, 7)
+        while not shows(view, apiserver) or len(rc_requests(apiserver)) < before + 5:
+            view.nudge()  # a pod event every 5 ms
+            await asyncio.sleep(0.005)
+        elapsed = asyncio.get_running_loop().time() - started
+        gets = len(rc_requests(apiserver)) - before
+    # Slower machines make fewer GETs, never more: the bound holds under any load.
+    assert gets <= elapsed / gap + 1, (gets, elapsed)
 
 
 async def test_sidecar_token_watches_the_one_raycluster(

@@ -3,6 +3,7 @@ one reconcile; busy surplus drained with reason preemption, deleted by a later r
 
 from __future__ import annotations
 
+from kuberay_scaler.defaults import PREEMPT_DEADLINE_S
 from kuberay_scaler.model.drains import DrainReason
 from kuberay_scaler.model.ray import NodeStatus
 from tests.control.fakes import make_loop
@@ -43,8 +44,8 @@ async def test_busy_slice_above_max_is_preempted_then_deleted_once_drained() -> 
     assert not loop.writer.calls
     assert _named(loop) == []
 
-    # Still busy a minute later: no second drain, nothing deleted.
-    loop.clock.advance(60)
+    # Still busy before the preemption deadline: no second drain, nothing deleted.
+    loop.clock.advance(PREEMPT_DEADLINE_S / 2)
     loop.see_ray(state([head_node(), *busy]))
     await loop.reconciler.reconcile()
     assert len(loop.gcs.drains) == 4

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 
+from kuberay_scaler.defaults import PREEMPT_DEADLINE_S
 from kuberay_scaler.model.plan import Memory
 from kuberay_scaler.model.reasons import ScaleDownKind
 from kuberay_scaler.parse.ray_state import parse_ray_state
@@ -97,7 +98,7 @@ async def test_busy_node_is_drained_for_preemption_and_deleted_only_once_free(
         what="the host DRAINING",
     )
     memory = Memory(preempting=first.memory.preempting)
-    later = NOW + timedelta(seconds=30)
+    later = NOW + timedelta(seconds=PREEMPT_DEADLINE_S / 2)  # before the notice ends
     kept = plan_of(rc, pods, parse_ray_state(state), memory=memory, now=later)
     assert not kept.group("cpu").deletions, "deleted while its work still runs"  # type: ignore[union-attr]
     assert not kept.group("cpu").preempt  # type: ignore[union-attr]  # not drained twice

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from ray.core.generated import instance_manager_pb2
 
+from kuberay_scaler.defaults import PREEMPT_DEADLINE_S, RAYCLUSTER_POLL_INTERVAL_S
 from kuberay_scaler.model.plan import DeleteKind, Memory, Plan
 from kuberay_scaler.model.ray import NodeStatus
 from kuberay_scaler.model.reasons import ScaleDownKind
@@ -125,12 +126,12 @@ def test_busy_surplus_is_drained_for_preemption_first_and_deleted_later() -> Non
     assert (preempt.slice_key, preempt.kind) == ("cpu-1", DeleteKind.PREEMPT)
     assert preempt.reason.kind is ScaleDownKind.PREEMPT
     deadline = first.memory.preempting["cpu-1"]
-    assert deadline == NOW + timedelta(seconds=600)
+    assert deadline == NOW + timedelta(seconds=PREEMPT_DEADLINE_S)
     assert decision.changes  # the drain must be executed even without a spec change
     assert_plan_invariants(rc, pods, first)
 
-    # Still busy a minute later: kept, not drained again, nothing more preempted.
-    later = NOW + timedelta(seconds=60)
+    # Still busy before the deadline: kept, not drained again, nothing more preempted.
+    later = NOW + timedelta(seconds=PREEMPT_DEADLINE_S / 2)
     second = plan_of(rc, pods, state(busy), memory=first.memory, now=later)
     d2 = second.group("cpu")
     assert d2 is not None and not d2.deletions and not d2.preempt
@@ -154,6 +155,20 @@ def test_busy_surplus_is_drained_for_preemption_first_and_deleted_later() -> Non
     assert d3.deletions[0].node_ids == ()
     assert d3.deletions[0].reason.kind is ScaleDownKind.PREEMPTED
     assert d3.target == 1
+
+
+def test_default_preemption_deadline_frees_the_slice_within_kuberays_60_s() -> None:
+    """Issue 22 item 2: KubeRay's e2e test (maxReplicas 2 -> 1, both workers busy) wants the
+    surplus gone within 60 s; Ray's own autoscaler stops the node at once. Our default drain
+    notice plus the poll-mode GET and a loaded machine's reaction must fit in that."""
+    assert PREEMPT_DEADLINE_S + RAYCLUSTER_POLL_INTERVAL_S + 15.0 <= 60.0
+    rc = cluster(group("cpu", replicas=2, max_replicas=1))
+    pods = [pod("cpu-0", "cpu"), pod("cpu-1", "cpu")]
+    busy = cpu_nodes(["cpu-0", "cpu-1"], free_cpu=2)
+    first = plan_of(rc, pods, state(busy))
+    at_deadline = NOW + timedelta(seconds=PREEMPT_DEADLINE_S)
+    second = plan_of(rc, pods, state(busy), memory=first.memory, now=at_deadline)
+    assert len(deleted_pods(second, "cpu")) == 1  # still busy, but its notice is over
 
 
 def test_busy_surplus_past_its_deadline_is_deleted() -> None:
