@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any
 
 from kuberay_scaler import defaults as D
 from kuberay_scaler.backoff import Backoff
@@ -30,6 +29,7 @@ from kuberay_scaler.control.report import report_from_plan
 from kuberay_scaler.decision import Decision, decide
 from kuberay_scaler.model.outcome import PatchOutcome
 from kuberay_scaler.model.plan import Memory, Plan
+from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.planner.core import Policy
 
 __all__ = ["Instant", "LoopConfig", "Reconciler"]
@@ -95,7 +95,7 @@ class Reconciler:
     def status(self) -> LoopStatus:
         return self.sink.status
 
-    def observe_gcs(self, observation: Any) -> None:
+    def observe_gcs(self, observation: RayObservation) -> None:
         """The poller pushes every observation here; a reconcile uses the latest one."""
         self.observer.see_ray(observation)
 
