@@ -47,6 +47,9 @@ def render(results: dict[str, Any], plots_dir: Path | None) -> str:
     lines += _reconcile(results.get("reconcile", []))
     lines += _gcs(results.get("gcs_poll", []))
     lines += _planner(results.get("planner"))
+    lines += _shapes(results.get("shapes"))
+    lines += _frame(results.get("frame"))
+    lines += _rss(results.get("rss"))
     return "\n".join(lines) + "\n"
 
 
@@ -104,10 +107,11 @@ def _goals(results: dict[str, Any]) -> list[str]:
         rows.append(
             (f"reconcile at {rec[-1]['pods']} pods < 50 ms", f"{ms:.0f} ms", "< 50 ms", ms < 50)
         )
+    rows += _goals_23(results)
     if not rows:
         return []
     lines = [
-        "### Goals (issue 13), on this run",
+        "### Goals (issues 13, 20, 23), on this run",
         "",
         "| goal | measured | target | |",
         "| --- | --- | --- | --- |",
@@ -115,6 +119,105 @@ def _goals(results: dict[str, Any]) -> list[str]:
     for name, measured, target, ok in rows:
         lines.append(f"| {name} | {measured} | {target} | {'met' if ok else '**missed**'} |")
     return [*lines, ""]
+
+
+def _goals_23(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    rows: list[tuple[str, str, str, bool | None]] = []
+    shapes = results.get("shapes")
+    if shapes:
+        ours = shapes["ours"]
+        rows.append(
+            (
+                f"plan {shapes['tasks']:,} tasks over {shapes['shapes']} shapes ×"
+                f" {shapes['groups']} groups < 1 s",
+                f"{ours['cpu_s']:.2f} s CPU ({ours['wall_s']:.2f} s wall,"
+                f" load {ours['load'][0][0]})",
+                "< 1 s",
+                ours["cpu_s"] < 1,
+            )
+        )
+    for row in results.get("frame") or []:
+        cpu = row["known"]["cpu_ms"]
+        if row["hosts"] >= 100_000:
+            rows.append(
+                (f"decision frame at {row['hosts']:,} hosts ≤ 1 s", f"{cpu:.0f} ms CPU", "≤ 1 s",
+                 cpu <= 1000)
+            )  # fmt: skip
+        else:
+            one = max(row["one_pod_changed"]["cpu_ms"], row["one_node_changed"]["cpu_ms"])
+            rows.append(
+                (f"frame after one change at {row['hosts']:,} hosts < 50 ms", f"{one:.0f} ms CPU",
+                 "< 50 ms", one < 50)
+            )  # fmt: skip
+    rss = results.get("rss")
+    if rss:
+        rows.append(
+            (
+                f"RSS at {rss['pods']:,} real-size pods ({rss['pod_json_bytes']} B each,"
+                " in-process model) ≤ 200 MB",
+                f"{rss['peak_rss_mb']:.0f} MB peak",
+                "≤ 200 MB",
+                rss["peak_rss_mb"] <= 200,
+            )
+        )
+    return rows
+
+
+def _shapes(data: dict[str, Any] | None) -> list[str]:
+    if not data:
+        return []
+    ours, small, ray = data["ours"], data["ours_small"], data["ray_small"]
+    return [
+        "### Planning cost over distinct shapes (bench/bench_shapes.py)",
+        "",
+        f"{data['groups']} CPU groups (maxReplicas {data['max_group_hosts']:,}), {data['shapes']}"
+        f" distinct task shapes, {data['tasks']:,} tasks in {data['entries']:,} GCS entries:"
+        f" parse + plan {ours['cpu_s']:.2f} s CPU ({ours['wall_s']:.2f} s wall), planning"
+        f" {ours['hosts_planned']:,} hosts; load {ours['load']}.",
+        f"At {data['small_tasks']:,} tasks (Ray's scheduler expands each task into a request):"
+        f" ours {small['cpu_s']:.3f} s CPU, Ray v2 `schedule()` {ray['cpu_s']:.1f} s CPU — ratio"
+        f" ours / Ray {data['ratio_small']:.4f}; hosts planned: ours {small['hosts_planned']},"
+        f" Ray {ray['hosts_planned']}.",
+        "",
+    ]
+
+
+def _frame(rows: list[dict[str, Any]] | None) -> list[str]:
+    if not rows:
+        return []
+    lines = [
+        "### One decision frame (bench/bench_frame.py: pod cache + parsed GCS state → decide()"
+        " + report), CPU ms (wall ms)",
+        "",
+        "| hosts | every host known | every slice launching | after one pod event |"
+        " after one GCS change | load |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def cell(m: dict[str, Any] | None) -> str:
+        return f"{m['cpu_ms']:.0f} ({m['wall_ms']:.0f})" if m else "—"
+
+    for r in rows:
+        lines.append(
+            f"| {r['hosts']:,} | {cell(r['known'])} | {cell(r['launching'])} |"
+            f" {cell(r.get('one_pod_changed'))} | {cell(r.get('one_node_changed'))} |"
+            f" {r['known']['load'][0]} |"
+        )
+    return [*lines, ""]
+
+
+def _rss(data: dict[str, Any] | None) -> list[str]:
+    if not data:
+        return []
+    return [
+        "### Memory at real pod size (bench/bench_rss.py, in-process model of the daemon)",
+        "",
+        f"{data['pods']:,} pods of {data['pod_json_bytes']} B of JSON each (managedFields"
+        f" included): RSS before the list {data['rss_before_list_mb']} MB, peak while listing"
+        f" {data['peak_rss_listing_mb']} MB, with the pod cache {data['rss_with_pod_cache_mb']} MB,"
+        f" after one frame {data['rss_after_frame_mb']} MB; peak {data['peak_rss_mb']} MB.",
+        "",
+    ]
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:

@@ -22,9 +22,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_frame
 import bench_gcs_poll
 import bench_live
 import bench_reconcile
+import bench_rss
+import bench_shapes
 import bench_spec_edit
 import report
 from common import loadavg, machine
@@ -97,6 +100,17 @@ def main() -> int:
     log(f"spec edit -> patch:\n{table}")
     save()
     results["planner"] = planner(mode.planner_scale, log)
+    loads.append(("after planner", loadavg()))
+    save()
+    # Issue 23: planning cost over distinct shapes, the decision frame, memory at real pod size.
+    quick = mode.name == "quick"
+    results["shapes"] = bench_shapes.run(quick=quick, log=log)
+    save()
+    frame_sizes = (10_000,) if quick else (10_000, 100_000)
+    results["frame"] = bench_frame.run(frame_sizes, log, repeats=1 if quick else 3)
+    save()
+    results["rss"] = bench_rss.measure(10_000)
+    log(f"rss at 10k real-size pods: {results['rss']}")
     loads.append(("end", loadavg()))
     save()
     to_docs = not (args.quick or args.no_docs)

@@ -6,6 +6,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
+from types import MappingProxyType
 
 from kuberay_scaler.defaults import MAX_PROVISION_TIME_S, MISSING_NODE_GRACE_S
 from kuberay_scaler.liveness import HostClock
@@ -93,11 +95,15 @@ def _group_slices(
         members[host.slice_key].append(host)
     doomed = set(group.workers_to_delete)
     slices = [
-        _judge(group, key, sorted(m, key=_host_order), nodes, ray_known, doomed, timeouts, clock)
+        _judge(group, key, _in_order(m), nodes, ray_known, doomed, timeouts, clock)
         for key, m in members.items()
     ]
     slices.sort(key=lambda s: (s.created_at or now, s.key))
     return GroupSlices(group=group, slices=tuple(slices))
+
+
+def _in_order(hosts: list[Host]) -> list[Host]:
+    return sorted(hosts, key=_host_order) if len(hosts) > 1 else hosts
 
 
 def _host_order(host: Host) -> tuple[int, str]:
@@ -115,21 +121,46 @@ def _judge(
     clock: HostClock,
 ) -> Slice:
     joined = {h.pod_name: nodes[h.pod_name] for h in hosts if h.pod_name in nodes}
-    marked = any(h.pod_name in doomed for h in hosts)
+    marked = bool(doomed) and any(h.pod_name in doomed for h in hosts)
     created = min((h.created_at for h in hosts if h.created_at), default=None)
-    state, reason, fault = _state(group, hosts, joined, ray_known, marked, timeouts, clock)
+    if _whole(group, hosts, joined, marked):
+        state, reason, fault = SliceState.COMPLETE, _complete_reason(group.num_of_hosts), None
+    else:
+        state, reason, fault = _state(group, hosts, joined, ray_known, marked, timeouts, clock)
     return Slice(
         key=key,
         group=group.name,
         expected_hosts=group.num_of_hosts,
         hosts=tuple(hosts),
-        nodes=frozen_map(joined),
+        nodes=MappingProxyType(joined),  # a fresh dict: read-only without another copy
         state=state,
         reason=reason,
         fault=fault,
         created_at=created,
         marked_for_deletion=marked,
     )
+
+
+def _whole(
+    group: WorkerGroup, hosts: list[Host], joined: Mapping[str, RayNode], marked: bool
+) -> bool:
+    """The common case, decided without the timers: every host Running and joined to Ray.
+
+    `_state` reaches COMPLETE for exactly these slices (nothing before its last line can apply
+    to them), so most slices of a large cluster skip its work.
+    """
+    want = group.num_of_hosts
+    return (
+        not marked
+        and len(hosts) == want == len(joined)
+        and all(h.phase is HostPhase.RUNNING for h in hosts)
+        and (want == 1 or _identified(hosts[0]))
+    )
+
+
+@cache
+def _complete_reason(want: int) -> str:
+    return f"{want} of {want} hosts up"
 
 
 def _state(
@@ -177,7 +208,7 @@ def _state(
         if age > timeouts.max_provision_s and (not_running or judge_ray):
             return SliceState.BROKEN, f"not up after {_dur(age)}: {why}", F.NOT_UP_IN_TIME
         return SliceState.PENDING, why, None
-    return SliceState.COMPLETE, f"{want} of {want} hosts up", None
+    return SliceState.COMPLETE, _complete_reason(want), None
 
 
 def _missing_for(
@@ -217,6 +248,8 @@ def _label_problems(gs: GroupSlices) -> list[Problem]:
     problems: list[Problem] = []
     seen: dict[str, str] = {}
     for sl in gs.slices:
+        if not sl.nodes:
+            continue  # nothing Ray says to check against
         names = {
             n.labels[TPU_SLICE_LABEL] for n in sl.nodes.values() if TPU_SLICE_LABEL in n.labels
         }
@@ -235,6 +268,8 @@ def _label_problems(gs: GroupSlices) -> list[Problem]:
                     )
                 )
         problems.extend(_node_type_problems(gs.group.name, sl))
+        if not names and not any(TPU_WORKER_LABEL in n.labels for n in sl.nodes.values()):
+            continue  # no TPU labels: no worker ids to compare
         for host in sl.hosts:
             worker = (
                 sl.nodes[host.pod_name].labels.get(TPU_WORKER_LABEL)

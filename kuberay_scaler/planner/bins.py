@@ -33,7 +33,7 @@ def free_amount(free: Mapping[str, float], resource: str) -> float:
     return free.get(resource, default)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Bin:
     """One host that can take work: an existing Ray node, a launching pod, or a planned host."""
 
@@ -64,18 +64,38 @@ def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
     return found
 
 
-def bins_for_new_slice(group: str, key: str, hosts: Sequence[HostShape]) -> list[Bin]:
+def bins_for_new_slice(
+    group: str,
+    key: str,
+    hosts: Sequence[HostShape],
+    filled: Sequence[tuple[Mapping[str, float], bool]] | None = None,
+) -> list[Bin]:
+    """The hosts of a slice this plan adds; `filled`: per host, what is left and if it is used."""
+    if filled is None:
+        return [
+            Bin(
+                name=f"{key}/host-{i}",
+                group=group,
+                slice_key=key,
+                free=dict(h.resources),
+                labels=h.labels,
+                accelerators=h.accelerators,
+                planned=True,
+            )
+            for i, h in enumerate(hosts)
+        ]
     return [
         Bin(
             name=f"{key}/host-{i}",
             group=group,
             slice_key=key,
-            free=dict(h.resources),
+            free=dict(free),
             labels=h.labels,
             accelerators=h.accelerators,
             planned=True,
+            used=used,
         )
-        for i, h in enumerate(hosts)
+        for i, (h, (free, used)) in enumerate(zip(hosts, filled, strict=True))
     ]
 
 
@@ -91,6 +111,11 @@ def signature(bundle: Bundle) -> str:
         [(c.key, c.negated, sorted(c.values)) for c in s.constraints] for s in bundle.selectors
     ]
     return repr((sorted(bundle.resources.items()), selectors))
+
+
+def bundle_key(bundle: Bundle) -> tuple[object, ...]:
+    """Equal for equal bundles (resources in any order), hashable; cheaper than `signature`."""
+    return (tuple(sorted(bundle.resources.items())), bundle.selectors)
 
 
 def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[str, str]) -> int:

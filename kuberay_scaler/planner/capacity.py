@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kuberay_scaler.model.hosts import Host, HostPhase
 from kuberay_scaler.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
 from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
-from kuberay_scaler.model.slices import SliceMap, SliceState
+from kuberay_scaler.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.planner.bins import Bin, accelerators_of, bins_for_new_slice
 from kuberay_scaler.planner.shapes import SliceShape
 
@@ -20,6 +20,12 @@ class Capacity:
     available: list[Bin] = field(default_factory=list)  # free resources now
     total: list[Bin] = field(default_factory=list)  # whole hosts, for the request_resources floor
     virtual: dict[str, int] = field(default_factory=dict)  # group → replicas without pods yet
+    # Whole hosts are only needed when Ray has a request_resources floor: without one, `total`
+    # stays empty (half the bins of a 100k-host frame).
+    with_total: bool = True
+
+    def lists(self) -> tuple[list[Bin], ...]:
+        return (self.available, self.total) if self.with_total else (self.available,)
 
 
 def build_capacity(
@@ -27,15 +33,21 @@ def build_capacity(
     ray: RayState,
     shapes: Mapping[str, SliceShape],
     replacing: Collection[str] = (),
+    with_total: bool = True,
+    bins: bool = True,
 ) -> Capacity:
     """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
 
     `replacing` names the groups whose broken slices this plan replaces: KubeRay brings up a
     fresh replica for each, so they count as launching capacity rather than nothing.
+    `bins` False (no demand to place): only `virtual` is counted; no bin would be looked at.
     """
-    cap = Capacity()
-    owner = _slice_of_pod(slice_map)
+    cap = Capacity(with_total=with_total)
     unidentified = _unidentified_pods(slice_map)
+    if not bins:
+        _count_virtual(cap, slice_map, shapes, unidentified)
+        return cap
+    owner = _slice_of_pod(slice_map)
     for node in ray.nodes:
         if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
             continue
@@ -45,7 +57,8 @@ def build_capacity(
             continue  # broken, partial and terminating slices are never capacity as they are
         accelerators = accelerators_of(node.total)
         cap.available.append(_node_bin(node, group, key, node.available, accelerators))
-        cap.total.append(_node_bin(node, group, key, node.total, accelerators))
+        if with_total:
+            cap.total.append(_node_bin(node, group, key, node.total, accelerators))
     for name, gs in slice_map.groups.items():
         shape = shapes.get(name)
         if shape is None:
@@ -64,20 +77,32 @@ def build_capacity(
                 # KubeRay deletes a replica missing pods and recreates it whole; a replaced
                 # one is recreated too. Either way a complete fresh slice is on its way.
                 _add_fresh_slice(cap, name, sl.key, shape)
-        loose = sum(len(s.hosts) for s in gs.slices if s.hosts[0].pod_name in unidentified)
-        counted = sum(
-            1 for s in gs.slices if s.state in COUNTED and s.hosts[0].pod_name not in unidentified
-        )
-        counted += -(-loose // gs.group.num_of_hosts)  # replicas those pods may belong to
-        virtual = max(0, gs.group.effective_replicas - counted)
-        cap.virtual[name] = virtual
+        virtual = cap.virtual[name] = _virtual(gs, unidentified)
         for i in range(virtual):
             _add_fresh_slice(cap, name, f"launching:{name}:{i}", shape)
     return cap
 
 
+def _count_virtual(
+    cap: Capacity, slice_map: SliceMap, shapes: Mapping[str, SliceShape], unidentified: set[str]
+) -> None:
+    for name, gs in slice_map.groups.items():
+        if name in shapes:
+            cap.virtual[name] = _virtual(gs, unidentified)
+
+
+def _virtual(gs: GroupSlices, unidentified: set[str]) -> int:
+    """Replicas asked for that have no pods yet."""
+    loose = sum(len(s.hosts) for s in gs.slices if s.hosts[0].pod_name in unidentified)
+    counted = sum(
+        1 for s in gs.slices if s.state in COUNTED and s.hosts[0].pod_name not in unidentified
+    )
+    counted += -(-loose // gs.group.num_of_hosts)  # replicas those pods may belong to
+    return max(0, gs.group.effective_replicas - counted)
+
+
 def _add_fresh_slice(cap: Capacity, group: str, key: str, shape: SliceShape) -> None:
-    for bins in (cap.available, cap.total):
+    for bins in cap.lists():
         bins.extend(_as_launching(bins_for_new_slice(group, key, shape.hosts)))
 
 
@@ -141,7 +166,7 @@ def _add_launching(
     cap: Capacity, name: str, group: str, key: str, shape: SliceShape, index: int
 ) -> None:
     host = shape.hosts[min(index, len(shape.hosts) - 1)]
-    for bins in (cap.available, cap.total):
+    for bins in cap.lists():
         bins.append(
             Bin(
                 name=name,

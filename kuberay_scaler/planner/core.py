@@ -178,7 +178,11 @@ def _plan(
         why = Hold(HoldKind.DEMAND_UNKNOWN)
         return _held_plan(spec, slice_map, memory, problems, why, groups)
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
-    capacity = build_capacity(slice_map, ray, shapes, _replacing(groups, memory, now))
+    replacing = _replacing(groups, memory, now)
+    demand = bool(ray.tasks or ray.gangs or ray.constraint)
+    capacity = build_capacity(
+        slice_map, ray, shapes, replacing, with_total=bool(ray.constraint), bins=demand
+    )
     mode = spec.autoscaler.upscaling_mode
     rooms = {n: _room(g, capacity, ray, memory, mode, now) for n, g in groups.items()}
     fit = _fit_demand(ray, capacity, rooms)

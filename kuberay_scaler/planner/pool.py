@@ -4,11 +4,14 @@ The decisions are those of a plain scan in preference order (tests hold it to th
 bins that provably cannot fit are passed over faster:
 
 - a bundle with label selectors only looks at the bins whose labels match (labels never change);
-- a jump table skips bins with nothing left of the bundle's scarcest resource;
+- per resource, a max-tree over positions finds the next bin with enough of it left in
+  O(log bins), so a shape never walks the bins that are too full for it (without it, each of
+  1,000 shapes walked 100,000 half-full bins);
 - a cursor per bundle shape remembers the first bin that may still fit that shape.
 
-Free resources only shrink while demand is placed, which keeps jumps and cursors true. Giving
-resources back (an abandoned gang trial) must be followed by `released()`.
+Free resources only shrink while demand is placed, which keeps trees (upper bounds, lowered when
+a bin is seen) and cursors true. Giving resources back (an abandoned gang trial) must be followed
+by `released(those bins)`.
 """
 
 from __future__ import annotations
@@ -27,10 +30,8 @@ from kuberay_scaler.planner.bins import (
     take,
 )
 
-# Which resource to skip on: the rarer it is among hosts, the more bins a jump passes over.
-_SKIP_PREFERENCE = ("TPU", "GPU", "CPU")
-
-_OrderKey = tuple[bool, bool]  # (demand wants an accelerator, spare new accelerator hosts)
+_OrderKey = tuple[bool, bool]
+_NOTHING = float("-inf")  # (demand wants an accelerator, spare new accelerator hosts)
 
 
 class Pool:
@@ -39,7 +40,7 @@ class Pool:
     def __init__(self, bins: Iterable[Bin]) -> None:
         self.bins: list[Bin] = list(bins)
         self._orders: dict[_OrderKey, list[Bin]] = {}
-        self._views: dict[tuple[_OrderKey, tuple[LabelSelector, ...], str | None], _View] = {}
+        self._views: dict[tuple[_OrderKey, tuple[LabelSelector, ...]], _View] = {}
         self._cursors: dict[tuple[_OrderKey, str], int] = {}
 
     def add(self, bins: Sequence[Bin]) -> None:
@@ -63,9 +64,10 @@ class Pool:
     def place(self, bundle: Bundle, count: int, spare_new_accelerators: bool) -> int:
         """Place up to `count` copies, first fit; returns how many were placed."""
         view, key = self._view_of(bundle, spare_new_accelerators)
+        needs = view.needs(bundle)
         index, left = self._cursors.get(key, 0), count
         while left:
-            index = view.next_with_some(index)
+            index = view.next_candidate(index, needs)
             if index >= len(view.bins):
                 break
             bin_ = view.bins[index]
@@ -74,8 +76,9 @@ class Pool:
                 placed = min(fits, left)
                 take(bin_, bundle, placed)
                 left -= placed
-                if left == 0:
-                    break  # this bin may still fit more: the cursor stays on it
+            view.seen(index, needs)
+            if left == 0:
+                break  # this bin may still fit more: the cursor stays on it
             index += 1
         self._cursors[key] = index
         return count - left
@@ -85,10 +88,11 @@ class Pool:
     ) -> Bin | None:
         """The first bin that fits `unit` and whose id is not in `exclude`."""
         view, key = self._view_of(unit, spare_new_accelerators)
+        needs = view.needs(unit)
         index = start = self._cursors.get(key, 0)
         advancing = True
         while True:
-            index = view.next_with_some(index)
+            index = view.next_candidate(index, needs)
             if index >= len(view.bins):
                 break
             bin_ = view.bins[index]
@@ -98,26 +102,28 @@ class Pool:
                         self._cursors[key] = index
                     return bin_
                 advancing = False  # a fitting bin held back: the cursor must not pass it
+            else:
+                view.seen(index, needs)
             if advancing:
                 start = index + 1
             index += 1
         self._cursors[key] = start
         return None
 
-    def released(self) -> None:
-        """Resources were given back: remembered positions and jumps may be too far now."""
+    def released(self, given_back: Iterable[Bin]) -> None:
+        """Resources of `given_back` went back: raise their bounds; remembered positions reset."""
         self._cursors.clear()
+        back = list(given_back)
         for view in self._views.values():
-            view.forget_jumps()
+            view.raised(back)
 
     def _view_of(self, bundle: Bundle, spare: bool) -> tuple[_View, tuple[_OrderKey, str]]:
         order_key = (needs_accelerator(bundle), spare)
-        resource = _scarcest(bundle)
-        view_key = (order_key, bundle.selectors, resource)
+        view_key = (order_key, bundle.selectors)
         view = self._views.get(view_key)
         if view is None:
             order = self.ordered(*order_key)
-            view = self._views[view_key] = _View(order, bundle.selectors, resource)
+            view = self._views[view_key] = _View(order, bundle.selectors)
         view.sync()
         return view, (order_key, signature(bundle))
 
@@ -125,14 +131,6 @@ class Pool:
 def new_accelerator(bin_: Bin) -> bool:
     """An accelerator host this plan adds."""
     return bin_.planned and bool(bin_.accelerators)
-
-
-def _scarcest(bundle: Bundle) -> str | None:
-    # Implicit resources are on every host even when not listed: no jump may skip over them.
-    asked = [r for r, need in bundle.resources.items() if need > 0 and not implicit(r)]
-    preferred = [r for r in _SKIP_PREFERENCE if r in asked]
-    others = sorted(r for r in asked if r not in _SKIP_PREFERENCE and r != "memory")
-    return next(iter(preferred + others), None)
 
 
 def implicit(resource: str) -> bool:
@@ -146,55 +144,166 @@ def _required_label(selectors: tuple[LabelSelector, ...]) -> tuple[str, frozense
     return next(((c.key, c.values) for c in selectors[0].constraints if not c.negated), None)
 
 
+_Needs = list[tuple["_MaxTree", float]]
+
+
 class _View:
-    """The bins of one order whose labels match some selectors, with jumps over empty ones.
+    """The bins of one order whose labels match some selectors, with a max-tree per resource."""
 
-    `_jumps[i]` is a position at or after i such that no bin in between has any of `resource`
-    left (a union-find over positions, compressed as it is walked).
-    """
-
-    def __init__(
-        self, order: list[Bin], selectors: tuple[LabelSelector, ...], resource: str | None
-    ) -> None:
+    def __init__(self, order: list[Bin], selectors: tuple[LabelSelector, ...]) -> None:
         self._order = order
         self._selectors = selectors
-        self._resource = resource
         self._seen = 0  # how much of `order` has been filtered into `bins`
         self.bins: list[Bin] = []
-        self._jumps: list[int] = []
+        self._trees: dict[str, _MaxTree] = {}
+        self._positions: dict[int, int] = {}  # id(bin) → index in `bins`, built when needed
 
     def sync(self) -> None:
         """Take in bins appended to the order since the last call."""
         new = self._order[self._seen :]
         self._seen = len(self._order)
-        if not self._selectors:
-            self.bins.extend(new)
+        if not new:
             return
-        quick = _required_label(self._selectors)
-        if quick is not None:  # a cheap look at one label rules most bins out
-            key, values = quick
-            new = [b for b in new if b.labels.get(key) in values]
-        self.bins.extend(b for b in new if selectors_match(self._selectors, b.labels))
+        if self._selectors:
+            quick = _required_label(self._selectors)
+            if quick is not None:  # a cheap look at one label rules most bins out
+                key, values = quick
+                new = [b for b in new if b.labels.get(key) in values]
+            new = [b for b in new if selectors_match(self._selectors, b.labels)]
+        self.bins.extend(new)
+        for resource, tree in self._trees.items():
+            tree.extend([_left_of(b, resource) for b in new])
 
-    def forget_jumps(self) -> None:
-        self._jumps.clear()
+    def raised(self, bins: Iterable[Bin]) -> None:
+        """Set the bounds of `bins` (those in this view) to what they have left now."""
+        if not self._trees:
+            return
+        if len(self._positions) < len(self.bins):
+            self._positions.update((id(b), i) for i, b in enumerate(self.bins))
+        for bin_ in bins:
+            position = self._positions.get(id(bin_))
+            if position is not None:
+                for resource, tree in self._trees.items():
+                    tree.set(position, _left_of(bin_, resource))
 
-    def next_with_some(self, index: int) -> int:
-        """The first position at or after `index` whose bin has some of the resource left."""
-        if self._resource is None:
-            return index
-        bins, resource, jumps = self.bins, self._resource, self._jumps
-        jumps.extend(range(len(jumps), len(bins)))
-        path = []
-        while index < len(bins):
-            if jumps[index] != index:
-                path.append(index)
-                index = jumps[index]
-            elif bins[index].free.get(resource, 0.0) > EPSILON:
-                break
-            else:
-                path.append(index)
-                index += 1
-        for position in path:
-            jumps[position] = index
+    def needs(self, bundle: Bundle) -> _Needs:
+        """Per resource the bundle asks for: its tree and the least amount a fitting bin has."""
+        out: _Needs = []
+        for resource, need in bundle.resources.items():
+            if need <= 0 or implicit(resource):
+                continue  # implicit resources are on every host even when not listed
+            tree = self._trees.get(resource)
+            if tree is None:
+                values = [_left_of(b, resource) for b in self.bins]
+                tree = self._trees[resource] = _MaxTree(resource, values)
+            # Never above what copies_that_fit accepts (it adds EPSILON before dividing).
+            out.append((tree, need - EPSILON - abs(need) * 1e-12))
+        return out
+
+    def next_candidate(self, index: int, needs: _Needs) -> int:
+        """The first position at or after `index` whose bin may have enough of each resource."""
+        end = len(self.bins)
+        moved = True
+        while moved and index < end:
+            moved = False
+            for tree, least in needs:
+                found = tree.find(index, least)
+                if found != index:
+                    index, moved = found, True
+                    if index >= end:
+                        return end
         return index
+
+    def seen(self, index: int, needs: _Needs) -> None:
+        """Lower the trees to what the bin at `index` really has left (it may have been taken)."""
+        bin_ = self.bins[index]
+        for tree, _ in needs:
+            tree.lower(index, _left_of(bin_, tree.resource))
+
+
+def _left_of(bin_: Bin, resource: str) -> float:
+    return bin_.free.get(resource, 0.0)
+
+
+class _MaxTree:
+    """Upper bounds of one resource's free amount per position, and the first position >= some.
+
+    A binary tree over a power-of-two number of leaves (unused ones at -inf); each node holds
+    the max of its children. Bounds may be too high (a bin was taken from since), never too low.
+    """
+
+    def __init__(self, resource: str, values: list[float]) -> None:
+        self.resource = resource
+        self._size = 0
+        self._capacity = 1
+        self._nodes: list[float] = [_NOTHING, _NOTHING]
+        self.extend(values)
+
+    def extend(self, values: list[float]) -> None:
+        if not values:
+            return
+        if self._size + len(values) > self._capacity:
+            leaves = self._nodes[self._capacity : self._capacity + self._size] + values
+            self._rebuild(leaves)
+            return
+        low = self._capacity + self._size
+        high = low + len(values) - 1
+        self._nodes[low : high + 1] = values
+        self._size += len(values)
+        while low > 1:  # only the ancestors of the new leaves change, level by level
+            low, high = low >> 1, high >> 1
+            self._recompute(low, high)
+
+    def _rebuild(self, leaves: list[float]) -> None:
+        capacity = 1
+        while capacity < len(leaves):
+            capacity *= 2
+        self._nodes = [_NOTHING] * capacity + leaves + [_NOTHING] * (capacity - len(leaves))
+        self._capacity, self._size = capacity, len(leaves)
+        low, high = capacity, 2 * capacity - 1
+        while low > 1:
+            low, high = low >> 1, high >> 1
+            self._recompute(low, high)
+
+    def _recompute(self, low: int, high: int) -> None:
+        nodes = self._nodes
+        for i in range(low, high + 1):
+            left, right = nodes[2 * i], nodes[2 * i + 1]
+            nodes[i] = left if left >= right else right
+
+    def set(self, position: int, value: float) -> None:
+        nodes = self._nodes
+        i = position + self._capacity
+        nodes[i] = value
+        i >>= 1
+        while i:
+            left, right = nodes[2 * i], nodes[2 * i + 1]
+            top = left if left >= right else right
+            if nodes[i] == top:
+                break
+            nodes[i] = top
+            i >>= 1
+
+    def lower(self, position: int, value: float) -> None:
+        if value < self._nodes[position + self._capacity]:
+            self.set(position, value)
+
+    def find(self, start: int, least: float) -> int:
+        """The first position >= `start` whose bound is >= `least`, else the size."""
+        if start >= self._size:
+            return self._size
+        nodes, i = self._nodes, start + self._capacity
+        if nodes[i] >= least:
+            return start
+        while True:  # climb until a right sibling holds something big enough
+            if not i & 1 and nodes[i + 1] >= least:
+                i += 1
+                break
+            i >>= 1
+            if i <= 1:
+                return self._size
+        while i < self._capacity:  # then descend to its leftmost such leaf
+            i *= 2
+            if nodes[i] < least:
+                i += 1
+        return min(i - self._capacity, self._size)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -12,8 +12,10 @@ from kuberay_scaler.model.plan import Infeasible
 from kuberay_scaler.model.ray import Bundle, GangDemand, GangStrategy, RayNode, TaskDemand
 from kuberay_scaler.model.reasons import Demand, DemandKind, Hold, HoldKind, InfeasibleKind
 from kuberay_scaler.planner.bins import (
+    UNBOUNDED,
     Bin,
     bins_for_new_slice,
+    bundle_key,
     bundle_size,
     copies_that_fit,
     gang_units,
@@ -43,6 +45,9 @@ class GroupRoom:
     reasons: Counter[Demand] = field(default_factory=Counter)  # demand → units served
     waiting: Counter[tuple[Demand, Hold]] = field(default_factory=Counter)
     _hosts_shape: dict[str, bool] = field(default_factory=dict, repr=False)
+    _filled: dict[object, tuple[int, list[tuple[dict[str, float], bool]]]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def has_accelerators(self) -> bool:
@@ -58,6 +63,17 @@ class GroupRoom:
             )
         return self._hosts_shape[key]
 
+    def filled_hosts(self, bundle: Bundle) -> tuple[int, list[tuple[dict[str, float], bool]]]:
+        """Copies of `bundle` a fresh slice takes, and per host what is left and if it is used."""
+        key = bundle_key(bundle)
+        found = self._filled.get(key)
+        if found is None:
+            hosts = self.shape.hosts if self.shape else ()
+            scratch = bins_for_new_slice(self.group.name, "scratch", hosts)
+            placed = place_copies(bundle, UNBOUNDED, scratch)
+            found = self._filled[key] = (placed, [(b.free, b.used) for b in scratch])
+        return found
+
     @cached_property
     def order(self) -> tuple[int, float, int]:
         """Preference among groups: higher priority, then the smaller slice, then spec order."""
@@ -68,10 +84,10 @@ class GroupRoom:
     def next_key(self, offset: int = 0) -> str:
         return f"new:{self.group.name}:{self.added + offset}"
 
-    def new_slice(self) -> list[Bin]:
+    def new_slice(self, filled: Sequence[tuple[dict[str, float], bool]] | None = None) -> list[Bin]:
         """The bins of one more slice of this group, counted against its room."""
         assert self.shape is not None
-        bins = bins_for_new_slice(self.group.name, self.next_key(), self.shape.hosts)
+        bins = bins_for_new_slice(self.group.name, self.next_key(), self.shape.hosts, filled)
         self.adopt()
         return bins
 
@@ -124,22 +140,60 @@ def fit_tasks(
     fit: DemandFit,
     what: DemandKind = DemandKind.TASK,
 ) -> None:
-    for demand in sorted(tasks, key=lambda d: bundle_size(d.bundle), reverse=True):
+    for demand in sorted(merge_tasks(tasks), key=lambda d: bundle_size(d.bundle), reverse=True):
         options = candidates(demand.bundle, rooms.values())
         spare = _spares_accelerators(demand.bundle, options)
         left = demand.count - pool.place(demand.bundle, demand.count, spare)
-        while left > 0:
+        label = Demand(what, demand.bundle.describe()) if left > 0 else None
+        while left > 0 and label is not None:
             room = _first_with_room(options)
             if room is None:
                 _unserved(demand.bundle, left, options, nodes, fit, what)
                 break
-            new_bins = room.new_slice()
-            pool.add(new_bins)
-            placed = place_copies(demand.bundle, left, new_bins)
-            room.reasons[Demand(what, demand.bundle.describe())] += placed
+            placed = _fill_new_slices(room, demand.bundle, left, pool)
+            room.reasons[label] += placed
             left -= placed
             if placed == 0:  # cannot happen for a candidate; guard against looping forever
                 break
+
+
+def _fill_new_slices(room: GroupRoom, bundle: Bundle, left: int, pool: Pool) -> int:
+    """Open new slices of `room` for up to `left` copies; returns how many were placed.
+
+    First fit gives every slice the demand fills the same copies on each host, so those slices
+    are built with their resources already taken (the same bins slice-by-slice fitting would
+    leave, at a fraction of the cost); only a last, partly filled slice is fitted copy by copy.
+    """
+    per_slice, filled = room.filled_hosts(bundle)
+    full = min(room.room, left // per_slice) if per_slice else 0
+    if full == 0:
+        new_bins = room.new_slice()
+        pool.add(new_bins)
+        return place_copies(bundle, left, new_bins)
+    opened: list[Bin] = []
+    for _ in range(full):
+        opened += room.new_slice(filled)
+    pool.add(opened)
+    return full * per_slice
+
+
+def merge_tasks(tasks: Iterable[TaskDemand]) -> list[TaskDemand]:
+    """One entry per distinct bundle with the summed count, in order of first appearance.
+
+    The GCS reports demand per raylet and shape, so one shape arrives once per node: packing
+    entry by entry would make planning cost grow with nodes × shapes (or with task count).
+    """
+    first: dict[object, TaskDemand] = {}
+    counts: dict[object, int] = {}
+    for demand in tasks:
+        key = bundle_key(demand.bundle)
+        if key in counts:
+            counts[key] += demand.count
+        else:
+            first[key], counts[key] = demand, demand.count
+    return [
+        d if d.count == counts[k] else TaskDemand(d.bundle, counts[k]) for k, d in first.items()
+    ]
 
 
 def fit_gangs(
@@ -149,11 +203,29 @@ def fit_gangs(
     nodes: Sequence[RayNode],
     fit: DemandFit,
 ) -> None:
+    # A gang that found no room finds none when it comes again as long as no gang was placed
+    # since (a failed trial is undone), so a copy is recorded as the first was, without another
+    # trial: 10^4 identical waiting placement groups cost one trial, not 10^4 over every bin.
+    unserved: dict[tuple[object, ...], Callable[[], None]] = {}
     for gang in sorted(gangs, key=_gang_order, reverse=True):
-        if _place_gang_with_new_slices(gang, pool, rooms):
+        key = gang_key(gang)
+        again = unserved.get(key)
+        if again is not None:
+            again()
             continue
-        if _unserved_gang(gang, rooms, nodes, fit):
+        if _place_gang_with_new_slices(gang, pool, rooms):
+            unserved.clear()  # what it took or opened may change what first fit does next
+            continue
+        record, waits = _unserved_gang(gang, rooms, nodes, fit)
+        unserved[key] = record
+        record()
+        if waits:
             _keep_for_waiting_gang(gang, pool)
+
+
+def gang_key(gang: GangDemand) -> tuple[object, ...]:
+    """Equal for gangs the planner cannot tell apart."""
+    return (gang.strategy, tuple(bundle_key(b) for b in gang.bundles))
 
 
 def _keep_for_waiting_gang(gang: GangDemand, pool: Pool) -> None:
@@ -171,7 +243,7 @@ def _keep_for_waiting_gang(gang: GangDemand, pool: Pool) -> None:
             take(target, unit)
             trial.taken.append((target, unit))
     trial.undo()  # resources go back; the `used` marks stay
-    pool.released()
+    pool.released(trial.bins())
 
 
 @dataclass
@@ -186,6 +258,9 @@ class _GangTrial:
 
     def new_bins(self) -> list[Bin]:
         return [b for _, bins in self.opened for b in bins]
+
+    def bins(self) -> list[Bin]:
+        return [b for b, _ in self.taken]
 
     def undo(self) -> None:
         for bin_, unit in self.taken:
@@ -212,7 +287,7 @@ def _place_gang_with_new_slices(
             target = _open_slice_for(unit, options, trial, used)
         if target is None:
             trial.undo()
-            pool.released()
+            pool.released(trial.bins())
             return False
         take(target, unit)
         trial.taken.append((target, unit))
@@ -282,8 +357,8 @@ def _unserved(
 
 def _unserved_gang(
     gang: GangDemand, rooms: Mapping[str, GroupRoom], nodes: Sequence[RayNode], fit: DemandFit
-) -> bool:
-    """Record why the gang waits (True) or that it can never be placed (False)."""
+) -> tuple[Callable[[], None], bool]:
+    """What records one gang like this as waiting (True) or as never placeable (False)."""
     demand = _gang_demand(gang)
     units = gang_units(gang)
     options = [candidates(u, rooms.values()) for u in units]
@@ -297,14 +372,13 @@ def _unserved_gang(
             if gang.strategy is GangStrategy.STRICT_PACK
             else InfeasibleKind.NO_GROUP_OFFERS_BUNDLE
         )
-        fit.infeasible.append(Infeasible(demand, kind, missing=missing.describe(), request=gang))
-        return False
+        infeasible = Infeasible(demand, kind, missing=missing.describe(), request=gang)
+        return (lambda: fit.infeasible.append(infeasible)), False  # entries merge later
     if not any(options):
-        fit.waiting_on_existing[demand] += 1
-    else:
-        room = _blocking([r for o in options for r in o])
-        room.waiting[(demand, room.blocked or room.exhausted)] += 1
-    return True
+        return (lambda: fit.waiting_on_existing.update({demand: 1})), True
+    room = _blocking([r for o in options for r in o])
+    waiting = (demand, room.blocked or room.exhausted)
+    return (lambda: room.waiting.update({waiting: 1})), True
 
 
 def _blocking(options: Sequence[GroupRoom]) -> GroupRoom:

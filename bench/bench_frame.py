@@ -1,0 +1,159 @@
+"""Benchmark: one decision frame at 10k and 100k hosts, in-process (issue 23).
+
+    .venv/bin/python bench/bench_frame.py [--hosts 10000,100000] [--profile out.prof]
+
+A frame is what one reconcile computes from what it already holds: the parsed pods (PodCache),
+the parsed GCS state, then `decide()` and `report_from_plan()`. Cases, on the planner
+benchmark's 20-group cluster scaled to N hosts (scenario.py, no pending demand):
+
+- `known`: every pod Running with its Ray node (a steady cluster);
+- `launching`: every pod exists but no Ray node has joined (all slices coming up: the case the
+  issue measured at 0.84 s for 10k pods);
+- `one_pod_changed` / `one_node_changed`: the frame after one watch event or one GCS change
+  (the change itself, the pod cache's store update or the poller's parse, is not timed).
+
+Times are medians (wall and this process's CPU), with the load average of the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scenario
+from common import loadavg
+
+from kuberay_scaler.control.report import report_from_plan
+from kuberay_scaler.decision import Decision, GcsView, Observation, decide
+from kuberay_scaler.model.plan import Memory
+from kuberay_scaler.parse.pod_cache import PodCache
+from kuberay_scaler.parse.pods import slim_pod
+from kuberay_scaler.parse.ray_state import parse_ray_state
+from kuberay_scaler.parse.raycluster import parse_raycluster
+from kuberay_scaler.planner.core import Policy
+
+HOSTS_AT_SCALE_1 = 1950
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def cluster(hosts: int, launching: bool) -> scenario.Scenario:
+    sc = scenario.build(seed=7, scale=scenario.Scale(hosts / HOSTS_AT_SCALE_1, 0.01))
+    del sc.state.pending_resource_requests[:]
+    del sc.state.pending_gang_resource_requests[:]
+    if launching:  # every worker pod just created and Pending, no Ray node yet
+        assert sc.state.node_states[0].ray_node_type_name == "headgroup"
+        del sc.state.node_states[1:]
+        for pod in sc.pods[1:]:
+            pod["metadata"]["creationTimestamp"] = "2026-11-30T11:59:30Z"
+            pod["status"] = {"phase": "Pending"}
+    return sc
+
+
+class Frame:
+    """The inputs a reconcile holds, and one frame over them."""
+
+    def __init__(self, sc: scenario.Scenario) -> None:
+        self.sc = sc
+        self.spec = parse_raycluster(sc.raycluster)
+        self.store = {p["metadata"]["name"]: slim_pod(p) for p in sc.pods}
+        self.cache = PodCache()
+        self.reply = sc.reply()
+        self.state = parse_ray_state(self.reply)
+
+    def run(self) -> Decision:
+        parsed = self.cache.hosts(self.store, self.spec)
+        observed = Observation(
+            raycluster=self.sc.raycluster,
+            gcs=GcsView(self.reply, cluster_id="c", state=self.state),
+            parsed_pods=parsed,
+        )
+        decision = decide(observed, Memory(), Policy(), NOW)
+        report_from_plan(decision.plan, int(NOW.timestamp()))
+        return decision
+
+    def touch_pod(self) -> None:
+        name = self.sc.pods[len(self.sc.pods) // 2]["metadata"]["name"]
+        self.store[name] = copy.deepcopy(self.store[name])
+
+    def touch_node(self) -> None:
+        nodes = self.reply.cluster_resource_state.node_states
+        node = nodes[len(nodes) // 2]
+        node.idle_duration_ms += 1000
+        self.state = parse_ray_state(self.reply)
+
+
+def _median(
+    run: Callable[[], object], repeats: int, before: Callable[[], object] | None = None
+) -> dict[str, Any]:
+    """Median of `run`; `before` (untimed) makes the change the frame then sees."""
+    run()  # warm-up (and the memo of a previous frame)
+    walls, cpus, load = [], [], loadavg()
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        gc.collect()
+        wall, cpu = time.perf_counter(), time.process_time()
+        run()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return {
+        "wall_ms": round(statistics.median(walls) * 1000, 1),
+        "cpu_ms": round(statistics.median(cpus) * 1000, 1),
+        "load": load,
+    }
+
+
+def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+    out: dict[str, Any] = {"hosts": hosts}
+    for case, launching in (("known", False), ("launching", True)):
+        frame = Frame(cluster(hosts, launching))
+        out["pods"] = len(frame.sc.pods)
+        out[case] = _median(frame.run, repeats)
+        if not launching:
+            # The change itself (the pod cache's store, the poller's parse) is not timed.
+            out["one_pod_changed"] = _median(frame.run, repeats, frame.touch_pod)
+            out["one_node_changed"] = _median(frame.run, repeats, frame.touch_node)
+        log(f"frame at {hosts} hosts, {case}: {out[case]}")
+    return out
+
+
+def run(
+    sizes: tuple[int, ...], log: Callable[[str], None], repeats: int = 3
+) -> list[dict[str, Any]]:
+    return [measure(n, repeats, log) for n in sizes]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="10000,100000")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--launching", action="store_true", help="profile the launching case")
+    parser.add_argument("--profile", help="cProfile one frame at the first size into this file")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    sizes = tuple(int(s) for s in args.hosts.split(","))
+    if args.profile:
+        frame = Frame(cluster(sizes[0], args.launching))
+        frame.run()
+        cProfile.runctx("frame.run()", globals(), {"frame": frame}, args.profile)
+        return 0
+    result = run(sizes, print, args.repeats)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
