@@ -8,21 +8,26 @@ writes:
 - `ray-state.json`: the GetClusterResourceStateReply in proto3 JSON;
 - `capture.json`: when, from where, and what was redacted.
 
-Secrets are never written: every container env `value` and secret-looking `rayStartParams`
-are replaced by a marker, `last-applied-configuration` and managed fields are dropped, and no
-token or certificate of the daemon's own settings is stored. `kuberay-scaler plan --capture DIR`
+Secrets are never written: every container env `value`, every annotation value (but the
+draining record the planner reads), secret-looking `rayStartParams` and command-line flags
+(`--redis-password=S` and `--redis-password S`) and the credentials inside any URL (user
+info, query values) are replaced by a marker; `last-applied-configuration` and managed fields
+are dropped, and no token or certificate of the daemon's own settings is stored. The files are
+0600 in a directory created 0700. `kuberay-scaler plan --capture DIR`
 replans the files at the captured moment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from google.protobuf import json_format
 
@@ -31,6 +36,7 @@ from kuberay_scaler.defaults import rayclusters_path
 from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.kube.transport import Target, request_json
 from kuberay_scaler.model.labels import LABEL_CLUSTER
+from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.settings import Settings
 
@@ -44,7 +50,15 @@ _SECRET_FLAG = re.compile(
     r"(--[\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*)(=|\s+)('[^']*'|\"[^\"]*\"|\S+)",
     re.IGNORECASE,
 )
+# A flag that names a secret and takes its value as the next word: `--redis-password S`.
+_SECRET_FLAG_ALONE = re.compile(r"--[\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*", re.I)
 _DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+# Annotations are free text anyone may fill (tokens, DSNs): only those the planner reads stay.
+_KEPT_ANNOTATIONS = (DRAINING_ANNOTATION,)
+# In a URL, user info (scheme://user:password@host) and query values (signatures, tokens) are
+# replaced by a marker that keeps the URL one word.
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"]+")
+URL_REDACTED = "redacted"
 
 
 @dataclass
@@ -104,8 +118,9 @@ def write_capture(
     ray_state: Mapping[str, Any],
     meta: Mapping[str, Any],
 ) -> Path:
-    """Write the three inputs (redacted) and the meta file; returns `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write the three inputs (redacted) and the meta file, readable by the owner only;
+    returns `out_dir`."""
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # an existing directory keeps its mode
     found = Redactions()
     clean_rc = redact(raycluster, "raycluster", found)
     items = [redact(p, f"pods[{i}]", found) for i, p in enumerate(pods.get("items") or [])]
@@ -127,7 +142,8 @@ def read_captured_at(capture_dir: Path) -> datetime | None:
 
 
 def redact(obj: Any, path: str, found: Redactions) -> Any:
-    """A copy without secrets: env values, secret-looking rayStartParams, last-applied."""
+    """A copy without secrets: env values, annotations, secret-looking rayStartParams and
+    flags, URL credentials in any string, last-applied."""
     if isinstance(obj, Mapping):
         out: dict[str, Any] = {}
         for key, value in obj.items():
@@ -141,18 +157,54 @@ def redact(obj: Any, path: str, found: Redactions) -> Any:
             elif key == "rayStartParams" and isinstance(value, Mapping):
                 out[key] = _start_params(value, where, found)
             elif key in ("command", "args") and isinstance(value, list):
-                out[key] = [_command_word(w, f"{where}[{i}]", found) for i, w in enumerate(value)]
+                out[key] = _command_line(value, where, found)
             else:
                 out[key] = redact(value, where, found)
         return out
     if isinstance(obj, list):
         return [redact(v, f"{path}[{i}]", found) for i, v in enumerate(obj)]
+    if isinstance(obj, str):
+        return _text(obj, path, found)
     return obj
 
 
+def redact_urls(text: str) -> str:
+    """`text` with the user info and the query values of every URL in it replaced."""
+    return _URL.sub(lambda m: _clean_url(m.group(0)), text)
+
+
+def _clean_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return URL_REDACTED  # not parseable: keep nothing of it
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{URL_REDACTED}@{netloc.rpartition('@')[2]}"
+    query = "&".join(
+        f"{pair.partition('=')[0]}={URL_REDACTED}" if "=" in pair else pair
+        for pair in parts.query.split("&")
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _text(value: str, where: str, found: Redactions) -> str:
+    clean = redact_urls(value) if "://" in value else value
+    if clean != value:
+        found.paths.append(where)
+    return clean
+
+
 def _annotations(value: Mapping[str, Any], where: str, found: Redactions) -> dict[str, Any]:
-    kept = {k: v for k, v in value.items() if k not in _DROPPED_ANNOTATIONS}
-    found.paths += [f"{where}.{k}" for k in value if k in _DROPPED_ANNOTATIONS]
+    kept: dict[str, Any] = {}
+    for key, text in value.items():
+        if key in _DROPPED_ANNOTATIONS:
+            found.paths.append(f"{where}.{key}")
+        elif key in _KEPT_ANNOTATIONS:
+            kept[key] = text
+        else:
+            found.paths.append(f"{where}.{key}")
+            kept[key] = REDACTED
     return kept
 
 
@@ -163,12 +215,31 @@ def _env_entry(entry: Any, where: str, found: Redactions) -> Any:
     return entry  # valueFrom names a secret or field; it holds no secret itself
 
 
+def _command_line(words: list[Any], where: str, found: Redactions) -> list[Any]:
+    """Container `command`/`args`: each word cleaned, and the word after a bare secret flag."""
+    out: list[Any] = []
+    for index, word in enumerate(words):
+        at = f"{where}[{index}]"
+        previous = words[index - 1] if index else None
+        if isinstance(word, str) and isinstance(previous, str) and _is_bare_secret_flag(previous):
+            found.paths.append(at)
+            out.append(REDACTED)
+        else:
+            out.append(_command_word(word, at, found))
+    return out
+
+
+def _is_bare_secret_flag(word: str) -> bool:
+    return _SECRET_FLAG_ALONE.fullmatch(word) is not None
+
+
 def _command_word(word: Any, where: str, found: Redactions) -> Any:
     # KubeRay writes rayStartParams into the Ray container's `ray start` line (pod args), so a
     # `--redis-password=...` there is the same secret as in the spec.
     if not isinstance(word, str):
         return word
     clean = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", word)
+    clean = redact_urls(clean) if "://" in clean else clean
     if clean != word:
         found.paths.append(where)
     return clean
@@ -181,7 +252,7 @@ def _start_params(value: Mapping[str, Any], where: str, found: Redactions) -> di
             found.paths.append(f"{where}.{key}")
             out[key] = REDACTED
         else:
-            out[key] = param
+            out[key] = redact(param, f"{where}.{key}", found)
     return out
 
 
@@ -202,4 +273,9 @@ def _gcs_client(settings: Settings) -> GcsClient:
 
 
 def _dump(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    text = json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    # Created 0600, and an older file of the same name made 0600 before it is rewritten.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        os.fchmod(fd, 0o600)
+        stream.write(text)

@@ -118,7 +118,20 @@ def _plan(args: argparse.Namespace) -> int:
     except InputError as err:
         print(f"kuberay-scaler plan: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    print(print_plan(document))
+    return _emit(print_plan(document), "plan")
+
+
+def _emit(text: str, command: str) -> int:
+    """Print the result; a closed or broken standard output is one line and exit 1, not a
+    traceback (nor, with `>&-`, silence and exit 0)."""
+    try:
+        if sys.stdout is None:
+            raise OSError(0, "standard output is closed")
+        print(text, flush=True)
+    except OSError as err:
+        print(f"kuberay-scaler {command}: cannot write the result: {err.strerror}", file=sys.stderr)
+        sys.stdout = None  # nothing left to flush at exit
+        return 1
     return 0
 
 

@@ -5,36 +5,65 @@ The daemon executes the writes (control/execute.py), the `plan` command prints t
 
 1. `RecordIntent`: annotate the RayCluster with the slices about to be drained, so a restart in
    the middle finishes the scale-down instead of forgetting it;
-2. one `Drain` per idle slice (every host, pinned to the GCS the plan was made from), one per
-   broken slice being replaced whose hosts' Ray nodes are still alive (and idle: a busy broken
-   slice is kept by the planner), and one per busy slice above maxReplicas with reason
-   preemption (not deleted by this patch);
+2. one `Drain` per idle slice (every live raylet of its hosts, pinned to the GCS the plan was
+   made from), one per broken slice being replaced whose hosts' Ray nodes are still alive (and
+   idle: a busy broken slice is kept by the planner), and one per busy slice to drain for
+   preemption (above maxReplicas, or broken and busy for too long; not deleted by this patch);
 3. `Patch`: the guarded JSON patch (replicas, workersToDelete, the record cleared).
 
-The patch is computed as if every drain is accepted; `patch_after_drains` gives the one to send
-when some are refused (their slices are kept and the targets put back).
+Every deletion passes the deletion gate (planner/gate.py) twice: here, with every drain assumed
+accepted (so a slice it would refuse is never drained, and `plan` / /debug/plan show the patch
+the daemon sends when Ray accepts), and in `after_drains`, with what the drains really did.
+`drains_to_send` and `after_drains` are the rules the shell (control/execute.py) applies around
+the drains, pure and typed so `plan` and tests see them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from kuberay_scaler.defaults import DRAIN_DEADLINE_S
+from kuberay_scaler.backoff import exponential_delay
+from kuberay_scaler.defaults import DRAIN_DEADLINE_S, DRAIN_RETRY_S, MAX_DRAIN_RETRY_S
 from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.model.hosts import Host
-from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, SliceDeletion, Snapshot
+from kuberay_scaler.model.plan import (
+    DeleteKind,
+    Memory,
+    Plan,
+    RefusedDrain,
+    SliceDeletion,
+    Snapshot,
+)
 from kuberay_scaler.model.ray import RayObservation, RayState
-from kuberay_scaler.model.reasons import Hold, PlanProblem, ProblemKind
+from kuberay_scaler.model.reasons import (
+    Hold,
+    Keep,
+    KeepKind,
+    PlanProblem,
+    ProblemKind,
+    Reason,
+    ScaleDown,
+    ScaleDownKind,
+)
 from kuberay_scaler.parse.pods import parse_pods
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.patch.intent import clear_ops, read_draining, record_ops, with_record
-from kuberay_scaler.patch.ops import Op, PatchError, build_patch, drop_deletions
+from kuberay_scaler.patch.ops import Op, PatchError, build_patch
 from kuberay_scaler.planner.core import Policy, plan
+from kuberay_scaler.planner.gate import (
+    Blocked,
+    Evidence,
+    SliceRef,
+    evidence_for,
+    gate,
+    quiet,
+    without,
+)
 
 
 @dataclass(frozen=True)
@@ -75,12 +104,9 @@ class Drain:
     # Reason preemption: a busy slice above maxReplicas, deleted by a later plan once drained
     # or past `deadline_ms` (never by this decision's patch). Otherwise idle termination.
     preempt: bool = False
-    # Hosts of the slice already gone from Ray (drained before a restart): the slice is deleted
-    # whole whatever its remaining hosts answer (control/execute.py, partial drains).
-    hosts_gone: int = 0
-    # A broken slice being replaced: its live hosts are drained like idle ones, and the fresh
-    # GCS read before draining is made even when some hosts are gone (control/execute.py).
+    # A broken slice being replaced: its live hosts are drained like idle ones.
     broken: bool = False
+    pods: tuple[str, ...] = ()  # the slice's pods (the fresh read checks each one)
 
 
 @dataclass(frozen=True)
@@ -95,11 +121,15 @@ Write = RecordIntent | Drain | Patch
 
 @dataclass(frozen=True)
 class Decision:
-    plan: Plan
+    plan: Plan  # already past the gate, every drain assumed accepted (what `plan` shows)
     writes: tuple[Write, ...]
     raycluster: Mapping[str, Any]  # the object planned from (the patch's base)
     gcs: RayObservation | None = None
     error: str | None = None  # the plan no longer fits the object (replan)
+    now: datetime | None = None  # when it was decided (deadlines, backoffs)
+    evidence: Evidence | None = None  # what the deletion gate judges pods by
+    # Deletions the gate dropped from the plan a planner path made: non-zero is a planner bug.
+    blocked: tuple[Blocked, ...] = ()
 
     @property
     def drains(self) -> tuple[Drain, ...]:
@@ -120,7 +150,34 @@ class Decision:
             **self.plan.summary(),
             "writes": [write_document(w) for w in self.writes],
             "patch": list(patch.ops) if patch else [],
+            "deletions_blocked": [_blocked_doc(b) for b in self.blocked],
         }
+
+
+@dataclass(frozen=True)
+class DrainResults:
+    """What happened to a decision's drains (the shell fills it in; `after_drains` judges it)."""
+
+    accepted: frozenset[str] = frozenset()  # node ids (hex) whose drain was accepted now
+    refused: Mapping[SliceRef, str] = field(default_factory=lambda: MappingProxyType({}))
+    not_sent: Mapping[SliceRef, Keep] = field(default_factory=lambda: MappingProxyType({}))
+    fresh: RayState | None = None  # the read made right before draining
+    base: Mapping[str, Any] | None = None  # the RayCluster the record write left (its patch base)
+
+    @classmethod
+    def assumed(cls, drains: Sequence[Drain]) -> DrainResults:
+        """Every drain accepted: the patch `plan` and /debug/plan show."""
+        return cls(accepted=frozenset(n for d in drains if not d.preempt for n in d.node_ids))
+
+
+@dataclass(frozen=True)
+class Writes:
+    """The patch to send once the drains answered, and what was decided on the way."""
+
+    plan: Plan  # as carried out: kept slices put back, each with its typed reason
+    patch: Patch | None
+    drains: tuple[Drain, ...] = ()  # follow-up preemption drains (partly drained slices)
+    blocked: tuple[Blocked, ...] = ()  # dropped by the deletion gate
 
 
 def decide(
@@ -147,11 +204,19 @@ def decide(
     result = plan(snapshot, ray, memory, policy, now)
     if ray_problem is not None:
         result = replace(result, problems=(*result.problems, ray_problem))
+    ev = evidence_for(
+        hosts,
+        ray,
+        observed.clock,
+        policy.timeouts.missing_node_grace_s,
+        now,
+        {**memory.preempting, **result.memory.preempting},
+    )
     try:
-        writes = writes_for(raw, result, observed.gcs, now, drain_deadline_s)
+        result, writes, blocked = writes_for(raw, result, observed.gcs, now, drain_deadline_s, ev)
     except PatchError as err:
-        return Decision(result, (), raw, observed.gcs, error=str(err))
-    return Decision(result, writes, raw, observed.gcs)
+        return Decision(result, (), raw, observed.gcs, error=str(err), now=now, evidence=ev)
+    return Decision(result, writes, raw, observed.gcs, now=now, evidence=ev, blocked=blocked)
 
 
 def writes_for(
@@ -160,14 +225,26 @@ def writes_for(
     gcs: RayObservation | None,
     now: datetime,
     drain_deadline_s: float,
-) -> tuple[Write, ...]:
-    """Record → drains → patch for `result` planned from `raw`; raises PatchError."""
+    ev: Evidence,
+) -> tuple[Plan, tuple[Write, ...], tuple[Blocked, ...]]:
+    """The plan past the gate, and its record → drains → patch; raises PatchError.
+
+    The gate runs before any drain is sent (every drain assumed accepted): a slice it would
+    refuse is not drained at all, so no host of it exits for nothing.
+    """
     if not result.changes:
-        return ()
+        stale = _stale_record(raw, result)
+        return result, ((Patch(tuple(stale)),) if stale else ()), ()
+    cluster_id = gcs.cluster_id if gcs else None
+    deadline_ms = int((now.timestamp() + drain_deadline_s) * 1000)
+    drains = _drains(result, cluster_id, deadline_ms, ev)
+    result, blocked = gate(result, ev, DrainResults.assumed(drains).accepted, now)
+    kept = {(x.group, x.slice_key) for x in _drained_first_deletions(result)}
+    drains = [d for d in drains if (d.group, d.slice_key) in kept]
     draining = _slices_to_drain(result)
     writes: list[Write] = []
     base = raw
-    if draining:
+    if draining and not _recorded(raw, draining):
         writes.append(
             RecordIntent(
                 draining=MappingProxyType({g: tuple(keys) for g, keys in draining.items()}),
@@ -175,26 +252,144 @@ def writes_for(
             )
         )
         base = with_record(raw, draining)
-        deadline_ms = int((now.timestamp() + drain_deadline_s) * 1000)
-        writes += _drains(result, gcs.cluster_id if gcs else None, deadline_ms)
-    writes += _preemptions(result, gcs.cluster_id if gcs else None)
+    writes += drains
+    writes += _preemptions(result, cluster_id)
     ops = _patch_ops(base, result)
     if ops:
         writes.append(Patch(tuple(ops)))
-    return tuple(writes)
+    return result, tuple(writes), blocked
+
+
+def drains_to_send(
+    decision: Decision, fresh: RayState | None, cluster_id: str | None
+) -> tuple[tuple[Drain, ...], dict[SliceRef, Keep]]:
+    """The drains to send given a fresh GCS read made right before (None: it failed), and the
+    slices kept, each with why. Idle-termination drains need the fresh read: a host turned busy
+    (or gone, or another GCS) keeps its slice whole, undrained. Preemption drains go regardless
+    (Ray moves the work). A deletion with nothing to drain is kept if the read shows one of its
+    Ray nodes back (or cannot be made)."""
+    send: list[Drain] = []
+    kept: dict[SliceRef, Keep] = {}
+    idle_now = {n.node_id for n in fresh.nodes if quiet(n)} if fresh is not None else set()
+    busy_now = fresh.node_by_instance() if fresh is not None else {}
+    for d in decision.drains:
+        ref = (d.group, d.slice_key)
+        if d.preempt:
+            send.append(d)
+        elif fresh is None:
+            kept[ref] = Keep(KeepKind.DRAIN_NOT_SENT, slice=d.slice_key)
+        elif d.cluster_id != cluster_id:
+            kept[ref] = Keep(KeepKind.NO_LONGER_IDLE, slice=d.slice_key, detail="another GCS")
+        elif not set(d.node_ids) <= idle_now or any(
+            p in busy_now and busy_now[p].node_id not in d.node_ids for p in d.pods
+        ):
+            busy = sorted(p for p in d.pods if p in busy_now and not quiet(busy_now[p]))
+            detail = f"busy or gone: {', '.join(busy) or 'a host'}"
+            kept[ref] = Keep(KeepKind.NO_LONGER_IDLE, slice=d.slice_key, detail=detail)
+        else:
+            send.append(d)
+    kept.update(_back_in_ray(decision, fresh))
+    return tuple(send), kept
+
+
+def _back_in_ray(decision: Decision, fresh: RayState | None) -> dict[SliceRef, Keep]:
+    """Deletions with nothing to drain (hosts DEAD or long absent) confirmed by the fresh read:
+    a Ray node that is back keeps its slice (never deleted over a node just seen alive)."""
+    drained = {(d.group, d.slice_key) for d in decision.drains}
+    deadlines = decision.evidence.deadlines if decision.evidence else {}
+    now = decision.now or _NEVER
+    alive = fresh.node_by_instance() if fresh is not None else {}
+    kept: dict[SliceRef, Keep] = {}
+    for g in decision.plan.groups:
+        for x in g.deletions:
+            ref = (g.group, x.slice_key)
+            deadline = deadlines.get(x.slice_key)
+            if ref in drained or (deadline is not None and deadline <= now):
+                continue
+            if fresh is None:
+                kept[ref] = Keep(KeepKind.DRAIN_NOT_SENT, slice=x.slice_key)
+            elif back := [p for p in x.pods if p in alive]:
+                kept[ref] = Keep(KeepKind.RAY_NODE_BACK, slice=x.slice_key, detail=back[0])
+    return kept
+
+
+def after_drains(decision: Decision, results: DrainResults) -> Writes:
+    """The patch once the drains answered, decided here so `plan` and tests see every rule:
+
+    - a slice not drained (`results.not_sent`, e.g. Keep(NO_LONGER_IDLE)) is kept whole;
+    - a slice no host of which accepted is kept whole (Keep(DRAIN_REFUSED)) and its drain is
+      retried only once its idle state changes or a backoff passes (Memory.refused);
+    - a slice some hosts of which accepted is partly drained (ScaleDown(PARTLY_DRAINED)): those
+      raylets exit, so it can no longer run slice-wide work; its refusing hosts are drained for
+      preemption with the drain deadline and the slice leaves whole once it passes (gate (d)),
+      through the broken-slice path; never deleted over a refusing host now;
+    - then the deletion gate, with what was really accepted.
+
+    Raises PatchError when the plan no longer fits `results.base`.
+    """
+    now = decision.now or _NEVER
+    result = decision.plan
+    dropped: dict[SliceRef, Reason] = dict(results.not_sent)
+    follow: list[Drain] = []
+    preempting = dict(result.memory.preempting)
+    refused = dict(result.memory.refused)
+    for d in decision.drains:
+        ref = (d.group, d.slice_key)
+        if d.preempt or ref in dropped:
+            if ref in results.not_sent:
+                refused[d.slice_key] = _refused(decision, d, now)
+            continue
+        why = results.refused.get(ref)
+        if why is None:
+            refused.pop(d.slice_key, None)
+            continue
+        took = set(d.node_ids) & results.accepted
+        if not took:
+            dropped[ref] = Keep(KeepKind.DRAIN_REFUSED, slice=d.slice_key, detail=why)
+            refused[d.slice_key] = _refused(decision, d, now)
+            continue
+        deadline = datetime.fromtimestamp(d.deadline_ms / 1000, UTC)
+        preempting[d.slice_key] = deadline
+        dropped[ref] = ScaleDown(
+            ScaleDownKind.PARTLY_DRAINED, d.slice_key, len(d.pods), deadline=deadline
+        )
+        rest = tuple(n for n in d.node_ids if n not in results.accepted)
+        follow.append(replace(d, node_ids=rest, preempt=True, message=_partial_message(d, why)))
+    result = without(result, dropped)
+    memory = replace(
+        result.memory,
+        preempting=MappingProxyType(preempting),
+        refused=MappingProxyType(refused),
+    )
+    result = replace(result, memory=memory)
+    ev = decision.evidence
+    if ev is not None:
+        result, blocked = gate(result, ev.with_fresh(results.fresh), results.accepted, now)
+    else:
+        blocked = ()
+    base = results.base if results.base is not None else decision.raycluster
+    ops = build_patch(base, result)
+    if ops or not any(k in refused for keys in read_draining(base).values() for k in keys):
+        ops += clear_ops(base)  # a record of a slice backing off stays: no rewrite on retry
+    return Writes(result, Patch(tuple(ops)) if ops else None, tuple(follow), blocked)
 
 
 def patch_after_drains(
     decision: Decision, refused: Collection[tuple[str, str]], base: Mapping[str, Any]
 ) -> tuple[Plan, Patch | None]:
-    """The plan and patch once some drains were refused: those slices stay, targets go back.
-
-    `base` is the RayCluster as the record write left it (the patch's `test`s must match it).
-    Raises PatchError when the plan no longer fits `base`.
-    """
-    result = drop_deletions(decision.plan, refused)
-    ops = _patch_ops(base, result)
-    return result, (Patch(tuple(ops)) if ops else None)
+    """The plan and patch once some drains were refused outright (no host accepted): those
+    slices stay, targets go back. `after_drains` is the full rule; this is its simple case."""
+    drains = [d for d in decision.drains if not d.preempt]
+    accepted = frozenset(
+        n for d in drains if (d.group, d.slice_key) not in refused for n in d.node_ids
+    )
+    results = DrainResults(
+        accepted=accepted,
+        refused=MappingProxyType({ref: "refused" for ref in refused}),
+        base=base,
+    )
+    writes = after_drains(decision, results)
+    return writes.plan, writes.patch
 
 
 def write_document(write: Write) -> dict[str, Any]:
@@ -234,16 +429,61 @@ def _drained_first(x: SliceDeletion) -> bool:
     return x.kind in DRAINED_FIRST or (x.kind is DeleteKind.REPLACE and bool(x.node_ids))
 
 
-def _slices_to_drain(result: Plan) -> dict[str, list[str]]:
-    return {
-        d.group: [x.slice_key for x in d.deletions if _drained_first(x)]
+@dataclass(frozen=True)
+class _Ref:
+    group: str
+    slice_key: str
+    deletion: SliceDeletion
+
+
+def _drained_first_deletions(result: Plan) -> list[_Ref]:
+    return [
+        _Ref(d.group, x.slice_key, x)
         for d in result.groups
-        if any(_drained_first(x) for x in d.deletions)
-    }
+        for x in d.deletions
+        if _drained_first(x)
+    ]
+
+
+def _slices_to_drain(result: Plan) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for ref in _drained_first_deletions(result):
+        out.setdefault(ref.group, []).append(ref.slice_key)
+    return out
+
+
+def _recorded(raw: Mapping[str, Any], draining: Mapping[str, list[str]]) -> bool:
+    """The object already records every slice about to be drained: never rewrite it."""
+    held = read_draining(raw)
+    return all(set(keys) <= set(held.get(g, ())) for g, keys in draining.items())
+
+
+# A decision made without a time (a hand-built one in tests): no deadline counts as passed.
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+
+def _stale_record(raw: Mapping[str, Any], result: Plan) -> list[Op]:
+    """Clear a draining record none of whose slices this plan finishes because they turned busy
+    or are gone; kept while one may still be finished (its hosts absent, not yet for the
+    grace), is backing off from a refused drain (so a retry never rewrites it), or while Ray's
+    view is unknown (a blind daemon writes nothing)."""
+    recorded = read_draining(raw)
+    if not recorded or result.held is not None or result.slice_map is None:
+        return []
+    if any(k in result.memory.refused for keys in recorded.values() for k in keys):
+        return []
+    slices = {(g, s.key): s for g, gs in result.slice_map.groups.items() for s in gs.slices}
+    waiting = [
+        slices[(g, k)]
+        for g, keys in recorded.items()
+        for k in keys
+        if (g, k) in slices and not slices[(g, k)].working_hosts
+    ]
+    return [] if waiting else clear_ops(raw)  # a slice still to finish keeps its record
 
 
 def _preemptions(result: Plan, cluster_id: str | None) -> list[Drain]:
-    """Busy slices above maxReplicas: drained with the deadline the planner keeps for them."""
+    """Busy slices to drain for preemption, with the deadline the planner keeps for them."""
     return [
         Drain(
             group=d.group,
@@ -253,6 +493,7 @@ def _preemptions(result: Plan, cluster_id: str | None) -> list[Drain]:
             deadline_ms=int(result.memory.preempting[x.slice_key].timestamp() * 1000),
             message=f"kuberay-scaler: {x.reason}",
             preempt=True,
+            pods=x.pods,
         )
         for d in result.groups
         for x in d.preempt
@@ -260,22 +501,26 @@ def _preemptions(result: Plan, cluster_id: str | None) -> list[Drain]:
     ]
 
 
-def _drains(result: Plan, cluster_id: str | None, deadline_ms: int) -> list[Drain]:
-    return [
-        Drain(
-            group=d.group,
-            slice_key=x.slice_key,
-            node_ids=x.node_ids,
-            cluster_id=cluster_id,
-            deadline_ms=deadline_ms,
-            message=_drain_message(x),
-            hosts_gone=_hosts_gone(result, d.group, x.slice_key, len(x.node_ids)),
-            broken=x.kind is DeleteKind.REPLACE,
+def _drains(result: Plan, cluster_id: str | None, deadline_ms: int, ev: Evidence) -> list[Drain]:
+    out = []
+    for ref in _drained_first_deletions(result):
+        x = ref.deletion
+        node_ids = ev.alive_node_ids(x.pods)  # every live raylet of the pods, duplicates too
+        if not node_ids:
+            continue
+        out.append(
+            Drain(
+                group=ref.group,
+                slice_key=x.slice_key,
+                node_ids=node_ids,
+                cluster_id=cluster_id,
+                deadline_ms=deadline_ms,
+                message=_drain_message(x),
+                broken=x.kind is DeleteKind.REPLACE,
+                pods=x.pods,
+            )
         )
-        for d in result.groups
-        for x in d.deletions
-        if _drained_first(x) and x.node_ids
-    ]
+    return out
 
 
 def _drain_message(x: SliceDeletion) -> str:
@@ -284,10 +529,33 @@ def _drain_message(x: SliceDeletion) -> str:
     return f"kuberay-scaler: slice {x.slice_key} idle"
 
 
-def _hosts_gone(result: Plan, group: str, key: str, joined: int) -> int:
-    gs = result.slice_map.groups.get(group) if result.slice_map else None
-    sl = next((s for s in gs.slices if s.key == key), None) if gs else None
-    return max(0, sl.expected_hosts - joined) if sl else 0
+def _partial_message(d: Drain, why: str) -> str:
+    return f"kuberay-scaler: slice {d.slice_key} partly drained ({why}): its other hosts exited"
+
+
+def _refused(decision: Decision, d: Drain, now: datetime) -> RefusedDrain:
+    """The backoff entry of a slice whose drain no host accepted (or that was not sent)."""
+    before = decision.plan.memory.refused.get(d.slice_key)
+    failures = (before.failures if before else 0) + 1
+    wait = exponential_delay(failures - 1, DRAIN_RETRY_S, MAX_DRAIN_RETRY_S)
+    ev = decision.evidence
+    idle_ms = {
+        n.node_id: n.idle_ms
+        for pod in d.pods
+        for n in (ev.entries.get(pod, ()) if ev else ())
+        if n.idle
+    }
+    return RefusedDrain(now + timedelta(seconds=wait), MappingProxyType(idle_ms), failures)
+
+
+def _blocked_doc(b: Blocked) -> dict[str, Any]:
+    return {
+        "group": b.group,
+        "slice": b.slice_key,
+        "pod": b.pod,
+        "kind": b.kind.value,
+        "path": b.path,
+    }
 
 
 def _patch_ops(base: Mapping[str, Any], result: Plan) -> list[Op]:

@@ -58,6 +58,13 @@ MAX_PROVISION_TIME_S = 900.0
 MISSING_NODE_GRACE_S = 180.0
 REPLACE_BACKOFF_S = 300.0
 MAX_REPLACE_BACKOFF_S = 1800.0
+# A slice whose drain every host refused is retried when its Ray idle state changes, or after
+# this wait (doubling per refused round, capped), never at once (issue 20).
+DRAIN_RETRY_S = 10.0
+MAX_DRAIN_RETRY_S = 300.0
+# A broken slice kept because a host is busy is kept at most this long; then its live hosts are
+# drained for preemption (PREEMPT_DEADLINE_S) and it is replaced whole.
+BROKEN_BUSY_MAX_S = 1800.0
 
 
 def raycluster_api(version: str = CRD_VERSION) -> str:

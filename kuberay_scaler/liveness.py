@@ -96,6 +96,7 @@ class LivenessTracker:
             missing_s=MappingProxyType(self._missing(now)),
             age_s=MappingProxyType(age),
             settling=self._settling(now),
+            seen=frozenset(self._last_seen),
         )
 
     def _settling(self, now: float) -> str | None:

@@ -100,6 +100,15 @@ OVERRIDES = Counter(
     registry=REGISTRY,
 )
 
+# --- the deletion gate (planner/gate.py; issue 20) ---
+DELETIONS_BLOCKED = Counter(
+    "kuberay_scaler_deletions_blocked_total",
+    "Slice deletions the deletion gate dropped, by the planner path that made them; non-zero"
+    " means a planner path disagreed with the gate (each is logged at error).",
+    ["path"],
+    registry=REGISTRY,
+)
+
 # --- the loop: health by progress -----------------------------------------------------------
 BLIND_SECONDS = Gauge(
     "kuberay_scaler_blind_seconds",

@@ -44,6 +44,77 @@ def _ours(name: str) -> AliasChoices:
     return AliasChoices(PREFIX + name.upper())
 
 
+# --- Bounds: every number has both ends; new fields use `seconds()` / `count()` -----------------
+# Durations reach asyncio timers, aiohttp and gRPC timeouts and epoch-millisecond int64 deadlines
+# (DrainNode): 1e300 s overflowed the drain request inside every reconcile. 366 days is far from
+# every overflow (epoch ms + 366 d fits int64 until the year 292 million) and above any sane value.
+MAX_SECONDS = 366 * 24 * 3600.0
+# Counts: at least one, and small enough that "never" is not spelt as a 4,301-digit number.
+MAX_COUNT = 10_000
+
+
+def seconds(
+    default: float | None,
+    name: str,
+    description: str,
+    *,
+    minimum: float = 0.0,
+    inclusive: bool = False,
+    maximum: float = MAX_SECONDS,
+) -> Any:
+    """A duration field read from `KUBERAY_SCALER_<NAME>`: finite, above `minimum` (or equal to
+    it when `inclusive`) and at most `maximum` seconds."""
+    return Field(
+        default=default,
+        ge=minimum if inclusive else None,
+        gt=None if inclusive else minimum,
+        le=maximum,
+        validation_alias=_ours(name),
+        description=description,
+    )
+
+
+def count(
+    default: int, name: str, description: str, *, minimum: int = 1, maximum: int = MAX_COUNT
+) -> Any:
+    """A count field read from `KUBERAY_SCALER_<NAME>`: an integer in [`minimum`, `maximum`]."""
+    return Field(
+        default=default,
+        ge=minimum,
+        le=maximum,
+        validation_alias=_ours(name),
+        description=description,
+    )
+
+
+def _bounds(field: str) -> tuple[str, float, float]:
+    """(">" or ">=", lower, upper) of a numeric field, from its pydantic constraints."""
+    low_op, low, high = ">", float("-inf"), float("inf")
+    for item in Settings.model_fields[field].metadata:
+        if getattr(item, "gt", None) is not None:
+            low_op, low = ">", float(item.gt)
+        elif getattr(item, "ge", None) is not None:
+            low_op, low = ">=", float(item.ge)
+        elif getattr(item, "le", None) is not None:
+            high = float(item.le)
+    return low_op, low, high
+
+
+def upper_bound(field: str) -> float:
+    """The largest value a numeric setting accepts (documented in README's table)."""
+    return _bounds(field)[2]
+
+
+def range_text(field: str) -> str:
+    """README's "Range" cell of a numeric setting, e.g. `> 0, <= 31622400`."""
+    low_op, low, high = _bounds(field)
+    return f"`{low_op} {_number(low)}, <= {_number(high)}`"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() else f"{value:g}"
+
+
 class Settings(BaseSettings):
     """Effective configuration of one kuberay-scaler process.
 
@@ -126,65 +197,64 @@ class Settings(BaseSettings):
         validation_alias=_ours("gcs_address"),
         description="host:port of the Ray GCS; from the head pod this is 127.0.0.1:6379.",
     )
-    gcs_poll_interval_s: float = Field(
-        default=D.GCS_POLL_INTERVAL_S,
-        gt=0,
-        le=60,
-        validation_alias=_ours("gcs_poll_interval_s"),
-        description="Longest wait between GetClusterResourceState polls; the poller polls sooner"
+    gcs_poll_interval_s: float = seconds(
+        D.GCS_POLL_INTERVAL_S,
+        "gcs_poll_interval_s",
+        "Longest wait between GetClusterResourceState polls; the poller polls sooner"
         " (down to 0.1 s) while a poll is cheap, demand is pending or the state just moved.",
+        minimum=0.1,
+        inclusive=True,
+        maximum=60,
     )
-    gcs_rpc_timeout_s: float = Field(
-        default=D.GCS_RPC_TIMEOUT_S,
-        gt=0,
-        le=120,
-        validation_alias=_ours("gcs_rpc_timeout_s"),
-        description="Deadline of one GCS RPC.",
+    gcs_rpc_timeout_s: float = seconds(
+        D.GCS_RPC_TIMEOUT_S,
+        "gcs_rpc_timeout_s",
+        "Deadline of one GCS RPC.",
+        maximum=120,
     )
-    gcs_stale_after_s: float = Field(
-        default=D.GCS_STALE_AFTER_S,
-        gt=0,
-        validation_alias=_ours("gcs_stale_after_s"),
-        description="Demand older than this is unknown: the planner holds and /readyz goes false.",
+    gcs_stale_after_s: float = seconds(
+        D.GCS_STALE_AFTER_S,
+        "gcs_stale_after_s",
+        "Demand older than this is unknown: the planner holds and /readyz goes false.",
     )
     kubeconfig: Path | None = Field(
         default=None,
         validation_alias=AliasChoices(PREFIX + "KUBECONFIG", "KUBECONFIG"),
         description="Kubeconfig file; unset means in-cluster service-account credentials.",
     )
-    k8s_request_timeout_s: float = Field(
-        default=D.K8S_REQUEST_TIMEOUT_S,
-        gt=0,
-        le=300,
-        validation_alias=_ours("k8s_request_timeout_s"),
-        description="Timeout of one Kubernetes API request (watches use their own timeout).",
+    k8s_request_timeout_s: float = seconds(
+        D.K8S_REQUEST_TIMEOUT_S,
+        "k8s_request_timeout_s",
+        "Timeout of one Kubernetes API request (watches use their own timeout).",
+        maximum=300,
     )
-    watch_silence_timeout_s: float = Field(
-        default=D.WATCH_SILENCE_TIMEOUT_S,
-        gt=0,
-        validation_alias=_ours("watch_silence_timeout_s"),
-        description="A watch with no event or bookmark for this long is treated as dead.",
+    watch_silence_timeout_s: float = seconds(
+        D.WATCH_SILENCE_TIMEOUT_S,
+        "watch_silence_timeout_s",
+        "A watch with no event or bookmark for this long is treated as dead.",
+        minimum=1.0,
+        inclusive=True,
     )
-    resync_interval_s: float = Field(
-        default=D.RESYNC_INTERVAL_S,
-        gt=0,
-        validation_alias=_ours("resync_interval_s"),
-        description="Periodic reconcile when nothing changed.",
+    resync_interval_s: float = seconds(
+        D.RESYNC_INTERVAL_S,
+        "resync_interval_s",
+        "Periodic reconcile when nothing changed.",
+        minimum=1.0,
+        inclusive=True,
     )
-    raycluster_poll_interval_s: float = Field(
-        default=D.RAYCLUSTER_POLL_INTERVAL_S,
-        gt=0,
-        le=300,
-        validation_alias=_ours("raycluster_poll_interval_s"),
-        description="Poll mode (no watch on rayclusters, KubeRay's Role): GET the RayCluster this"
+    raycluster_poll_interval_s: float = seconds(
+        D.RAYCLUSTER_POLL_INTERVAL_S,
+        "raycluster_poll_interval_s",
+        "Poll mode (no watch on rayclusters, KubeRay's Role): GET the RayCluster this"
         " often, so spec edits are acted on within seconds; pod events bring a GET sooner.",
+        maximum=300,
     )
-    debounce_s: float = Field(
-        default=D.DEBOUNCE_S,
-        ge=0,
-        le=10,
-        validation_alias=_ours("debounce_s"),
-        description="Changes arriving within this window are folded into one reconcile.",
+    debounce_s: float = seconds(
+        D.DEBOUNCE_S,
+        "debounce_s",
+        "Changes arriving within this window are folded into one reconcile.",
+        inclusive=True,
+        maximum=10,
     )
     dry_run: bool = Field(
         default=False,
@@ -208,100 +278,89 @@ class Settings(BaseSettings):
         validation_alias=_ours("http_address"),
         description="host:port for /healthz, /readyz, /metrics and /debug/plan; empty disables.",
     )
-    idle_timeout_s: float | None = Field(
-        default=None,
-        gt=0,
-        validation_alias=_ours("idle_timeout_s"),
-        description="Overrides every idle timeout from the RayCluster when set.",
+    idle_timeout_s: float | None = seconds(
+        None,
+        "idle_timeout_s",
+        "Overrides every idle timeout from the RayCluster when set.",
     )
-    max_provision_time_s: float = Field(
-        default=D.MAX_PROVISION_TIME_S,
-        gt=0,
-        validation_alias=_ours("max_provision_time_s"),
-        description="A slice not fully up (pods Running, Ray nodes joined) after this is broken.",
+    max_provision_time_s: float = seconds(
+        D.MAX_PROVISION_TIME_S,
+        "max_provision_time_s",
+        "A slice not fully up (pods Running, Ray nodes joined) after this is broken.",
     )
-    missing_node_grace_s: float = Field(
-        default=D.MISSING_NODE_GRACE_S,
-        gt=0,
-        validation_alias=_ours("missing_node_grace_s"),
-        description="A Running pod whose Ray node is missing this long makes its slice broken.",
+    missing_node_grace_s: float = seconds(
+        D.MISSING_NODE_GRACE_S,
+        "missing_node_grace_s",
+        "A Running pod whose Ray node is missing this long makes its slice broken.",
     )
-    replace_backoff_s: float = Field(
-        default=D.REPLACE_BACKOFF_S,
-        gt=0,
-        validation_alias=_ours("replace_backoff_s"),
-        description="First per-group backoff after replacing a broken slice; doubles up to 30 min.",
+    replace_backoff_s: float = seconds(
+        D.REPLACE_BACKOFF_S,
+        "replace_backoff_s",
+        "First per-group backoff after replacing a broken slice; doubles up to 30 min.",
     )
-    write_expectation_timeout_s: float = Field(
-        default=D.WRITE_EXPECTATION_TIMEOUT_S,
-        gt=0,
-        validation_alias=_ours("write_expectation_timeout_s"),
-        description="After a patch, plan nothing for that group until it is seen, or this passes.",
+    write_expectation_timeout_s: float = seconds(
+        D.WRITE_EXPECTATION_TIMEOUT_S,
+        "write_expectation_timeout_s",
+        "After a patch, plan nothing for that group until it is seen, or this passes.",
     )
-    drain_deadline_s: float = Field(
-        default=D.DRAIN_DEADLINE_S,
-        gt=0,
-        validation_alias=_ours("drain_deadline_s"),
-        description="Deadline handed to DrainNode for each host of a slice.",
+    drain_deadline_s: float = seconds(
+        D.DRAIN_DEADLINE_S,
+        "drain_deadline_s",
+        "Deadline handed to DrainNode for each host of a slice.",
     )
-    preempt_deadline_s: float = Field(
-        default=D.PREEMPT_DEADLINE_S,
-        gt=0,
-        validation_alias=_ours("preempt_deadline_s"),
-        description="A busy slice above maxReplicas is drained (reason preemption) this long"
+    preempt_deadline_s: float = seconds(
+        D.PREEMPT_DEADLINE_S,
+        "preempt_deadline_s",
+        "A busy slice above maxReplicas is drained (reason preemption) this long"
         " before it is deleted, so Ray can move its work (Ray's own stops it at once).",
     )
-    unhealthy_after_failures: int = Field(
-        default=D.UNHEALTHY_AFTER_FAILURES,
-        ge=1,
-        validation_alias=_ours("unhealthy_after_failures"),
-        description="/healthz fails after this many failed attempts since the loop last achieved"
-        " what it planned.",
+    # --- gate (issue 20): broken but busy is bounded ---
+    broken_busy_max_s: float = seconds(
+        D.BROKEN_BUSY_MAX_S,
+        "broken_busy_max_s",
+        "A broken slice with a busy host is kept at most this long, then its live"
+        " hosts are drained for preemption and it is replaced whole.",
     )
-    unhealthy_after_s: float = Field(
-        default=D.UNHEALTHY_AFTER_S,
-        gt=0,
-        validation_alias=_ours("unhealthy_after_s"),
-        description="/healthz fails when the loop has had work to do (a write, a drain, demand"
-        " to serve) and has not achieved it for this long, whatever the cause.",
+    # --- the loop: health by progress, giving up on a target not served, overrides ---
+    unhealthy_after_failures: int = count(
+        D.UNHEALTHY_AFTER_FAILURES,
+        "unhealthy_after_failures",
+        "/healthz fails after this many failed attempts since the loop last achieved what it"
+        " planned.",
     )
-    # --- the loop: giving up on a target that is not served; another writer's overrides ---
-    give_up_after_s: float = Field(
-        default=D.GIVE_UP_AFTER_S,
-        gt=0,
-        le=7 * 24 * 3600,
-        validation_alias=_ours("give_up_after_s"),
-        description="Exit non-zero when the RayCluster has not existed or been served (404, CRD"
-        " version not served, 401/403) for this long; a server that is down never makes it exit.",
+    unhealthy_after_s: float = seconds(
+        D.UNHEALTHY_AFTER_S,
+        "unhealthy_after_s",
+        "/healthz fails when the loop has had work to do (a write, a drain, demand to serve)"
+        " and has not achieved it for this long, whatever the cause.",
     )
-    override_backoff_s: float = Field(
-        default=D.OVERRIDE_BACKOFF_S,
-        gt=0,
-        le=7 * 24 * 3600,
-        validation_alias=_ours("override_backoff_s"),
-        description="Another writer reset a group's replicas: leave the group alone this long"
-        " (doubling with each override).",
+    give_up_after_s: float = seconds(
+        D.GIVE_UP_AFTER_S,
+        "give_up_after_s",
+        "Exit non-zero when the RayCluster has not existed or been served (404, CRD version not"
+        " served, 401/403) for this long; a server that is down never makes it exit.",
     )
-    override_backoff_max_s: float = Field(
-        default=D.OVERRIDE_BACKOFF_MAX_S,
-        gt=0,
-        le=7 * 24 * 3600,
-        validation_alias=_ours("override_backoff_max_s"),
-        description="The longest the override back-off grows to.",
+    override_backoff_s: float = seconds(
+        D.OVERRIDE_BACKOFF_S,
+        "override_backoff_s",
+        "Another writer reset a group's replicas: leave the group alone this long (doubling"
+        " with each override).",
     )
-    override_memory_s: float = Field(
-        default=D.OVERRIDE_MEMORY_S,
-        gt=0,
-        le=30 * 24 * 3600,
-        validation_alias=_ours("override_memory_s"),
-        description="An override older than this no longer counts toward the doubling.",
+    override_backoff_max_s: float = seconds(
+        D.OVERRIDE_BACKOFF_MAX_S,
+        "override_backoff_max_s",
+        "The longest the override back-off grows to.",
     )
-    shutdown_grace_s: float = Field(
-        default=10.0,
-        gt=0,
-        le=25,
-        validation_alias=_ours("shutdown_grace_s"),
-        description="On SIGTERM, how long an in-flight patch may take before we abandon it.",
+    override_memory_s: float = seconds(
+        D.OVERRIDE_MEMORY_S,
+        "override_memory_s",
+        "An override older than this no longer counts toward the doubling.",
+    )
+    shutdown_grace_s: float = seconds(
+        10.0,
+        "shutdown_grace_s",
+        "On SIGTERM, how long an in-flight patch may take before we abandon it.",
+        maximum=25,
     )
 
     @field_validator("cluster_name")
@@ -344,7 +403,17 @@ class Settings(BaseSettings):
     @classmethod
     def _token_text(cls, value: Any) -> Any:
         # A Secret made from a file often ends in a newline; gRPC rejects it in metadata.
-        return value.strip() if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        token = value.strip()
+        # gRPC metadata values are printable ASCII (0x20-0x7E): anything else fails every RPC
+        # with a traceback, so refuse it here, without showing it.
+        if not all(" " <= char <= "~" for char in token):
+            raise ValueError(
+                "must be printable ASCII on one line; it holds a newline, control or non-ASCII"
+                " character gRPC cannot send"
+            )
+        return token
 
     @field_validator("ray_use_tls", mode="before")
     @classmethod
@@ -459,8 +528,13 @@ def _one_line(err: ValidationError) -> str:
         return f"invalid configuration: {problem}{tail}"
     env = _env_name(str(first["loc"][0]))
     raw = first.get("input")
-    shown = f" (got {raw!r})" if isinstance(raw, str) and not _is_secret(env) else ""
+    shown = f" (got {_clip(raw)})" if isinstance(raw, str) and not _is_secret(env) else ""
     return f"invalid configuration: {env}: {problem}{shown}{tail}"
+
+
+def _clip(raw: str, limit: int = 40) -> str:
+    # The line stays one short line whatever was pasted into the variable.
+    return repr(raw) if len(raw) <= limit else f"{raw[:limit]!r}... ({len(raw)} characters)"
 
 
 def _is_secret(env: str) -> bool:

@@ -1,46 +1,44 @@
 """Carry out a Decision's writes in order: record intent → drains → guarded patch.
 
-Nothing here decides anything: the writes come from `decision.decide`; a refused drain only
-removes that slice's deletion (`patch_after_drains`, pure). Each step's outcome is returned for
-the loop to judge (replan on stale, back off on the rest).
+Nothing here decides anything: which drains go (`decision.drains_to_send`, from a fresh GCS
+read made right before them) and what the patch is once they answered (`decision.after_drains`:
+kept slices, partly drained ones, the deletion gate) are pure functions of decision.py. This
+module only does the I/O and hands each step's outcome back to the loop (replan on stale, back
+off on the rest).
 
-Partial drains (issue 11, item 2; catalogue row 20). Right before draining, the GCS is read
-afresh: a slice with a host no longer idle (or gone, or under another cluster id) is not drained
-at all, which shrinks the window in which a host turns busy to the few milliseconds of the
-concurrent DrainNode calls. If a host still refuses, the rule is:
-
-- no host of the slice accepted: the slice is kept, untouched (nothing was lost);
-- some hosts accepted: the slice is deleted whole in the same patch. An accepted
-  IDLE_TERMINATION drain makes that raylet exit at once (tests/ray/test_tpu_hosts_and_drain.py:
-  `test_idle_single_host_drain_is_accepted_and_the_node_dies`,
-  `test_partly_busy_slice_is_kept_and_lists_hosts_already_drained`), so the slice can no longer
-  run slice-wide work; keeping it would hold dead accelerators until the broken-slice timer and
-  then delete the refused host undrained anyway. Deleting now loses at most what the refused host
-  started in the last moments, and never leaves a slice with dead hosts waiting for a timer.
-  The same holds for a slice adopted after a restart (recorded, drained before the kill): hosts
-  already gone from Ray count as accepted (`Drain.hosts_gone`).
-
-A broken slice being replaced (`Drain.broken`, docs/reliability.md "Broken slices") is drained
-like an idle one: its live hosts only (the planner keeps a broken slice with a busy host), the
-fresh read made even when some hosts are gone (a host turned busy keeps the slice), then the same
-rule for refusals.
+One failing write never takes the others with it: a record write that fails (not stale) keeps
+the slices it was for, undrained, and the rest of the patch still goes; a drain that raises
+(any exception, e.g. a deadline that overflows the request) counts as that slice's refusal and
+the other slices' drains and the patch still go.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import structlog
 
 from kuberay_scaler.control.ports import ClusterView, Gcs, GcsFeed, Writer
-from kuberay_scaler.decision import Decision, Drain, Patch, patch_after_drains
-from kuberay_scaler.model.drains import DrainReason, SliceDrainResult
+from kuberay_scaler.decision import (
+    Decision,
+    Drain,
+    DrainResults,
+    Writes,
+    after_drains,
+    drains_to_send,
+)
+from kuberay_scaler.metrics import DELETIONS_BLOCKED
+from kuberay_scaler.model.drains import DrainReason, HostDrain, SliceDrainResult
 from kuberay_scaler.model.outcome import PatchOutcome
 from kuberay_scaler.model.plan import Plan
+from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.model.reasons import Keep, KeepKind
 from kuberay_scaler.patch.ops import Op, PatchError
+from kuberay_scaler.planner.gate import Blocked
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +55,9 @@ class Executed:
     sent: tuple[Op, ...] = ()  # the patch ops sent
     refused: frozenset[SliceRef] = field(default_factory=frozenset)
     replan: bool = False  # the RayCluster changed under the plan: plan again
+    record_failed: PatchOutcome | None = None  # the record write failed; the patch still went
+    answered: frozenset[SliceRef] = field(default_factory=frozenset)  # slices drained this time
+    drain_errors: frozenset[SliceRef] = field(default_factory=frozenset)  # of those: a host erred
 
     @property
     def applied(self) -> bool:
@@ -66,84 +67,147 @@ class Executed:
 async def execute(
     decision: Decision, *, writer: Writer, gcs: Gcs, feed: GcsFeed, view: ClusterView
 ) -> Executed:
-    """Send the decision's writes; stop at the first write that does not apply."""
+    """Send the decision's writes; a failed write keeps only what depended on it."""
     uid = decision.plan.uid
     base: Mapping[str, Any] = decision.raycluster
-    record = decision.record
+    record, record_failed = decision.record, None
+    drains: tuple[Drain, ...] = tuple(d for d in decision.drains if d.preempt)
+    not_sent: dict[SliceRef, Keep] = {}
+    fresh: RayState | None = None
     if record is not None:
         outcome = await writer.apply(list(record.ops), expected_uid=uid)
-        if outcome.kind != "applied" or outcome.obj is None:
-            return Executed(decision.plan, outcome, "record", replan=outcome.kind == "stale")
-        base = outcome.obj
-        view.observe(base)
-    stale = await not_idle_any_more(decision.drains, gcs)
-    refused = stale | await drain_all(
-        tuple(d for d in decision.drains if (d.group, d.slice_key) not in stale), gcs
-    )
+        if outcome.kind == "stale":
+            return Executed(decision.plan, outcome, "record", replan=True)
+        if outcome.kind == "applied" and outcome.obj is not None:
+            base = outcome.obj
+            view.observe(base)
+        else:  # the slices it was for are not drained; everything else still goes
+            record_failed = outcome
+            not_sent = {
+                (d.group, d.slice_key): Keep(KeepKind.RECORD_FAILED, slice=d.slice_key)
+                for d in decision.drains
+                if not d.preempt
+            }
+    if not not_sent:
+        fresh = await _fresh_read(decision, gcs)
+        drains, not_sent = drains_to_send(decision, fresh, gcs.cluster_id)
+    for (group, key), why in not_sent.items():
+        log.info("slice kept, not drained", group=group, slice=key, why=str(why))
+    answers = await drain_all(drains, gcs)
     if decision.drains:
         feed.poll_soon()
-    plan, patch = decision.plan, decision.patch
-    if refused:
-        try:
-            plan, patch = patch_after_drains(decision, refused, base)
-        except PatchError as err:
-            log.info("plan no longer fits the RayCluster: replanning", error=str(err))
-            return Executed(decision.plan, refused=refused, replan=True)
-    return await _send_patch(plan, patch, writer, uid, refused)
+    results = _results(answers, not_sent, fresh, base)
+    try:
+        writes = after_drains(decision, results)
+    except PatchError as err:
+        log.info("plan no longer fits the RayCluster: replanning", error=str(err))
+        return Executed(decision.plan, refused=frozenset(results.refused), replan=True)
+    _say_blocked(writes)
+    await drain_all(writes.drains, gcs)  # partly drained slices: the rest for preemption
+    # Kept because no host took the drain (a partly drained slice is not: it leaves later).
+    refused = frozenset(not_sent) | frozenset(
+        ref for ref, r in answers.items() if not r.may_delete and not r.drained_node_ids
+    )
+    done = await _send_patch(writes, writer, uid, refused)
+    # What the loop's health reads: a drain that errs (not one Ray refuses) is work not done.
+    answered = frozenset(answers)
+    erred = frozenset(
+        ref for ref, r in answers.items() if any(h.outcome == "error" for h in r.hosts)
+    )
+    if record_failed is not None and done.outcome is None:
+        return Executed(
+            done.plan,
+            record_failed,
+            "record",
+            refused=refused,
+            answered=answered,
+            drain_errors=erred,
+        )
+    return Executed(
+        done.plan,
+        done.outcome,
+        done.step,
+        done.sent,
+        refused,
+        done.replan,
+        record_failed=record_failed,
+        answered=answered,
+        drain_errors=erred,
+    )
 
 
-async def not_idle_any_more(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
-    """Idle-termination drains whose slice is no longer all idle in a fresh GCS read."""
-    # A slice with hosts already gone is deleted whatever the others say: no need to look —
-    # except a broken slice being replaced, which is never deleted over a host turned busy.
-    idle = [d for d in drains if not d.preempt and (d.broken or not d.hosts_gone)]
-    if not idle:
-        return frozenset()
+async def _fresh_read(decision: Decision, gcs: Gcs) -> RayState | None:
+    """Ray's state right before idle-termination drains or any deletion; None when it cannot
+    be read (or nothing needs it)."""
+    deletes = any(g.deletions for g in decision.plan.groups)
+    if not deletes and not any(not d.preempt for d in decision.drains):
+        return None
     fresh = await gcs.fresh_state()
     if fresh.state is None:
         log.warning("fresh GCS read before draining failed: draining nothing", error=fresh.error)
-        return frozenset((d.group, d.slice_key) for d in idle)
-    idle_now = {n.node_id for n in fresh.state.nodes if n.idle}
-    stale = set()
-    for d in idle:
-        if d.cluster_id != fresh.cluster_id or not set(d.node_ids) <= idle_now:
-            stale.add((d.group, d.slice_key))
-            log.info(
-                "slice kept: no longer idle in a fresh GCS read",
-                group=d.group,
-                slice=d.slice_key,
-                busy_or_gone=sorted(set(d.node_ids) - idle_now),
-            )
-    return frozenset(stale)
+    return fresh.state
 
 
-async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> frozenset[SliceRef]:
-    """Drain every slice concurrently (each slice's hosts concurrently too); the slices that may
-    not be deleted. An idle slice some of whose hosts accepted is deleted (see the module doc)."""
-    results = await asyncio.gather(*(_drain(d, gcs) for d in drains))
-    refused = set()
+async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> dict[SliceRef, SliceDrainResult]:
+    """Drain every slice concurrently (each slice's hosts concurrently too); how each went. A
+    slice whose drain raises counts as refused by every host: the others are not stopped."""
+    results = await asyncio.gather(*(_drain(d, gcs) for d in drains), return_exceptions=True)
+    out: dict[SliceRef, SliceDrainResult] = {}
     for d, result in zip(drains, results, strict=True):
-        partly = bool(result.drained_node_ids) or d.hosts_gone > 0
-        if not d.preempt and not result.may_delete and partly:
+        if isinstance(result, asyncio.CancelledError):
+            raise result
+        if isinstance(result, BaseException):
+            log.error(
+                "drain failed: slice kept", group=d.group, slice=d.slice_key, error=repr(result)
+            )
+            result = SliceDrainResult(
+                tuple(HostDrain(n, "error", repr(result)) for n in d.node_ids)
+            )
+        out[(d.group, d.slice_key)] = result
+        if not result.may_delete and not d.preempt:
             log.warning(
-                "slice partly drained: deleted whole, its drained hosts have exited",
+                "drain refused",
                 group=d.group,
                 slice=d.slice_key,
                 reason=result.reason,
                 hosts_drained=list(result.drained_node_ids),
-                hosts_gone_before=d.hosts_gone,
             )
-            continue
-        if not result.may_delete:
-            refused.add((d.group, d.slice_key))
-            log.warning(
-                "slice kept: drain refused",
-                group=d.group,
-                slice=d.slice_key,
-                reason=result.reason,
-                hosts_already_drained=list(result.drained_node_ids),
-            )
-    return frozenset(refused)
+    return out
+
+
+def _results(
+    answers: Mapping[SliceRef, SliceDrainResult],
+    not_sent: Mapping[SliceRef, Keep],
+    fresh: RayState | None,
+    base: Mapping[str, Any],
+) -> DrainResults:
+    accepted = frozenset(n for r in answers.values() for n in r.drained_node_ids)
+    refused = {ref: r.reason for ref, r in answers.items() if not r.may_delete}
+    return DrainResults(
+        accepted=accepted,
+        refused=MappingProxyType(refused),
+        not_sent=MappingProxyType(dict(not_sent)),
+        fresh=fresh,
+        base=base,
+    )
+
+
+def _say_blocked(writes: Writes) -> None:
+    say_blocked(writes.blocked)
+
+
+def say_blocked(blocked: Sequence[Blocked]) -> None:
+    """The gate dropped a deletion a planner path made: a planner bug, said loudly."""
+    for b in blocked:
+        DELETIONS_BLOCKED.labels(b.path).inc()
+        log.error(
+            "deletion gate dropped a slice a planner path chose",
+            group=b.group,
+            slice=b.slice_key,
+            pod=b.pod,
+            kind=b.kind.value,
+            path=b.path,
+        )
 
 
 async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:
@@ -157,11 +221,16 @@ async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:
 
 
 async def _send_patch(
-    plan: Plan, patch: Patch | None, writer: Writer, uid: str, refused: frozenset[SliceRef]
+    writes: Writes, writer: Writer, uid: str, refused: frozenset[SliceRef]
 ) -> Executed:
-    if patch is None:
-        return Executed(plan, refused=refused)
-    outcome = await writer.apply(list(patch.ops), expected_uid=uid)
+    if writes.patch is None:
+        return Executed(writes.plan, refused=refused)
+    outcome = await writer.apply(list(writes.patch.ops), expected_uid=uid)
     return Executed(
-        plan, outcome, "patch", patch.ops, refused=refused, replan=outcome.kind == "stale"
+        writes.plan,
+        outcome,
+        "patch",
+        writes.patch.ops,
+        refused=refused,
+        replan=outcome.kind == "stale",
     )

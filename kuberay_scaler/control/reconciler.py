@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from kuberay_scaler import defaults as D
 from kuberay_scaler.backoff import Backoff
-from kuberay_scaler.control.execute import Executed, execute
+from kuberay_scaler.control.execute import Executed, execute, say_blocked
 from kuberay_scaler.control.handsoff import OverrideBackoff
 from kuberay_scaler.control.health import LoopStatus, Outcome, Progress, Step
 from kuberay_scaler.control.observe import Instant, ObserveConfig, Observer, Snapshot
@@ -89,6 +89,7 @@ class Reconciler:
         self._not_before = 0.0
         self._settled: tuple[object, ...] | None = None  # inputs of the last settled reconcile
         self._wake_at: float | None = None  # monotonic: a time-driven decision is due then
+        self._drain_errors: dict[tuple[str, str], str] = {}  # slices whose drain erred: why
         self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
 
     @property
@@ -143,7 +144,7 @@ class Reconciler:
             # In a worker thread: however long planning takes, probes and watches keep running.
             decision = await asyncio.to_thread(self.decide, seen, now)
             self._publish(decision, now)
-            outcome = await self._act(decision, seen, now)
+            outcome = self._unless_drains_fail(await self._act(decision, seen, now))
             await self._report(decision, now)
             if outcome is not None:
                 # Nothing written: the same inputs would give the same plan.
@@ -187,6 +188,9 @@ class Reconciler:
 
     def _publish(self, decision: Decision, now: Instant) -> None:
         self.sink.published(decision)
+        say_blocked(decision.blocked)
+        # Memory that time alone moves is kept from every decision, written or not.
+        self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
         expiry = decision.plan.next_idle_expiry_s
         self._wake_at = (
             None if expiry is None else now.mono + max(MIN_WAKE_S, expiry + WAKE_MARGIN_S)
@@ -213,16 +217,31 @@ class Reconciler:
         )
         return self._executed(decision, done, blind)
 
+    def _unless_drains_fail(self, outcome: Outcome | None) -> Outcome | None:
+        """A slice whose drain erred (not refused: failed) stays work not done until a drain of
+        it answers or it leaves the plan's refusal backoff (gone, or retried)."""
+        refused = self.memory.refused
+        self._drain_errors = {r: e for r, e in self._drain_errors.items() if r[1] in refused}
+        if outcome is None or not outcome.achieved or not self._drain_errors:
+            return outcome
+        failing = ", ".join(f"{g}/{k}" for g, k in sorted(self._drain_errors))
+        return Outcome(Step.BACKOFF, f"drain failing for {failing}", demand=True)
+
     def _executed(
         self, decision: Decision, done: Executed, blind: Outcome | None
     ) -> Outcome | None:
-        self._keep_preemptions(decision, done.refused)
+        self._keep_preemptions(done)
         if done.step == "patch" and done.sent:
             self.sink.sent(done.sent)
         if done.replan:
             return None
+        for ref in done.answered - done.drain_errors:
+            self._drain_errors.pop(ref, None)
+        self._drain_errors.update({ref: "drain error" for ref in done.drain_errors})
+        failed = self._failed_step(done)
         if done.outcome is None:  # every slice kept and nothing else to write
-            return blind or _done("nothing to patch")
+            self.sink.drains_only(done.plan)
+            return failed or blind or _done("nothing to patch")
         if not done.applied:
             return self._failed_write(done.outcome, done.step)
         self.observer.wrote(done.plan, self._monotonic())
@@ -231,7 +250,19 @@ class Reconciler:
         self.memory = replace(done.plan.memory, awaiting_write={}, draining={})
         self._write_backoff.reset()
         self.sink.applied(done.plan)
-        return blind or _done("applied")
+        return failed or blind or _done("applied")
+
+    def _failed_step(self, done: Executed) -> Outcome | None:
+        """A step before the patch that failed while the rest went (never a success)."""
+        record = done.record_failed
+        if record is not None and record.kind not in _NOT_FAULTS:
+            return Outcome(
+                Step.FAILED, f"record {record.kind}: {record.message}", f"record_{record.kind}"
+            )
+        if done.drain_errors:
+            failing = ", ".join(f"{g}/{k}" for g, k in sorted(done.drain_errors))
+            return Outcome(Step.FAILED, f"drain failed for {failing}", "drain_error")
+        return None
 
     def _failed_write(self, outcome: PatchOutcome, step: str) -> Outcome:
         now = self._monotonic()
@@ -247,14 +278,17 @@ class Reconciler:
             self.sink.forbidden(outcome.message)
         return Outcome(Step.FAILED, text, f"patch_{outcome.kind}")
 
-    def _keep_preemptions(self, decision: Decision, refused: frozenset[tuple[str, str]]) -> None:
-        """Remember the deadlines of slices drained for preemption (a refused one is retried)."""
+    def _keep_preemptions(self, done: Executed) -> None:
+        """Remember the deadlines of slices drained for preemption (a refused one is retried)
+        and the drain backoff of refused slices, whatever became of the patch."""
         keep = {
             key: deadline
-            for key, deadline in decision.plan.memory.preempting.items()
-            if not any(key == s for _, s in refused)
+            for key, deadline in done.plan.memory.preempting.items()
+            if not any(key == s for _, s in done.refused)
         }
-        self.memory = replace(self.memory, preempting=MappingProxyType(keep))
+        self.memory = replace(
+            self.memory, preempting=MappingProxyType(keep), refused=done.plan.memory.refused
+        )
 
     async def _refresh(self) -> None:
         try:

@@ -92,7 +92,13 @@ class Recorder:
         self._decisions(result, dry_run=False)
         for d in result.groups:
             if d.changes:
-                self._event(_EVENT_REASONS.get(d.action, "Updated"), _event_text(d))
+                self._event(_event_reason(d), _event_text(d))
+
+    def drains_only(self, result: Plan) -> None:
+        """Nothing to patch, but slices were drained for preemption: said as an Event too."""
+        for d in result.groups:
+            if d.preempt:
+                self._event(_event_reason(d), _event_text(d))
 
     def not_written(self, result: Plan) -> None:
         if result.changes:
@@ -192,6 +198,12 @@ class Recorder:
         task = asyncio.get_running_loop().create_task(self._events.record(reason, message))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _event_reason(d: GroupDecision) -> str:
+    if d.preempt and not d.spec_changes:
+        return "DrainingForPreemption"
+    return _EVENT_REASONS.get(d.action, "Updated")
 
 
 def _event_text(d: GroupDecision) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kuberay_scaler.model.hosts import Host, HostPhase
 from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.model.ray import Bundle, GangDemand, TaskDemand
-from kuberay_scaler.model.reasons import DemandKind
+from kuberay_scaler.model.reasons import DemandKind, Keep, KeepKind
 from kuberay_scaler.model.report import (
     AutoscalingReport,
     FailedRequest,
@@ -51,6 +51,7 @@ def report_from_plan(
                     failed_at_s=now_s,
                 )
             )
+        failed.extend(_broken_but_busy(decision, now_s))
     tasks, gangs, constraints = _infeasible(plan)
     return AutoscalingReport(
         launching=tuple(launching),
@@ -61,6 +62,22 @@ def report_from_plan(
         infeasible_constraints=tuple(constraints),
         observed_state_version=observed_version,
     )
+
+
+def _broken_but_busy(decision: GroupDecision, now_s: int) -> list[FailedRequest]:
+    """Broken slices kept over busy hosts: for how long at most, or until when they drain for
+    preemption before their replacement (issue 20: said in `ray status` too)."""
+    return [
+        FailedRequest(
+            group=decision.group,
+            count=decision.num_of_hosts,
+            reason=str(r),
+            started_at_s=now_s,
+            failed_at_s=now_s,
+        )
+        for r in decision.reasons
+        if isinstance(r, Keep) and r.kind is KeepKind.BROKEN_BUT_BUSY
+    ]
 
 
 def _launching(decision: GroupDecision, launches_asked: bool) -> int:

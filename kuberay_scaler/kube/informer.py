@@ -2,12 +2,14 @@
 
 List (paged), then watch from the list's resourceVersion with bookmarks. A clean end of the stream
 re-watches from the last seen resourceVersion; 410 Gone (HTTP or an ERROR event) relists and
-replaces the store, synthesizing DELETED changes for objects that vanished meanwhile (at once
-after a watch that made progress; with its own jittered, growing backoff when 410s follow each
-other with nothing in between: a server answering 410 to every watch must not be listed in a
-tight loop); a stream
-silent for `silent_timeout` is treated as dead and re-opened; any other failure backs off
-(jittered, exponential, capped) and retries.
+replaces the store, synthesizing DELETED changes for objects that vanished meanwhile. Relists are
+spaced like client-go's: at once when the last one is more than `RELIST_RESET_AFTER_S` old, else
+after a jittered backoff of at least 0.8 s that doubles up to 30 s, whatever the watch delivered
+in between (a watch that sees one event and then 410 must not be relisted in a tight loop). A
+stream silent for `silent_timeout` is treated as dead and re-opened. A server that gives no
+answer (connection refused or reset, timeout) is retried at most `CONNECT_RETRY_MAX_S` apart, so
+the cache is synced within seconds of the server's return however long it was down; an HTTP
+error (5xx, 403, 429) backs off (jittered, exponential, capped at 30 s) and retries.
 
 The store maps `metadata.name` to the raw object. Objects with `deletionTimestamp` stay in it:
 deciding what a terminating pod means is the model's job, not the cache's.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -34,6 +37,13 @@ from kuberay_scaler.metrics import WATCH_RESTARTS
 from kuberay_scaler.model.labels import LABEL_CLUSTER
 
 log = structlog.get_logger(__name__)
+
+# client-go's reflector: relists back off from 0.8 s up to 30 s, and the backoff is forgotten
+# after two minutes without one. Jitter is in [0.5, 1], hence the 1.6 s first step.
+RELIST_BACKOFF = (1.6, 30.0)
+RELIST_RESET_AFTER_S = 120.0
+# A refused connection costs the server nothing: retry it soon, so a restart is seen at once.
+CONNECT_RETRY_MAX_S = 2.0
 
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 RawObject = dict[str, Any]
@@ -133,6 +143,7 @@ class Informer:
         relist_backoff: Backoff | None = None,
         on_change: OnChange | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
         transform: Callable[[RawObject], RawObject] | None = None,
     ) -> None:
         self._api = api
@@ -142,10 +153,10 @@ class Informer:
         self._page_size = page_size
         self._connect_timeout = connect_timeout
         self._backoff = backoff or Backoff()
-        # client-go's reflector backs off relists from 800 ms up to 30 s.
-        self._relist_backoff = relist_backoff or Backoff(initial=0.8, cap=30.0)
-        self._watch_progressed = False  # a watch event arrived since the last relist
+        self._relist_backoff = relist_backoff or Backoff(*RELIST_BACKOFF)
+        self._last_relist_at: float | None = None
         self._sleep = sleep
+        self._clock = clock
         self._on_change = on_change
         self._transform = transform
         self._store: dict[str, RawObject] = {}
@@ -187,7 +198,12 @@ class Informer:
                 self._resource_version = None
                 self._set_synced(False)
                 await self._before_relist()
-            except (ApiError, NoResponse, BrokenStream) as error:
+            except NoResponse as error:
+                self.failure_status = None  # no answer at all: down, not "not served"
+                self._restart("error")
+                self._set_synced(False)
+                await self._sleep_backoff(error, cap=CONNECT_RETRY_MAX_S)
+            except (ApiError, BrokenStream) as error:
                 self.failure_status = error.status if isinstance(error, ApiError) else None
                 self._restart("error")
                 self._set_synced(False)
@@ -196,13 +212,14 @@ class Informer:
     # --- list -------------------------------------------------------------------------------
 
     async def _before_relist(self) -> None:
-        """A 410 after progress relists at once; 410 after 410 waits longer each time."""
-        if self._watch_progressed:
+        """Relist at once when the last list is old; else wait, longer each time."""
+        last = self._last_relist_at
+        if last is None or self._clock() - last >= RELIST_RESET_AFTER_S:
             self._relist_backoff.reset()
             return
         delay = self._relist_backoff.next_delay()
         self._log.warning(
-            "relist after backoff: the watch made no progress since the last list",
+            "relist after backoff: the last list was less than 2 minutes ago",
             delay_s=round(delay, 3),
             relists=self._relist_backoff.failures,
         )
@@ -218,6 +235,7 @@ class Informer:
         self._resource_version = resource_version
         self._watch_progressed = False
         self.failure_status = None
+        self._last_relist_at = self._clock()
         self._backoff.reset()
         self._log.info("listed", objects=len(fresh), changes=len(changes), rv=resource_version)
         self._synced = True
@@ -306,7 +324,6 @@ class Informer:
         if kind == "ERROR":
             _raise_for_status(obj)
         self._resource_version = _resource_version(obj) or self._resource_version
-        self._watch_progressed = True
         if kind == "BOOKMARK":
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
@@ -345,8 +362,10 @@ class Informer:
     def _restart(self, cause: str) -> None:
         WATCH_RESTARTS.labels(resource=self.source.resource, cause=cause).inc()
 
-    async def _sleep_backoff(self, reason: object) -> None:
+    async def _sleep_backoff(self, reason: object, cap: float | None = None) -> None:
         delay = self._backoff.next_delay()
+        if cap is not None:
+            delay = min(delay, cap)
         if isinstance(reason, ApiError) and reason.retry_after is not None:
             delay = max(delay, reason.retry_after)  # honoured; capped by the transport
         self._log.warning(

@@ -12,16 +12,19 @@ gives none. Watches pass their own timeout (no total, only connect), see `transp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import structlog
+import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import ConfigException, load_kube_config
 from kubernetes_asyncio.config.incluster_config import (
@@ -121,12 +124,94 @@ def load_in_cluster(
 async def _load_kubeconfig(configuration: Configuration, kubeconfig: str) -> None:
     _require_readable(kubeconfig)
     try:
-        await load_kube_config(
-            config_file=kubeconfig, client_configuration=configuration, persist_config=False
-        )
+        with _library_quiet():
+            await load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration, persist_config=False
+            )
+        _refuse_cleartext_remote(configuration.host or "")
     except Exception as error:  # YAML errors, missing keys, exec plugins failing: all one line
         text = " ".join(str(error).split()) or type(error).__name__
-        raise SessionError(f"kubeconfig {kubeconfig}: {text}") from error
+        raise SessionError(f"kubeconfig {kubeconfig}: {_scrub(text, kubeconfig)}") from error
+
+
+# The library's messages quote what it was given: an exec plugin's stderr (often the token it
+# failed to refresh), server URLs with user info. They are one line for the user, never secrets.
+_EXEC_FAILED = re.compile(r"(exec: process returned -?\d+)\..*", re.DOTALL)
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"]+")
+_BEARER = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
+_SECRET_KEYS = re.compile(r"token|password|secret|key-data|certificate-data|credential", re.I)
+
+
+def _scrub(text: str, kubeconfig: str) -> str:
+    """`text` without an exec plugin's stderr, URL credentials or any secret of the file."""
+    text = _EXEC_FAILED.sub(r"\1 (its stderr not shown: it may hold secrets)", text)
+    text = _URL.sub(lambda m: safe_url(m.group(0)), text)
+    text = _BEARER.sub(r"\1***", text)
+    for secret in _kubeconfig_secrets(kubeconfig):
+        text = text.replace(secret, "***")
+    return text
+
+
+def safe_url(url: str) -> str:
+    """`url` without user info or query values (both may carry credentials)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc.rpartition("@")[2] if "@" in parts.netloc else parts.netloc
+    netloc = f"***@{netloc}" if "@" in parts.netloc else netloc
+    query = "&".join(
+        f"{p.partition('=')[0]}=***" if "=" in p else p for p in parts.query.split("&")
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _kubeconfig_secrets(kubeconfig: str) -> list[str]:
+    """Every value of the file stored under a secret-looking key, longest first (best effort:
+    a file that does not parse has its YAML error shown, which carries no value)."""
+    try:
+        with open(kubeconfig, "rb") as stream:
+            doc = yaml.safe_load(stream.read(1 << 20))
+    except Exception:  # unreadable or not YAML: nothing more to hide
+        return []
+    found: set[str] = set()
+    stack: list[tuple[str, object]] = [("", doc)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((key, v) for v in value)
+        elif (
+            isinstance(value, str)
+            and len(value) >= 4
+            and _SECRET_KEYS.search(key)
+            and not key.lower().endswith(("file", "path"))  # a path names where, it is no secret
+        ):
+            found.add(value)
+    return sorted(found, key=len, reverse=True)
+
+
+@contextlib.contextmanager
+def _library_quiet() -> Iterator[None]:
+    """The library logs (at error) the exception it then raises, exec stderr included: as a
+    second line on stderr before logging is set up, and into our logs after."""
+    loggers = [
+        logging.getLogger(name)
+        for name in (
+            "kubernetes_asyncio",
+            "kubernetes_asyncio.config.kube_config",
+            "kubernetes_asyncio.config.exec_provider",
+        )
+    ]
+    was = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, was, strict=True):
+            logger.disabled = disabled
 
 
 def _require_readable(kubeconfig: str) -> None:
@@ -140,17 +225,13 @@ def check_credentials(kubeconfig: str | None) -> None:
 
     For `run` and `check-config` before anything starts; raises `SessionError` (one line).
     """
-    quiet = logging.getLogger("kubernetes_asyncio")
-    was_disabled, quiet.disabled = quiet.disabled, True  # its warnings would add lines
-    try:
+    with _library_quiet():  # its warnings would add lines
         configuration = Configuration()
         if kubeconfig is None:
             load_in_cluster(configuration)
         else:
             asyncio.run(_load_kubeconfig(configuration, kubeconfig))
         _refuse_cleartext_remote(configuration.host or "")
-    finally:
-        quiet.disabled = was_disabled
 
 
 def _refuse_cleartext_remote(host: str) -> None:
@@ -159,7 +240,9 @@ def _refuse_cleartext_remote(host: str) -> None:
         return
     if url.scheme == "http" and _is_loopback(url.hostname or ""):
         return
-    raise SessionError(f"refusing API server {host}: only HTTPS, or plain HTTP on loopback")
+    raise SessionError(
+        f"refusing API server {safe_url(host)}: only HTTPS, or plain HTTP on loopback"
+    )
 
 
 def _is_loopback(hostname: str) -> bool:

@@ -56,6 +56,8 @@ class HostClock:
     age_s: Mapping[str, float] = field(default_factory=_empty)
     # Set while Ray's view may judge no slice broken; says why.
     settling: str | None = None
+    # Pods whose live Ray node the daemon has seen (the deletion gate: "never had a node").
+    seen: frozenset[str] = frozenset()
 
     @classmethod
     def from_timestamps(
@@ -72,4 +74,4 @@ class HostClock:
             if running and host.pod_name not in present:
                 assert host.running_since is not None
                 missing[host.pod_name] = max(0.0, (now - host.running_since).total_seconds())
-        return cls(MappingProxyType(missing), MappingProxyType(age))
+        return cls(MappingProxyType(missing), MappingProxyType(age), seen=frozenset(present))

@@ -134,6 +134,17 @@ class ReplaceBackoff:
 
 
 @dataclass(frozen=True)
+class RefusedDrain:
+    """A slice whose drain every host refused (or failed): retried only once its Ray idle state
+    changes (a host's idle duration went back: it was busy and is idle again; or its nodes
+    differ) or at `until`, whichever comes first."""
+
+    until: datetime
+    idle_ms: Mapping[str, int]  # node id → Ray's idle duration when the drain was refused
+    failures: int  # consecutive refused rounds; the wait doubles with each
+
+
+@dataclass(frozen=True)
 class Memory:
     """What the planner carries between loops. The loop keeps it; the planner returns a new one."""
 
@@ -147,6 +158,11 @@ class Memory:
     # Busy slices above maxReplicas drained for preemption: slice key → when the drain's time is
     # up (kept by the planner; a restart forgets it and drains again, so the wait only grows).
     preempting: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+    # Slices whose drain was refused lately (slice key → when to retry at the latest).
+    refused: Mapping[str, RefusedDrain] = field(default_factory=lambda: MappingProxyType({}))
+    # Broken slices kept because a host is busy: slice key → since when (bounded, see
+    # KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
+    broken_busy_since: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

@@ -122,12 +122,33 @@ class RayState:
     constraint: tuple[TaskDemand, ...]  # the request_resources floor for the whole cluster
 
     def node_by_instance(self) -> dict[str, RayNode]:
-        """Alive nodes keyed by instance id (pod name); a DEAD entry never hides a live one."""
+        """Alive nodes keyed by instance id (pod name); a DEAD entry never hides a live one, and
+        of two alive entries for one pod the busier wins (never the order of the reply): a pod
+        with any entry not idle is not idle."""
         out: dict[str, RayNode] = {}
         for node in self.nodes:
-            if node.alive and node.instance_id:
+            if not node.alive or not node.instance_id:
+                continue
+            seen = out.get(node.instance_id)
+            if seen is None or _busier(node, seen):
                 out[node.instance_id] = node
         return out
+
+    def entries_by_instance(self) -> dict[str, tuple[RayNode, ...]]:
+        """Every entry (any status) per instance id, in reply order: what the deletion gate
+        judges, since a pod may carry more than one raylet."""
+        out: dict[str, list[RayNode]] = {}
+        for node in self.nodes:
+            if node.instance_id:
+                out.setdefault(node.instance_id, []).append(node)
+        return {k: tuple(v) for k, v in out.items()}
+
+
+def _busier(node: RayNode, than: RayNode) -> bool:
+    """`node` shows more work than `than`: not idle beats idle; of two idle, the shorter idle."""
+    if node.idle != than.idle:
+        return not node.idle
+    return node.idle and node.idle_ms < than.idle_ms
 
 
 @dataclass(frozen=True)

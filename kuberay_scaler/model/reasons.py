@@ -149,6 +149,9 @@ class ScaleDownKind(StrEnum):
     ABOVE_MAX = "above_max"  # a slice with no work (no Ray node, or all hosts idle)
     PREEMPT = "preempt"  # a busy surplus slice: drained (reason preemption) until its deadline
     PREEMPTED = "preempted"  # a preempted slice whose hosts are drained or whose deadline passed
+    # Some hosts accepted their drain (their raylets exit), others refused: the refusing hosts
+    # are drained for preemption until `deadline`, then the slice leaves whole (never half).
+    PARTLY_DRAINED = "partly_drained"
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,11 @@ class ScaleDown:
             return f"drain slice {self.slice} for preemption until {until}: {above}; busy"
         if self.kind is ScaleDownKind.PREEMPTED:
             return f"remove slice {self.slice}: drained for preemption (deadline {until})"
+        if self.kind is ScaleDownKind.PARTLY_DRAINED:
+            return (
+                f"slice {self.slice} partly drained: its other hosts are drained for preemption"
+                f" until {until}, then it is removed whole"
+            )
         return (
             f"remove slice {self.slice}: all {self.hosts} hosts idle for"
             f" {self.idle_s:.0f} s ≥ {self.timeout_s:.0f} s"
@@ -214,6 +222,21 @@ class KeepKind(StrEnum):
     # Broken, but a host's Ray node is alive and not idle in the fresh GCS reply: never deleted
     # over busy work (KubeRay deletes a multi-host replica itself when one of its pods fails).
     BROKEN_BUT_BUSY = "broken_but_busy"
+    # A host's Ray node is absent from the latest replies, not yet for the whole liveness grace:
+    # it may be busy (a partial reply, a GCS restart), so the slice is neither drained nor deleted.
+    ABSENT_FROM_RAY = "absent_from_ray"
+    # Decided after the drains (decision.after_drains), typed so `plan` and tests can see them:
+    NO_LONGER_IDLE = "no_longer_idle"  # a fresh GCS read right before draining saw work
+    DRAIN_NOT_SENT = "drain_not_sent"  # no fresh GCS read before draining: nothing drained
+    RAY_NODE_BACK = "ray_node_back"  # judged gone, but the fresh read shows its Ray node alive
+    RECORD_FAILED = "record_failed"  # the draining record was not written: nothing drained
+    DRAIN_BACKING_OFF = "drain_backing_off"  # refused lately; retried on change or after a wait
+    # The deletion gate (planner/gate.py) dropped a deletion a planner path made: a pod whose
+    # Ray node is neither drained now, nor DEAD, nor long gone. Non-zero means a planner bug.
+    GATE_NOT_DRAINED = "gate_not_drained"  # a live Ray node of the pod was not drained now
+    GATE_ABSENT = "gate_absent"  # no Ray node, but not absent for the whole grace yet
+    GATE_RAY_UNKNOWN = "gate_ray_unknown"  # Ray's view unknown: no running pod may go
+    GATE_POD_UNKNOWN = "gate_pod_unknown"  # a pod the cache does not know
 
 
 @dataclass(frozen=True)
@@ -233,7 +256,25 @@ class Keep:
             )
         if self.kind is KeepKind.BROKEN_BUT_BUSY:
             return f"keep broken slice {self.slice}: Ray nodes still busy ({self.detail})"
+        if self.kind in _KEEP_SLICE_TEXT:
+            text = f"keep slice {self.slice}: {_KEEP_SLICE_TEXT[self.kind]}"
+            return text + (f" ({self.detail})" if self.detail else "")
         return f"{self.count} broken slice(s) left for now: backing off ({self.detail})"
+
+
+_KEEP_SLICE_TEXT = {
+    KeepKind.ABSENT_FROM_RAY: "Ray node absent, not yet for the whole grace",
+    KeepKind.NO_LONGER_IDLE: "no longer idle in a fresh GCS read",
+    KeepKind.DRAIN_NOT_SENT: "no fresh GCS read before draining or deleting",
+    KeepKind.RAY_NODE_BACK: "its Ray node is back in a fresh GCS read",
+    KeepKind.RECORD_FAILED: "the draining record could not be written",
+    KeepKind.DRAIN_BACKING_OFF: "its drain was refused lately; retried on change or later",
+    KeepKind.GATE_NOT_DRAINED: "deletion gate: a live Ray node was not drained",
+    KeepKind.GATE_ABSENT: "deletion gate: Ray node absent, not yet for the whole grace",
+    KeepKind.GATE_RAY_UNKNOWN: "deletion gate: Ray's view unknown",
+    KeepKind.GATE_POD_UNKNOWN: "deletion gate: pod unknown",
+}
+GATE_KINDS = frozenset(k for k in KeepKind if k.value.startswith("gate_"))
 
 
 @dataclass(frozen=True)

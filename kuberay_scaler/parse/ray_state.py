@@ -98,6 +98,7 @@ def _state_from_json(reply: Mapping[Any, Any]) -> Any:
 
 def _node(node: Any) -> RayNode:
     total = _plain_resources(node.total_resources)
+    available = _clamped(_plain_resources(node.available_resources), total)
     labels = dict(node.labels)
     if node.dynamic_labels:
         labels.update(node.dynamic_labels)
@@ -107,7 +108,7 @@ def _node(node: Any) -> RayNode:
         node_type=node.ray_node_type_name,
         status=_status(node.status),
         total=frozen_map(total),
-        available=frozen_map(_plain_resources(node.available_resources)),
+        available=frozen_map(available),
         labels=frozen_map(labels),
         idle_ms=int(node.idle_duration_ms),
         ip=node.node_ip_address,
@@ -138,6 +139,12 @@ def _plain_resources(resources: Mapping[str, float]) -> dict[str, float]:
     return {
         k: v for k, v in dict(resources).items() if _PG_RESOURCE_MARK not in k and math.isfinite(v)
     }
+
+
+def _clamped(available: Mapping[str, float], total: Mapping[str, float]) -> dict[str, float]:
+    """Available within [0, total]: a node reporting more free than it has (a GCS accounting
+    glitch) would otherwise absorb other groups' demand; a resource it has none of is not free."""
+    return {k: min(max(v, 0.0), total[k]) for k, v in available.items() if k in total}
 
 
 def _finite(resources: Mapping[str, float]) -> dict[str, float]:

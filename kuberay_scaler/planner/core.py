@@ -6,10 +6,16 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
+from typing import Any
 
-from kuberay_scaler.defaults import MAX_REPLACE_BACKOFF_S, PREEMPT_DEADLINE_S, REPLACE_BACKOFF_S
+from kuberay_scaler.defaults import (
+    BROKEN_BUSY_MAX_S,
+    MAX_REPLACE_BACKOFF_S,
+    PREEMPT_DEADLINE_S,
+    REPLACE_BACKOFF_S,
+)
 from kuberay_scaler.model.cluster import (
     MAX_GROUP_HOSTS,
     ClusterSpec,
@@ -37,6 +43,8 @@ from kuberay_scaler.model.reasons import (
     ProblemKind,
     Reason,
     RunsMinReplicas,
+    ScaleDown,
+    ScaleDownKind,
     ScaleUp,
     Waiting,
 )
@@ -44,8 +52,9 @@ from kuberay_scaler.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.planner.bins import bins_for_new_slice
 from kuberay_scaler.planner.capacity import Capacity, build_capacity
 from kuberay_scaler.planner.explain import why_unchanged
+from kuberay_scaler.planner.gate import Evidence, evidence_for
 from kuberay_scaler.planner.pool import Pool
-from kuberay_scaler.planner.replace import backing_off, live_backoff, replacements
+from kuberay_scaler.planner.replace import BrokenBusy, backing_off, live_backoff, replacements
 from kuberay_scaler.planner.scale_down import (
     Surplus,
     finish_recorded_drains,
@@ -68,6 +77,9 @@ class Policy:
     max_backoff_s: float = MAX_REPLACE_BACKOFF_S
     # How long a busy slice above maxReplicas is drained (reason preemption) before deletion.
     preempt_deadline_s: float = PREEMPT_DEADLINE_S
+    # How long a broken slice with a busy host is kept before it is drained for preemption and
+    # replaced (KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
+    broken_busy_max_s: float = BROKEN_BUSY_MAX_S
 
 
 @dataclass
@@ -189,6 +201,20 @@ def _plan(
     needed = _needed(capacity)
     backoff = dict(memory.backoff)
     preempting: dict[str, datetime] = {}
+    ev = evidence_for(
+        snapshot.hosts,
+        ray,
+        snapshot.clock,
+        policy.timeouts.missing_node_grace_s,
+        now,
+        memory.preempting,
+    )
+    busy = BrokenBusy(
+        max_s=policy.broken_busy_max_s,
+        deadline_s=policy.preempt_deadline_s,
+        since=memory.broken_busy_since,
+        preempting=memory.preempting,
+    )
     decisions = [
         _decide(
             g,
@@ -200,9 +226,16 @@ def _plan(
             backoff,
             now,
             (memory.preempting, preempting),
+            _Judged(ev, busy, memory),
         )
         for n, g in groups.items()
     ]
+    preempting.update(busy.preempting_out)
+    # Deadlines set after the drains (a partly drained slice) outlive the plans between.
+    alive = {s.key for gs in slice_map.groups.values() for s in gs.slices}
+    for key, deadline in memory.preempting.items():
+        if key in alive and key not in _surplus_keys(decisions):
+            preempting.setdefault(key, deadline)
     decisions.sort(key=lambda d: d.index)
     problems += [
         PlanProblem(
@@ -225,9 +258,42 @@ def _plan(
             memory,
             backoff=MappingProxyType(live_backoff(backoff, now)),
             preempting=MappingProxyType(preempting),
+            broken_busy_since=MappingProxyType(busy.since_out),
+            refused=MappingProxyType(_live_refused(memory, slice_map, now)),
         ),
     )
-    return finish_recorded_drains(result, memory.draining)
+    return finish_recorded_drains(result, memory.draining, ev, now)
+
+
+def _surplus_keys(decisions: list[GroupDecision]) -> set[str]:
+    """Slices the surplus path judged (it alone decides whether their deadline stays)."""
+    return {
+        r.slice
+        for d in decisions
+        for r in d.reasons
+        if isinstance(r, ScaleDown) and r.kind in _SURPLUS_KINDS
+    }
+
+
+_SURPLUS_KINDS = (ScaleDownKind.ABOVE_MAX, ScaleDownKind.PREEMPT, ScaleDownKind.PREEMPTED)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """What the deletion paths judge by besides the slices: the gate's evidence, the broken-
+    but-busy bound, and the memory of refused drains."""
+
+    ev: Evidence
+    busy: BrokenBusy
+    memory: Memory
+
+
+def _live_refused(memory: Memory, slice_map: SliceMap, now: datetime) -> dict[str, Any]:
+    """Refused-drain backoffs of slices that still exist (forgotten a while after they end)."""
+    keys = {s.key for gs in slice_map.groups.values() for s in gs.slices}
+    return {
+        k: v for k, v in memory.refused.items() if k in keys and v.until + timedelta(hours=1) > now
+    }
 
 
 def _problems(kind: ProblemKind, found: tuple[Problem, ...]) -> list[PlanProblem]:
@@ -367,6 +433,7 @@ def _decide(
     backoff: dict[str, ReplaceBackoff],
     now: datetime,
     preempting: tuple[Mapping[str, datetime], dict[str, datetime]] = ({}, {}),
+    judged: _Judged | None = None,
 ) -> GroupDecision:
     group = g.slices.group
     base = GroupDecision(
@@ -384,7 +451,7 @@ def _decide(
     deletions: list[SliceDeletion] = []
     if g.hold_down:
         reasons.append(g.hold_down)
-    elif (surplus := _above_max(g, preempting, policy, now, reasons)) is not None:
+    elif (surplus := _above_max(g, preempting, policy, now, reasons, judged)) is not None:
         # Above maxReplicas: whole surplus slices leave and the target is maxReplicas. KubeRay
         # already clamps replicas to maxReplicas, so writing it changes nothing for slices that
         # stay (busy ones being drained); a plan that only drains writes nothing.
@@ -399,15 +466,24 @@ def _decide(
             launching_hosts=_launching_hosts(g, virtual),
         )
     else:
+        busy, ev = (judged.busy, judged.ev) if judged else (None, None)
         deletions += replacements(
-            g.slices, backoff, policy.replace_backoff_s, policy.max_backoff_s, now, reasons
+            g.slices,
+            backoff,
+            policy.replace_backoff_s,
+            policy.max_backoff_s,
+            now,
+            reasons,
+            busy,
+            ev,
         )
         # Replicas asked for but without pods are never cancelled: the operator may be rebuilding
         # them right now (e.g. after a host pod was deleted). If demand is really gone they come
         # up, turn idle and leave through the idle path, drained like any other slice.
         timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
         keep = group.effective_replicas + room.added - group.min_replicas
-        deletions += idle_deletions(g.slices, keep, needed, timeout_s, reasons)
+        refused = judged.memory.refused if judged else None
+        deletions += idle_deletions(g.slices, keep, needed, timeout_s, reasons, refused, now)
     idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
     below_min = not (group.suspend or g.hold_down) and group.replicas < group.min_replicas
     if below_min:
@@ -424,6 +500,9 @@ def _decide(
         reasons=tuple(reasons),
         launching_hosts=_launching_hosts(g, virtual + room.added),
         new_hosts=room.added * group.num_of_hosts,
+        preempt=tuple(
+            x for x in (judged.busy.preempt if judged else ()) if x.slice_key in _keys(g)
+        ),
     )
     if decision.changes or g.hold_down:
         return decision
@@ -433,17 +512,23 @@ def _decide(
     return replace(decision, reasons=(*decision.reasons, *steady))
 
 
+def _keys(g: _Group) -> set[str]:
+    return {s.key for s in g.slices.slices}
+
+
 def _above_max(
     g: _Group,
     preempting: tuple[Mapping[str, datetime], dict[str, datetime]],
     policy: Policy,
     now: datetime,
     reasons: list[Reason],
+    judged: _Judged | None = None,
 ) -> Surplus | None:
     """The surplus removals of a group running more slices than maxReplicas, else None."""
     known, kept = preempting
     found: list[Reason] = []
-    surplus = surplus_removals(g.slices, known, policy.preempt_deadline_s, now, found)
+    ev = judged.ev if judged else None
+    surplus = surplus_removals(g.slices, known, policy.preempt_deadline_s, now, found, ev)
     if surplus.running <= g.slices.group.max_replicas:
         return None
     reasons.extend(found)

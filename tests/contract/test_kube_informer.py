@@ -277,20 +277,8 @@ async def test_410_storm_relists_with_growing_jittered_backoff(
     assert view(informer.store) == truth(apiserver)  # nothing lost meanwhile
 
 
-async def test_a_watch_with_events_resets_the_relist_backoff(
-    apiserver: ApiServerStandIn, api: ApiClient
-) -> None:
-    """A routine 410 after a healthy watch relists at once: backoff is for storms only."""
-    sleep = VirtualSleep()
-    informer = Informer(api, Source.pods(NAMESPACE, "rc"), silent_timeout=30, sleep=sleep)
-    async with running(informer.run()):
-        await watching(apiserver)
-        apiserver.create("pods", NAMESPACE, pod("a"))  # an event: the watch made progress
-        await eventually(lambda: "a" in informer.store, "event seen")
-        apiserver.faults.expire_watches("pods")
-        await eventually(lambda: len(list_requests(apiserver)) == 2, "relisted")
-        await eventually(lambda: mirrors(informer, apiserver), "synced again")
-    assert sleep.slept == []
+# A routine 410 relists at once when the last list is old, and a watch's events no longer reset
+# the relist backoff: tests/contract/test_kube_informer_bounds.py.
 
 
 async def test_429_on_list_waits_for_retry_after_capped(

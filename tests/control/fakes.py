@@ -188,10 +188,12 @@ class DrainCall:
 
 @dataclass
 class FakeGcs:
-    """Accepts every drain unless the node is in `refuse` (rejected) or `fail` (RPC error)."""
+    """Accepts every drain unless the node is in `refuse` (rejected) or `fail` (RPC error);
+    a node in `busy` refuses idle-termination drains only (Ray accepts preemption for it)."""
 
     cluster_id: str | None = "cluster-1"
     refuse: set[str] = field(default_factory=set)
+    busy: set[str] = field(default_factory=set)
     fail: set[str] = field(default_factory=set)
     report_fails: bool = False
     drains: list[DrainCall] = field(default_factory=list)
@@ -214,7 +216,9 @@ class FakeGcs:
             self.drains.append(DrainCall(node_id, cluster_id, deadline_ms, reason))
             if node_id in self.fail:
                 hosts.append(HostDrain(node_id, "error", "UNAVAILABLE: injected"))
-            elif node_id in self.refuse:
+            elif node_id in self.refuse or (
+                reason is DrainReason.IDLE_TERMINATION and node_id in self.busy
+            ):
                 hosts.append(HostDrain(node_id, "rejected", "node is busy"))
             else:
                 hosts.append(HostDrain(node_id, "accepted"))

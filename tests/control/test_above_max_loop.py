@@ -66,7 +66,8 @@ async def test_busy_slice_above_max_is_preempted_then_deleted_once_drained() -> 
     loop.clock.advance(1)
     loop.see_ray(state([head_node(), *drained]))
     await loop.reconciler.reconcile()
-    assert len(loop.gcs.drains) == 4  # deleted without draining again
+    # Drained once more for idle termination (the gate's (a): accepted now), then deleted.
+    assert [d.reason for d in loop.gcs.drains[4:]] == [IDLE_TERMINATION] * 4
     assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]
     assert _spec(loop)["replicas"] == 0
 

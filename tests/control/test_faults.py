@@ -15,6 +15,7 @@ from kuberay_scaler.app import Daemon
 from kuberay_scaler.control.reconciler import LoopConfig
 from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S
 from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.model.drains import DrainReason
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.settings import load_settings
 from tests.control.fakes import Loop, WriteCall, make_loop
@@ -23,6 +24,7 @@ from tests.factories import (
     cluster,
     group,
     head_node,
+    node,
     node_id_of,
     slice_pods,
     state,
@@ -223,19 +225,36 @@ def idle_loop(*keys: str) -> Loop:
     return make_loop(cluster(tpu_group(replicas=len(keys))), pods, state(nodes))
 
 
-async def test_a_partly_drained_slice_is_deleted_whole_in_the_same_patch() -> None:
-    """Item 2 / catalogue row 20: hosts that accepted have exited; the slice never waits for the
-    broken-slice timer with dead hosts."""
+async def test_a_partly_drained_slice_is_kept_then_deleted_whole_past_its_deadline() -> None:
+    """Item 2 / catalogue row 20, under the deletion gate (issue 20): a host that refused keeps
+    its slice (never deleted over it); the refusing host is drained for preemption with the
+    drain deadline, and the slice leaves whole once that passes and it is judged broken."""
     loop = idle_loop("tpu-a", "tpu-b")
     loop.gcs.refuse = {node_id_of("tpu-a-2")}  # turned busy between the fresh read and its drain
     await loop.reconciler.reconcile()
-    assert sorted(workers_to_delete(loop)) == sorted(
-        f"{k}-{i}" for k in ("tpu-a", "tpu-b") for i in range(4)
-    )  # whole slices only
-    assert spec_group(loop)["replicas"] == 0
+    assert sorted(workers_to_delete(loop)) == [f"tpu-b-{i}" for i in range(4)]  # whole only
+    assert spec_group(loop)["replicas"] == 1
     every_host = {node_id_of(f"{k}-{i}") for k in ("tpu-a", "tpu-b") for i in range(4)}
-    assert set(loop.gcs.drained) == every_host  # none deleted without its drain being asked
-    assert len(loop.writer.applied) == 2  # record, then one patch: no later timer-driven delete
+    assert {
+        d.node_id for d in loop.gcs.drains if d.reason is DrainReason.IDLE_TERMINATION
+    } == every_host
+    (preempted,) = [d for d in loop.gcs.drains if d.reason is DrainReason.PREEMPTION]
+    assert preempted.node_id == node_id_of("tpu-a-2")  # the rest, for preemption
+    plan = loop.reconciler.status.last_decision
+    assert plan is not None and "tpu-a" in loop.reconciler.memory.preempting
+
+    # Ray: the accepted hosts exited (DEAD), host 2 drains its work. Past the deadline and the
+    # grace, the broken slice is replaced whole, without another drain.
+    loop.gcs.refuse = set()
+    pods = loop.pods.pods
+    loop.pods.pods = [p for p in pods if not p["metadata"]["name"].startswith("tpu-b")]
+    exited = [node(f"tpu-a-{i}", group_name="tpu", dead=True) for i in (0, 1, 3)] + [
+        node("tpu-a-2", group_name="tpu", draining=True, resources={"CPU": 24}, available={})
+    ]
+    drains_before = len(loop.gcs.drains)
+    await run_for(loop, GRACE_S + 30, state([head_node(), *exited]))
+    assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]
+    assert len(loop.gcs.drains) == drains_before
 
 
 async def test_a_slice_busy_in_the_fresh_read_is_not_drained_at_all() -> None:
@@ -310,20 +329,37 @@ async def test_restart_after_the_record_adopts_and_finishes_an_idle_slice() -> N
 
 
 async def test_restart_after_the_drains_deletes_the_exited_slice_without_waiting() -> None:
-    """The drains were accepted before the kill: those raylets have exited. The slice is deleted
-    at once, not left for the missing-node timer."""
+    """The drains were accepted before the kill: those raylets have exited and the GCS lists
+    them DEAD. The slice is deleted at once, not left for the missing-node timer."""
+    loop = await kill_between_record_and_patch(("tpu-a",))
+    dead = [node(f"tpu-a-{i}", group_name="tpu", dead=True) for i in range(4)]
+    again = restarted(loop, [head_node(), *dead])
+    await again.reconciler.reconcile()
+    assert_deleted_once_whole(again, ("tpu-a",), 1)
+
+
+async def test_restart_with_the_slices_nodes_absent_waits_a_full_grace() -> None:
+    """Issue 20: absent from the replies is not "already drained" (a restarted GCS lists no
+    one yet): the restarted daemon deletes the slice only after a full grace without them."""
     loop = await kill_between_record_and_patch(("tpu-a",))
     again = restarted(loop, [head_node()])
     await again.reconciler.reconcile()
+    assert workers_to_delete(again) == [] and spec_group(again)["replicas"] == 1
+    await run_for(again, GRACE_S + 10, state([head_node()]))
     assert_deleted_once_whole(again, ("tpu-a",), 1)
 
 
-async def test_restart_after_part_of_the_drains_deletes_the_slice_whole() -> None:
+async def test_restart_after_part_of_the_drains_keeps_a_slice_whose_survivors_are_busy() -> None:
+    """Issue 20: hosts 0, 1 exited, hosts 2, 3 turned busy: never deleted over them (the slice
+    turns broken and leaves by the bounded broken-but-busy path)."""
     loop = await kill_between_record_and_patch(("tpu-a",))
-    survivors = tpu_slice_nodes("tpu-a", 4, busy_hosts=(2, 3))[2:]  # hosts 0, 1 exited
-    again = restarted(loop, [head_node(), *survivors])
+    survivors = tpu_slice_nodes("tpu-a", 4, busy_hosts=(2, 3))[2:]
+    dead = [node(f"tpu-a-{i}", group_name="tpu", dead=True) for i in (0, 1)]
+    again = restarted(loop, [head_node(), *dead, *survivors])
+    again.gcs.busy = {n.node_id for n in survivors}
     await again.reconciler.reconcile()
-    assert_deleted_once_whole(again, ("tpu-a",), 1)
+    await run_for(again, 60, state([head_node(), *dead, *survivors]))
+    assert workers_to_delete(again) == [] and spec_group(again)["replicas"] == 1
 
 
 async def test_restart_after_the_record_keeps_a_slice_that_turned_busy() -> None:

@@ -100,13 +100,15 @@ async def test_a_refused_drain_keeps_that_slice_and_deletes_the_other() -> None:
     assert_deleted_only_drained_whole_slices(loop)
 
 
-async def test_every_drain_refused_clears_the_record_and_deletes_nothing() -> None:
+async def test_every_drain_refused_keeps_the_record_for_the_retry_and_deletes_nothing() -> None:
     loop = idle_slices_loop("tpu-a")
     loop.gcs.fail = {node_id_of(f"tpu-a-{i}") for i in range(4)}
     await loop.reconciler.reconcile()
     assert spec_group(loop)["replicas"] == 1
     assert workers_to_delete(loop) == []
-    assert DRAINING_ANNOTATION not in loop.server.obj["metadata"]["annotations"]
+    # The slice backs off (Memory.refused); its record stays, so a retry never rewrites it.
+    assert DRAINING_ANNOTATION in loop.server.obj["metadata"]["annotations"]
+    assert len(loop.writer.calls) == 1
 
 
 async def test_a_stale_patch_is_replanned_at_most_max_replans_times() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    from tests.fuzz import test_pipeline_fuzz
+    from tests.fuzz import test_gate_stateful, test_pipeline_fuzz
 
-    line = test_pipeline_fuzz.report()
-    if line:
-        terminalreporter.write_line(line)
+    for line in (test_pipeline_fuzz.report(), test_gate_stateful.coverage()):
+        if line:
+            terminalreporter.write_line(line)

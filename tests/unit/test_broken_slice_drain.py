@@ -104,7 +104,8 @@ def test_hosts_without_a_ray_node_are_not_drained() -> None:
     decision = decide(_observe(_failed_host_slice(), nodes), Memory(), POLICY, NOW)
     (drain,) = decision.drains
     assert set(drain.node_ids) == {node_id_of("tpu-a-0"), node_id_of("tpu-a-1")}
-    assert drain.hosts_gone == 2  # the partial-drain rule counts them as accepted
+    assert drain.pods == tuple(f"tpu-a-{i}" for i in range(4))  # judged whole by the gate
+    assert not decision.blocked  # host 2 Failed (never seen with a node), host 3 never joined
     patch = decision.patch
     assert patch is not None
     assert isinstance(decision.writes[0], RecordIntent) and decision.writes[-1] is patch

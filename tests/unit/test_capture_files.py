@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import stat
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 
 from kuberay_scaler.capture import REDACTED, read_captured_at, write_capture
 from kuberay_scaler.offline import plan_capture
+from kuberay_scaler.patch.intent import DRAINING_ANNOTATION as DRAINING
 from kuberay_scaler.planner.core import Policy
 from tests.control.fakes import reply_of
 from tests.factories import NOW, cluster, cpu_nodes, group, head_node, pod, state, tasks
@@ -39,7 +42,7 @@ def test_secrets_are_redacted_and_the_capture_replans(tmp_path: Path) -> None:
     for path in out.iterdir():
         assert "hunter2" not in path.read_text(), path.name
     written = json.loads((out / "raycluster.json").read_text())
-    assert written["metadata"]["annotations"] == {"keep": "me"}
+    assert written["metadata"]["annotations"] == {"keep": REDACTED}  # a value may be a secret
     assert "managedFields" not in written["metadata"]
     env = written["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
     assert env[0] == {"name": "TOKEN", "value": REDACTED}
@@ -68,3 +71,71 @@ def test_secrets_in_the_ray_start_line_of_a_pod_are_redacted(tmp_path: Path) -> 
     assert "hunter2" not in text and "hunter3" not in text
     [args] = json.loads(text)["items"][0]["spec"]["containers"][0]["args"]
     assert f"--redis-password={REDACTED}" in args and "--num-cpus=8" in args and "--keep=me" in args
+
+
+def _leaky_cluster() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A RayCluster and a pod with a secret in every place issue 20 found one leaking."""
+    rc = cluster(group("cpu", replicas=1, max_replicas=3))
+    rc["metadata"]["annotations"] = {"vault.example.com/token": "hunter2", DRAINING: "{}"}
+    head = rc["spec"]["headGroupSpec"]
+    head["rayStartParams"] = {"storage": "s3://AKIAXX:hunter3@bucket/ray", "num-cpus": "0"}
+    template = rc["spec"]["workerGroupSpecs"][0]["template"]
+    template.setdefault("metadata", {})["annotations"] = {"db": "postgres://u:hunter4@db/x"}
+    container = template["spec"]["containers"][0]
+    container["args"] = ["--redis-password", "hunter5", "--num-cpus", "8"]
+    container["env"] = [{"name": "URL", "value": "https://u:hunter6@example.com/"}]
+    running = pod("cpu-0", "cpu")
+    running["metadata"]["annotations"] = {"secret-ish": "hunter7"}
+    running["spec"]["containers"][0]["command"] = ["ray", "start", "--auth-token", "hunter8"]
+    running["spec"]["containers"][0]["args"] = [
+        "ray start --address=10.0.0.1:6379 --storage=gs://k:hunter9@b/p"
+        " --dashboard-url 'https://x.example.com/?X-Amz-Signature=hunter10&region=eu'"
+    ]
+    return rc, running
+
+
+def test_every_annotation_flag_value_and_url_credential_is_redacted(tmp_path: Path) -> None:
+    """Before: annotations (RayCluster, pod template, pod), `--flag VALUE` given as two words and
+    credentials inside URLs were written as they were."""
+    rc, running = _leaky_cluster()
+    reply = json_format.MessageToDict(reply_of(state([head_node()])))
+    out = write_capture(tmp_path / "cap", rc, {"items": [running]}, reply, {"cluster": "rc"})
+
+    text = "".join(p.read_text() for p in out.iterdir())
+    leaked = [f"hunter{i}" for i in range(2, 11) if f"hunter{i}" in text]
+    assert leaked == []
+    written = json.loads((out / "raycluster.json").read_text())
+    assert written["metadata"]["annotations"][DRAINING] == "{}"  # the planner reads this one
+    assert written["metadata"]["annotations"]["vault.example.com/token"] == REDACTED
+    args = written["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["--redis-password", REDACTED, "--num-cpus", "8"]
+    storage = written["spec"]["headGroupSpec"]["rayStartParams"]["storage"]
+    assert storage.startswith("s3://") and storage.endswith("@bucket/ray")
+    [pod_args] = json.loads((out / "pods.json").read_text())["items"][0]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--address=10.0.0.1:6379" in pod_args and "region=" in pod_args
+
+
+def test_capture_files_are_private(tmp_path: Path) -> None:
+    """Before: 0644 files in a 0755 directory."""
+    rc, running = _leaky_cluster()
+    reply = json_format.MessageToDict(reply_of(state([head_node()])))
+    out = write_capture(tmp_path / "cap", rc, {"items": [running]}, reply, {"cluster": "rc"})
+
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert set(modes.values()) == {0o600}, modes
+
+
+def test_a_rewritten_capture_file_becomes_private(tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    out.mkdir()
+    (out / "pods.json").write_text("old")
+    (out / "pods.json").chmod(0o644)
+    rc, running = _leaky_cluster()
+    reply = json_format.MessageToDict(reply_of(state([head_node()])))
+
+    write_capture(out, rc, {"items": [running]}, reply, {"cluster": "rc"})
+
+    assert stat.S_IMODE((out / "pods.json").stat().st_mode) == 0o600

@@ -64,7 +64,7 @@ def test_check_config_exits_2_with_one_clear_line_on_a_bad_value() -> None:
     lines = done.stderr.strip().splitlines()
     assert lines == [
         "kuberay-scaler: invalid configuration: KUBERAY_SCALER_GCS_POLL_INTERVAL_S: "
-        "Input should be greater than 0 (got '-3')"
+        "Input should be greater than or equal to 0.1 (got '-3')"
     ]
     assert TOKEN not in done.stderr
 
@@ -85,6 +85,30 @@ def test_run_refuses_bad_configuration_before_doing_anything() -> None:
     assert done.returncode == 2
     assert "KUBERAY_SCALER_LOG_LEVEL" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("RAY_AUTH_TOKEN", "tok\nen"),
+        ("RAY_AUTH_TOKEN", "t\u00f6ken"),
+        ("KUBERAY_SCALER_DRAIN_DEADLINE_S", "1e300"),
+        ("KUBERAY_SCALER_UNHEALTHY_AFTER_FAILURES", "1" * 4301),
+    ],
+    ids=["token-newline", "token-non-ascii", "deadline-1e300", "count-4301-digits"],
+)
+def test_run_refuses_values_that_would_fail_later_with_one_line(variable: str, raw: str) -> None:
+    """Before: a token with a newline died in gRPC with a traceback; 1e300 s overflowed int64 ms
+    in every drain request."""
+    done = run_cli("run", env={**GOOD_ENV, variable: raw})
+
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"kuberay-scaler: invalid configuration: {variable}"
+    )
+    assert "tok" not in lines[0] and "ken" not in lines[0] and TOKEN not in lines[0]
+    assert len(lines[0]) < 300
 
 
 def test_version_in_process(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,7 @@ from tests.factories import (
     deleted_pods,
     group,
     node,
+    node_id_of,
     plan_of,
     pod,
     slice_pods,
@@ -137,7 +138,8 @@ def test_busy_surplus_is_drained_for_preemption_first_and_deleted_later() -> Non
     assert d2 is not None and not d2.deletions and not d2.preempt
     assert second.memory.preempting == {"cpu-1": deadline}
 
-    # Drained (Ray says DRAINING, nothing running): deleted, without a second drain.
+    # Drained (Ray says DRAINING, nothing running): deleted, drained once more for idle
+    # termination (accepted for a node with no work) so the deletion gate's (a) holds.
     drained = [
         busy[0],
         node(
@@ -152,7 +154,7 @@ def test_busy_surplus_is_drained_for_preemption_first_and_deleted_later() -> Non
     d3 = third.group("cpu")
     assert d3 is not None
     assert deleted_pods(third, "cpu") == ["cpu-1"]
-    assert d3.deletions[0].node_ids == ()
+    assert d3.deletions[0].node_ids == (node_id_of("cpu-1"),)
     assert d3.deletions[0].reason.kind is ScaleDownKind.PREEMPTED
     assert d3.target == 1
 

@@ -118,7 +118,16 @@ def test_without_a_mapping_reads_the_process_environment(monkeypatch: pytest.Mon
     ("env", "variable", "problem"),
     [
         ({"KUBERAY_SCALER_GCS_POLL_INTERVAL_S": "abc"}, "GCS_POLL_INTERVAL_S", "valid number"),
-        ({"KUBERAY_SCALER_GCS_POLL_INTERVAL_S": "0"}, "GCS_POLL_INTERVAL_S", "greater than 0"),
+        (
+            {"KUBERAY_SCALER_GCS_POLL_INTERVAL_S": "0"},
+            "GCS_POLL_INTERVAL_S",
+            "greater than or equal to 0.1",
+        ),
+        (
+            {"KUBERAY_SCALER_DRAIN_DEADLINE_S": "1e300"},
+            "DRAIN_DEADLINE_S",
+            "less than or equal to 31622400",
+        ),
         ({"KUBERAY_SCALER_RESYNC_INTERVAL_S": "inf"}, "RESYNC_INTERVAL_S", "finite"),
         ({"KUBERAY_SCALER_DEBOUNCE_S": "99"}, "DEBOUNCE_S", "less than or equal to 10"),
         ({"KUBERAY_SCALER_GCS_ADDRESS": "nohost"}, "GCS_ADDRESS", "host:port"),
@@ -227,3 +236,60 @@ def test_http_default_is_ray_autoscaler_metrics_port_not_kuberay_metrics_export(
 
     settings = load_settings({"RAY_CLUSTER_NAME": "c"})
     assert settings.http_address == f"0.0.0.0:{AUTOSCALER_METRIC_PORT}" == "0.0.0.0:44217"
+
+
+def _numeric_fields() -> list[str]:
+    return sorted(
+        name
+        for name, info in Settings.model_fields.items()
+        if info.annotation in (int, float, int | None, float | None)
+    )
+
+
+@pytest.mark.parametrize("field", _numeric_fields())
+@pytest.mark.parametrize("raw", ["1e300", "9223372036854775808", "1e16"])
+def test_every_number_has_an_upper_bound_far_from_overflow(field: str, raw: str) -> None:
+    """1e300 s as a drain deadline overflowed int64 ms inside every reconcile (issue 20)."""
+    env = _env_name(field)
+    if Settings.model_fields[field].annotation in (int, int | None):
+        raw = raw.replace("1e300", "10" * 160).replace("1e16", "10000000000000000")
+
+    message = config_error({env: raw})
+
+    assert "\n" not in message
+    assert message.startswith(f"invalid configuration: {env}: ")
+
+
+@pytest.mark.parametrize("field", _numeric_fields())
+def test_the_documented_maximum_is_accepted_and_fits_int64_milliseconds(field: str) -> None:
+    from kuberay_scaler.settings import upper_bound
+
+    maximum = upper_bound(field)
+    settings = load_settings({_env_name(field): str(maximum)})
+
+    assert getattr(settings, field) == maximum
+    assert (1_900_000_000 + maximum) * 1000 < 2**63  # an epoch-ms deadline built from it
+
+
+@pytest.mark.parametrize("field", _numeric_fields())
+def test_readme_states_each_numbers_range(field: str) -> None:
+    from kuberay_scaler.settings import range_text
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith(f"| `{_env_name(field)}`"))
+
+    assert f"| {range_text(field)} |" in row
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["abc\ndef", "abc\r\ndef", "tok\u00e9n", "tok\x00en", "a\tb"],
+    ids=["newline", "crlf", "non-ascii", "nul", "tab"],
+)
+def test_a_token_grpc_cannot_send_is_one_line_without_the_token(raw: str) -> None:
+    """gRPC metadata is printable ASCII: `run` died with a grpc traceback at the first RPC."""
+    message = config_error({"RAY_AUTH_TOKEN": raw})
+
+    assert "\n" not in message
+    assert message.startswith("invalid configuration: RAY_AUTH_TOKEN: ")
+    assert raw.strip() not in message and "abc" not in message and "tok" not in message

@@ -1,0 +1,118 @@
+"""The informer's retry bounds against the API-server stand-in, on virtual time (issue 20).
+
+Every sleep the informer asks for is recorded and returns at once, so "seconds" below are the
+informer's own backoff seconds, summed: the bounds are exact, never wall-clock timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Sequence
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from kuberay_scaler.kube.informer import Change, Informer, Source
+from kuberay_standins.apiserver import ApiServerStandIn
+from tests.contract.conftest import NAMESPACE, eventually, pod, running, truth, view
+from tests.contract.test_kube_informer import list_requests, watching
+
+pytestmark = pytest.mark.contract
+
+
+class VirtualTime:
+    """The informer's clock and sleep: time passes only when the informer sleeps."""
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+        self.slept: list[float] = []
+        self.on_sleep: Callable[[], None] = lambda: None
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, delay: float) -> None:
+        self.slept.append(delay)
+        self.now += delay
+        self.on_sleep()
+        await asyncio.sleep(0)
+
+
+async def test_a_watch_that_sees_one_event_then_410_again_and_again_relists_at_most_every_08_s(
+    apiserver: ApiServerStandIn, api: ApiClient
+) -> None:
+    """Before: the event counted as progress, so each 410 relisted at once (80 LISTs in 20 s)."""
+    time = VirtualTime()
+    informer = Informer(api, Source.pods(NAMESPACE, "rc"), sleep=time.sleep, clock=time.clock)
+    rounds = 12
+    async with running(informer.run()):
+        await watching(apiserver)
+        list_times = [time.now]
+        for round_ in range(rounds):
+            name = f"p{round_}"
+            apiserver.create("pods", NAMESPACE, pod(name))  # the one event
+            await eventually(lambda: name in informer.store, "event seen")  # noqa: B023
+            apiserver.faults.expire_watches("pods")  # ... then 410
+            await eventually(lambda: len(list_requests(apiserver)) >= len(list_times) + 1, "relist")
+            list_times.append(time.now)
+            await watching(apiserver, round_ + 2)
+        await eventually(lambda: view(informer.store) == truth(apiserver), "synced")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(list_times)]
+    assert len(list_requests(apiserver)) == rounds + 1
+    assert all(gap >= 0.8 for gap in gaps), gaps
+    # It grows like client-go's (0.8 s doubling to 30 s): 12 rounds take minutes, not seconds.
+    assert list_times[-1] - list_times[0] >= 60, gaps
+
+
+async def test_a_routine_410_long_after_the_last_list_relists_at_once(
+    apiserver: ApiServerStandIn, api: ApiClient
+) -> None:
+    """The bound is for storms: a 410 minutes after the last list is not delayed."""
+    time = VirtualTime()
+    informer = Informer(
+        api, Source.pods(NAMESPACE, "rc"), silent_timeout=30, sleep=time.sleep, clock=time.clock
+    )
+    async with running(informer.run()):
+        await watching(apiserver)
+        apiserver.create("pods", NAMESPACE, pod("a"))
+        await eventually(lambda: "a" in informer.store, "event seen")
+        time.now += 300  # a healthy watch for five minutes
+        apiserver.faults.expire_watches("pods")
+        await eventually(lambda: len(list_requests(apiserver)) == 2, "relisted")
+        await eventually(lambda: informer.synced and "a" in informer.store, "synced again")
+    assert time.slept == []
+
+
+async def test_after_25_s_of_refused_connections_it_is_synced_within_2_s_of_the_server(
+    apiserver: ApiServerStandIn, api: ApiClient
+) -> None:
+    """Before: the error backoff had grown to 16-30 s, so /readyz stayed 503 ~25 s more."""
+    apiserver.create("pods", NAMESPACE, pod("a"))
+    time = VirtualTime()
+    synced_at: list[float] = []
+
+    def on_change(_: Sequence[Change]) -> None:
+        if informer.synced:
+            synced_at.append(time.now)
+
+    informer = Informer(
+        api, Source.pods(NAMESPACE, "rc"), sleep=time.sleep, clock=time.clock, on_change=on_change
+    )
+    async with running(informer.run()):
+        await watching(apiserver)
+        down_at = time.now
+        back_at = down_at + 25.0
+        apiserver.faults.refuse_connections(True)
+        await eventually(lambda: not informer.synced, "not synced while the server is down")
+        synced_at.clear()
+
+        def server_back() -> None:
+            if apiserver.faults.refusing and time.now >= back_at:
+                apiserver.faults.refuse_connections(False)
+
+        time.on_sleep = server_back
+        await eventually(lambda: bool(synced_at), "synced again", limit=60)
+        assert view(informer.store) == truth(apiserver)
+    assert time.now >= back_at
+    assert synced_at[0] - back_at <= 2.0, (synced_at[0] - back_at, time.slept)

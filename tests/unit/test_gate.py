@@ -1,0 +1,196 @@
+"""The deletion gate (planner/gate.py) and `decision.after_drains`, tabled: each clause of the
+gate's rule, each kind after the drains. Pure: no fakes, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from types import MappingProxyType
+
+import jsonpatch
+import pytest
+
+from kuberay_scaler.decision import (
+    DrainResults,
+    Observation,
+    after_drains,
+    decide,
+    drains_to_send,
+)
+from kuberay_scaler.liveness import HostClock
+from kuberay_scaler.model.hosts import HostPhase
+from kuberay_scaler.model.plan import Memory
+from kuberay_scaler.model.ray import RayObservation
+from kuberay_scaler.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
+from kuberay_scaler.parse.pods import parse_pods
+from kuberay_scaler.parse.raycluster import parse_raycluster
+from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.planner.gate import evidence_for, pod_blocker
+from tests.factories import (
+    NOW,
+    cluster,
+    head_node,
+    node,
+    node_id_of,
+    slice_pods,
+    state,
+    tpu_group,
+    tpu_slice_nodes,
+)
+
+GRACE = 180.0
+POD = "tpu-a-0"
+
+
+def _host(phase: str = "Running") -> list:  # type: ignore[type-arg]
+    rc = cluster(tpu_group(replicas=1))
+    pods = slice_pods("tpu", "tpu-a", 4, phase=phase)
+    return parse_pods(pods, parse_raycluster(rc))[0]
+
+
+@pytest.mark.parametrize(
+    ("case", "phase", "entries", "missing_s", "seen", "accepted", "deadline_s", "verdict"),
+    [
+        ("a: drained now", "Running", ["idle"], None, True, True, None, None),
+        ("alive, not drained", "Running", ["idle"], None, True, False, None, "not_drained"),
+        ("busy, not drained", "Running", ["busy"], None, True, False, None, "not_drained"),
+        ("b: DEAD", "Running", ["dead"], None, True, False, None, None),
+        ("b: absent the whole grace", "Running", [], GRACE, True, False, None, None),
+        ("absent, not long enough", "Running", [], GRACE - 1, True, False, None, "absent"),
+        ("c: never a node, Pending", "Pending", [], None, False, False, None, None),
+        ("had a node, not Running", "Pending", [], 10.0, True, False, None, "absent"),
+        ("never a node, Running", "Running", [], 10.0, False, False, None, "absent"),
+        ("d: deadline passed", "Running", ["busy"], None, True, False, -1, None),
+        ("deadline ahead", "Running", ["busy"], None, True, False, 60, "not_drained"),
+        (
+            "two raylets, one drained",
+            "Running",
+            ["idle", "busy"],
+            None,
+            True,
+            True,
+            None,
+            "not_drained",
+        ),
+    ],
+)
+def test_each_clause_of_the_gate(
+    case: str,
+    phase: str,
+    entries: list[str],
+    missing_s: float | None,
+    seen: bool,
+    accepted: bool,
+    deadline_s: float | None,
+    verdict: str | None,
+) -> None:
+    nodes = []
+    for i, status in enumerate(entries):
+        n = node(POD, dead=status == "dead", idle_s=None if status == "busy" else 5)
+        nodes.append(n if i == 0 else type(n)(**{**n.__dict__, "node_id": f"{i:02d}" * 28}))
+    clock = HostClock(
+        missing_s=MappingProxyType({POD: missing_s} if missing_s is not None else {}),
+        seen=frozenset({POD} if seen else ()),
+    )
+    deadlines = {"tpu-a": NOW + timedelta(seconds=deadline_s)} if deadline_s is not None else {}
+    ev = evidence_for(_host(phase), state(nodes), clock, GRACE, NOW, deadlines)
+    took = frozenset({nodes[0].node_id} if accepted and nodes else ())
+    got = pod_blocker(POD, "tpu-a", ev, took, NOW)
+    assert (got.value.removeprefix("gate_") if got else None) == verdict, case
+
+
+def test_ray_unknown_blocks_a_running_pod_without_a_node() -> None:
+    ev = evidence_for(_host(), None, HostClock(), GRACE, NOW)
+    assert pod_blocker(POD, "tpu-a", ev, frozenset(), NOW) is KeepKind.GATE_RAY_UNKNOWN
+    assert _host()[0].phase is HostPhase.RUNNING
+
+
+def _idle_decision(*keys: str):  # type: ignore[no-untyped-def]
+    pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
+    nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
+    rc = cluster(tpu_group(replicas=len(keys)))
+    observed = Observation(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c"))
+    return decide(observed, Memory(), Policy(), NOW)
+
+
+def _kinds(writes, group: str = "tpu") -> dict[str, object]:  # type: ignore[no-untyped-def]
+    d = writes.plan.group(group)
+    return {r.slice: r.kind for r in d.reasons if isinstance(r, Keep | ScaleDown) and r.slice}
+
+
+def test_after_drains_tables_every_kind() -> None:
+    decision = _idle_decision("tpu-a", "tpu-b", "tpu-c", "tpu-d")
+    accepted = {node_id_of(f"tpu-a-{i}") for i in range(4)}
+    accepted |= {node_id_of(f"tpu-c-{i}") for i in (0, 1, 3)}
+    results = DrainResults(
+        accepted=frozenset(accepted),
+        refused=MappingProxyType({("tpu", "tpu-b"): "busy", ("tpu", "tpu-c"): "1/4 busy"}),
+        not_sent=MappingProxyType({("tpu", "tpu-d"): Keep(KeepKind.NO_LONGER_IDLE, slice="tpu-d")}),
+    )
+    writes = after_drains(decision, results)
+    kinds = _kinds(writes)
+    assert kinds["tpu-a"] is ScaleDownKind.IDLE  # every host accepted: deleted
+    assert kinds["tpu-b"] is KeepKind.DRAIN_REFUSED  # none accepted: kept whole
+    assert kinds["tpu-c"] is ScaleDownKind.PARTLY_DRAINED  # the rest drained for preemption
+    assert kinds["tpu-d"] is KeepKind.NO_LONGER_IDLE
+    d = writes.plan.group("tpu")
+    assert d is not None and [x.slice_key for x in d.deletions] == ["tpu-a"]
+    assert d.target == 3 and not writes.blocked
+    (rest,) = writes.drains
+    assert rest.preempt and rest.node_ids == (node_id_of("tpu-c-2"),)
+    assert "tpu-c" in writes.plan.memory.preempting
+    assert {"tpu-b", "tpu-d"} <= set(writes.plan.memory.refused)  # both back off
+
+
+def test_the_dry_path_shows_the_same_gate() -> None:
+    """`plan` and /debug/plan build the patch through the gate with every drain assumed
+    accepted: what they show is what the daemon writes when Ray accepts."""
+    decision = _idle_decision("tpu-a")
+    assert decision.record is not None and decision.patch is not None
+    base = jsonpatch.apply_patch(decision.raycluster, list(decision.record.ops))
+    assumed = DrainResults.assumed(decision.drains)
+    again = after_drains(decision, replace(assumed, base=base))
+    assert again.patch == decision.patch
+    assert not decision.blocked and not again.blocked
+
+
+def test_a_deletion_with_nothing_to_drain_is_kept_when_the_fresh_read_has_its_node_back() -> None:
+    """Found by the state machine: judged gone (absent past the grace), replaced with nothing
+    to drain, while the GCS read right before the patch has the node alive again."""
+    rc = cluster(tpu_group(replicas=1))
+    pods = slice_pods("tpu", "tpu-a", 4)
+    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=5)
+    pod_names = [p["metadata"]["name"] for p in pods]
+    clock = HostClock(missing_s=MappingProxyType(dict.fromkeys(pod_names, 2 * GRACE)))
+    observed = Observation(
+        rc, pods, RayObservation(state([head_node()]), 0.0, cluster_id="c"), clock=clock
+    )
+    decision = decide(observed, Memory(), Policy(), NOW)
+    d = decision.plan.group("tpu")
+    assert d is not None and [x.slice_key for x in d.deletions] == ["tpu-a"]
+    assert decision.drains == ()  # nothing alive to drain in the plan's view
+    send, kept = drains_to_send(decision, state([head_node(), *nodes]), "c")
+    assert send == () and kept[("tpu", "tpu-a")].kind is KeepKind.RAY_NODE_BACK
+    writes = after_drains(decision, DrainResults(not_sent=MappingProxyType(kept)))
+    assert not writes.blocked and not writes.plan.group("tpu").deletions  # type: ignore[union-attr]
+
+
+def test_a_blocked_deletion_is_counted_by_path_and_logged_at_error() -> None:
+    from structlog.testing import capture_logs
+
+    from kuberay_scaler.control.execute import say_blocked
+    from kuberay_scaler.metrics import REGISTRY
+    from kuberay_scaler.planner.gate import Blocked
+
+    def count() -> float:
+        value = REGISTRY.get_sample_value(
+            "kuberay_scaler_deletions_blocked_total", {"path": "above_max"}
+        )
+        return value or 0.0
+
+    before = count()
+    with capture_logs() as logs:
+        say_blocked([Blocked("tpu", "tpu-b", "tpu-b-0", KeepKind.GATE_ABSENT, "above_max")])
+    assert count() == before + 1
+    (line,) = [x for x in logs if x["log_level"] == "error"]
+    assert line["path"] == "above_max" and line["kind"] == "gate_absent"
