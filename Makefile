@@ -6,11 +6,15 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install test lint demo e2e bench bench-quick bench-planner fuzz soak clean image ray-matrix
 
+# PYTHONWARNINGS=ignore: setuptools' editable-install banner (printed once per package, the same
+# every time, nothing to act on) would be all a newcomer sees for the first minute.
 $(STAMP): pyproject.toml standins/pyproject.toml
+	@echo "== installing kuberay-scaler, the stand-ins and the test tools into $(VENV) (first time: 1-2 min) =="
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]' -e ./standins
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet --upgrade pip
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test]' -e ./standins
 	touch $(STAMP)
+	@echo "== installed: the CLI is $(BIN)/kuberay-scaler (or: . $(BIN)/activate) =="
 
 install: $(STAMP)
 
@@ -35,7 +39,8 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: install
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -p no:cacheprovider tests/fuzz
 
-# The demo harness under a random workload and random faults; every write is checked.
+# The demo harness under a random workload and random faults; every write is checked, and the run
+# must judge >= 10 daemon writes a minute (scale-ups, scale-downs, a replacement, drains).
 MINUTES ?= 2
 soak: install
 	$(BIN)/python -m tests.soak --minutes $(MINUTES)

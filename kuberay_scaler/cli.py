@@ -6,13 +6,79 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import AliasChoices
+
 from kuberay_scaler import __version__
-from kuberay_scaler.settings import ConfigError, Settings, credentials_hint, load_settings
+from kuberay_scaler.settings import (
+    ConfigError,
+    Settings,
+    credentials_hint,
+    load_settings,
+    range_text,
+)
 
 EXIT_CONFIG = 2
+# KubeRay sets these in its autoscaler container (the drop-in); a sidecar sets them itself.
+INJECTED = ("RAY_CLUSTER_NAME", "RAY_CLUSTER_NAMESPACE", "RAY_HEAD_POD_NAME", "KUBERAY_CRD_VER")
+REQUIRED = ("RAY_CLUSTER_NAME",)
+
+
+def config_rows() -> list[tuple[str, str, str, str]]:
+    """(variable, default, range, meaning) of every setting, from the settings model itself: the
+    one source of `run --help` and the README's configuration table."""
+    rows = []
+    for field, info in Settings.model_fields.items():
+        alias = info.validation_alias
+        names = [str(c) for c in alias.choices] if isinstance(alias, AliasChoices) else []
+        if not names:
+            continue
+        name, meaning = names[0], str(info.description or "")
+        if names[1:]:
+            meaning += f" Also read from {', '.join(names[1:])}."
+        if name in INJECTED:
+            meaning += " KubeRay sets it."
+        bounded = any(hasattr(m, attr) for m in info.metadata for attr in ("gt", "ge", "le"))
+        default = "required" if name in REQUIRED else _default(info.default)
+        rows.append((name, default, range_text(field) if bounded else "", meaning))
+    return rows
+
+
+def _default(value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def config_table() -> str:
+    """The README's configuration table (a unit test keeps the README equal to it)."""
+    lines = ["| Variable | Default | Range | Meaning |", "| --- | --- | --- | --- |"]
+    for name, default, bounds, meaning in config_rows():
+        shown = default if default in ("required", "unset") else f"`{default}`"
+        lines.append(f"| `{name}` | {shown} | {bounds} | {meaning} |")
+    return "\n".join(lines)
+
+
+def _run_epilog() -> str:
+    width = max(len(row[0]) for row in config_rows())
+    lines = [
+        "Configured by environment variables only (no flags); invalid values exit 2 with one",
+        "line naming the variable. `kuberay-scaler check-config` validates a configuration as",
+        "`run` would and prints the effective values, secrets masked.",
+        "",
+        "environment:",
+    ]
+    for name, default, bounds, meaning in config_rows():
+        shown = default if default in ("required", "unset") else f"default: {default}"
+        within = f", {bounds.strip('`')}" if bounds else ""
+        lines.append(f"  {name:<{width}}  [{shown}{within}]")
+        lines.extend(textwrap.wrap(meaning, 96, initial_indent=" " * 6, subsequent_indent=" " * 6))
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,7 +96,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Slice-aware autoscaler for Ray clusters on Kubernetes (KubeRay RayCluster).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the autoscaler daemon (configured by env vars)")
+    run = sub.add_parser(
+        "run",
+        help="run the autoscaler daemon (configured by env vars: `run --help` lists them)",
+        description="Run the autoscaler daemon for one RayCluster.",
+        epilog=_run_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.set_defaults(func=_run)
     plan = sub.add_parser("plan", help="plan once from files and print the decision as JSON")
     plan.add_argument(

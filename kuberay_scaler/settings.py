@@ -143,52 +143,52 @@ class Settings(BaseSettings):
     cluster_name: str = Field(
         default="",
         validation_alias=AliasChoices("RAY_CLUSTER_NAME"),
-        description="Name of the RayCluster to scale (RAY_CLUSTER_NAME).",
+        description="Name of the RayCluster to scale; `run` will not start without it.",
     )
     cluster_namespace: str = Field(
         default="default",
         validation_alias=AliasChoices("RAY_CLUSTER_NAMESPACE"),
-        description="Namespace of the RayCluster (RAY_CLUSTER_NAMESPACE).",
+        description="Namespace of that RayCluster.",
     )
     head_pod_name: str | None = Field(
         default=None,
         validation_alias=AliasChoices("RAY_HEAD_POD_NAME"),
-        description="Name of the head pod, for logs and Events (RAY_HEAD_POD_NAME).",
+        description="The head pod's name, named in logs and Events.",
     )
     crd_version: str = Field(
         default=D.CRD_VERSION,
         validation_alias=AliasChoices("KUBERAY_CRD_VER"),
-        description="API version of the ray.io CRDs (KUBERAY_CRD_VER).",
+        description="API version of the ray.io CRDs read and patched.",
     )
     ray_auth_token: SecretStr | None = Field(
         default=None,
         validation_alias=AliasChoices("RAY_AUTH_TOKEN"),
-        description="Token sent as 'authorization: Bearer' to the GCS (RAY_AUTH_TOKEN).",
+        description="Ray auth token, sent as 'authorization: Bearer' on every GCS call; masked.",
     )
     ray_auth_mode: str | None = Field(
         default=None,
         validation_alias=AliasChoices("RAY_AUTH_MODE"),
-        description="Ray's auth mode (RAY_AUTH_MODE); 'token' requires RAY_AUTH_TOKEN.",
+        description="Ray's auth mode, as the head has it; 'token' requires RAY_AUTH_TOKEN.",
     )
     ray_use_tls: bool = Field(
         default=False,
         validation_alias=AliasChoices("RAY_USE_TLS"),
-        description="Talk TLS to the GCS (RAY_USE_TLS).",
+        description="Talk TLS to the GCS, with the RAY_TLS_* files.",
     )
     ray_tls_server_cert: Path | None = Field(
         default=None,
         validation_alias=AliasChoices("RAY_TLS_SERVER_CERT"),
-        description="Client certificate for GCS TLS (RAY_TLS_SERVER_CERT).",
+        description="Client certificate (PEM) presented to the GCS under TLS.",
     )
     ray_tls_server_key: Path | None = Field(
         default=None,
         validation_alias=AliasChoices("RAY_TLS_SERVER_KEY"),
-        description="Client key for GCS TLS (RAY_TLS_SERVER_KEY).",
+        description="Private key (PEM) of that client certificate.",
     )
     ray_tls_ca_cert: Path | None = Field(
         default=None,
         validation_alias=AliasChoices("RAY_TLS_CA_CERT"),
-        description="CA bundle that signed the GCS certificate (RAY_TLS_CA_CERT).",
+        description="CA bundle (PEM) that signed the GCS's certificate.",
     )
 
     # --- Our own knobs ---------------------------------------------------------------------------
@@ -246,7 +246,8 @@ class Settings(BaseSettings):
         D.RAYCLUSTER_POLL_INTERVAL_S,
         "raycluster_poll_interval_s",
         "Poll mode (no watch on rayclusters, KubeRay's Role): GET the RayCluster this"
-        " often, so spec edits are acted on within seconds; pod events bring a GET sooner.",
+        " often, so spec edits are acted on within seconds; pod events bring a GET sooner"
+        " (never two within 1 s).",
         maximum=300,
     )
     debounce_s: float = seconds(
@@ -312,7 +313,8 @@ class Settings(BaseSettings):
         D.PREEMPT_DEADLINE_S,
         "preempt_deadline_s",
         "A busy slice above maxReplicas is drained (reason preemption) this long"
-        " before it is deleted, so Ray can move its work (Ray's own stops it at once).",
+        " before it is deleted, so Ray can move its work (Ray's own stops it at once). Raise it"
+        ' for more grace (see docs/planner.md, "Above maxReplicas").',
     )
     # --- gate (issue 20): broken but busy is bounded ---
     broken_busy_max_s: float = seconds(

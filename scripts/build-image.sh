@@ -9,9 +9,10 @@
 #      default stays the registry's python:3.11-slim for users), wheels from the package
 #      registry with the machine's CA bundle ($PIP_CERT) as a build secret.
 #
-# podman runs with what works on this machine kind (docs in /work/shared/docs/container-images.md):
-# runtime runc, storage driver vfs, cgroup manager cgroupfs, ulimits at the defaults. Its storage
-# lives under the cache directory too. The LAST LINE OF STDOUT is the image reference.
+# podman runs through scripts/podman.sh (why each flag: see there): runtime runc, storage driver
+# vfs, cgroup manager cgroupfs, ulimits at the defaults; its storage lives under the cache
+# directory too, so list or run the image with scripts/podman.sh. The LAST LINE OF STDOUT is the
+# image reference.
 # Timings go to stderr: base (cold/warm), build, total; the image size in MB.
 set -euo pipefail
 
@@ -37,9 +38,8 @@ case "$(realpath -m "$CACHE")/" in
 esac
 mkdir -p "$CACHE"
 
-# One podman configuration for every call (build, run, inspect): see podman_cmd in the checks.
-PODMAN=(podman --root "$CACHE/storage" --runroot "$CACHE/run" --storage-driver vfs
-        --runtime runc --cgroup-manager cgroupfs)
+# One podman configuration for every call (build, run, inspect); tests/image uses the same flags.
+PODMAN=("$REPO_ROOT/scripts/podman.sh")
 ULIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
 
 started=$SECONDS

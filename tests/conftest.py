@@ -1,22 +1,33 @@
-"""Session-wide: nothing a test run starts may outlive it (tests/reaper.py).
+"""Session-wide: nothing a test run starts may outlive it, processes or temp dirs
+(tests/reaper.py); under CI no test skips unless marked so (tests/ci_required.py).
 
-At the start, orphans of an earlier killed run are reaped (and named). At the end, any process
-this run started that is still alive is named, killed by process group, and the run fails, on
-success, failure and timeout alike.
+At the start, orphans of an earlier killed run are reaped (processes named) and their temp dirs
+removed. At the end, any process this run started that is still alive is named, killed by process
+group, and the run fails, on success, failure and timeout alike; its temp dirs still there are
+named and removed (a line in the report, not a failure: nothing is left either way).
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from tests import reaper
+from tests.ci_required import pytest_configure as _ci_configure
+from tests.ci_required import (  # noqa: F401 (hooks: pytest finds them in this module)
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 
 _session: dict[str, str] = {}
+_run: dict[str, Any] = {"started": time.monotonic(), "tiers": Counter(), "seen": set()}
 
 
 def pytest_configure(config: Any) -> None:
+    _ci_configure(config)
     found = reaper.orphans()
     if found:
         reaper.reap(found)
@@ -25,7 +36,38 @@ def pytest_configure(config: Any) -> None:
             pytest.PytestWarning(f"reaped {len(found)} orphan(s) of an earlier run:\n  {lines}"),
             stacklevel=2,
         )
+    reaper.remove_dirs(reaper.orphan_dirs())  # an earlier killed run's scratch dirs
     _session["marker"] = reaper.mark_session()
+    _run["config"] = config
+
+
+def _tier(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` deselection: count what runs
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    _run["tiers"] = Counter(_tier(item.nodeid) for item in items)
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    """A line as each tier starts (unit, contract, ray, integration...): progress a newcomer can
+    read, rather than minutes of dots. Only when the run spans more than one tier."""
+    tiers, seen, tier = _run["tiers"], _run["seen"], _tier(nodeid)
+    if len(tiers) < 2 or tier in seen:
+        return
+    seen.add(tier)
+    reporter = _run["config"].pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    elapsed = time.monotonic() - _run["started"]
+    if getattr(reporter._tw, "width_of_current_line", 0):  # after a line of dots
+        reporter.write("\n")
+    reporter.write_line(
+        f"-- tier {tier or '(top)'}: {tiers[tier]} tests "
+        f"({len(seen)} of {len(tiers)} tiers, {elapsed / 60:.1f} min in) --"
+    )
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
@@ -33,10 +75,16 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     if not marker:
         return
     found = reaper.leftovers(marker)
+    if found:
+        reaper.reap(found)
+    dirs = reaper.leftover_dirs(marker)  # after the kill: live processes write into them
+    reaper.remove_dirs(dirs)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if dirs and reporter is not None:
+        text = "\n  ".join(map(str, dirs))
+        reporter.write_line(f"removed {len(dirs)} temp dir(s) this run left:\n  {text}")
     if not found:
         return
-    reaper.reap(found)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     text = "\n  ".join(map(str, found))
     message = (
         f"{len(found)} process(es) started by this run were still alive (now killed):\n  {text}"
@@ -44,3 +92,17 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     if reporter is not None:
         reporter.write_line(message, red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """A failure is named when it happens (its details come at the end, as usual)."""
+    if not report.failed:
+        return
+    reporter = _run["config"].pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    why = crash.message.splitlines()[0][:200] if crash is not None and crash.message else ""
+    if getattr(reporter._tw, "width_of_current_line", 0):
+        reporter.write("\n")
+    reporter.write_line(f"FAILED {report.nodeid} ({report.when}): {why}", red=True)

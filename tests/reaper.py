@@ -3,6 +3,12 @@ environment; at the end, whatever still carries it is reported, killed by proces
 run fails. Orphans of an earlier session that was itself killed (CI timeout, SIGKILL) are reaped
 when the next one starts.
 
+Temp dirs too: every scratch dir the stand-ins make (Ray temp dirs `/tmp/krs-*`, drivers, the
+local cluster's workdir) holds the session marker in a `.krs-session` file
+(`kuberay_standins.ray_local.scratch_dir`). At the end, this session's dirs that are still there
+are named and removed (after its processes are killed: they write into them); an earlier
+session's are removed when the next one starts.
+
 The marker rides on inheritance: every tier builds child environments from `os.environ` (Ray
 processes, drivers, the daemon, the e2e control plane), so grandchildren (raylet, gcs_server, Ray
 workers, agents) carry it too.
@@ -12,14 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-MARKER = "KRS_TEST_SESSION"
+from kuberay_standins.ray_local import SESSION_ENV, SESSION_FILE
+
+MARKER = SESSION_ENV
 
 
 @dataclass(frozen=True)
@@ -108,11 +118,7 @@ def leftovers(session: str, grace_s: float = 10.0) -> list[Leftover]:
 def orphans() -> list[Leftover]:
     """Processes of earlier sessions whose owner (the pid in the marker) is gone."""
 
-    def dead_owner(value: str) -> bool:
-        owner = value.split(":", 1)[0]
-        return owner.isdigit() and not _alive(int(owner)) and value != os.environ.get(MARKER)
-
-    return marked(dead_owner)
+    return marked(_owner_dead)
 
 
 def reap(found: list[Leftover]) -> None:
@@ -125,3 +131,37 @@ def reap(found: list[Leftover]) -> None:
         if f.pgid == own:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(f.pid, signal.SIGKILL)
+
+
+def _owner_dead(value: str) -> bool:
+    owner = value.split(":", 1)[0]
+    return owner.isdigit() and not _alive(int(owner)) and value != os.environ.get(MARKER)
+
+
+def marked_dirs(accept: Callable[[str], bool]) -> list[Path]:
+    """Tagged scratch dirs (in /tmp and the temp dir) whose session marker `accept`s."""
+    found = []
+    for parent in sorted({Path("/tmp"), Path(tempfile.gettempdir())}):
+        with contextlib.suppress(OSError):
+            for entry in parent.glob("krs-*"):
+                try:
+                    value = (entry / SESSION_FILE).read_text().strip()
+                except OSError:
+                    continue
+                if accept(value):
+                    found.append(entry)
+    return sorted(found)
+
+
+def leftover_dirs(session: str) -> list[Path]:
+    return marked_dirs(lambda value: value == session)
+
+
+def orphan_dirs() -> list[Path]:
+    """Dirs of earlier sessions whose owner is gone."""
+    return marked_dirs(_owner_dead)
+
+
+def remove_dirs(found: list[Path]) -> None:
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True)

@@ -8,7 +8,14 @@ behind everyone's back and a paused operator; the daemon is SIGKILLed and restar
 RayCluster write goes through tests/invariants.py. At the end: faults by kind, decisions by kind,
 violations (must be 0), daemon RSS at start and end, reconcile p50/p99; exit 1 on any violation.
 
-    python -m tests.soak --minutes 2 [--seed N]
+Dense enough to judge real work, whatever the machine's load: idle timeouts of seconds, a
+scripted opening (a TPU slice held by `request_resources`, one of its Ray hosts killed, the
+replacement awaited, the slice released) and then the random workload. The run needs at least
+`--min-writes` judged daemon writes (10 a minute by default), among them a scale-down, a
+replacement, and drains; it runs past `--minutes` until it has them (at most
+`--extra-minutes` more) and fails if it still has not.
+
+    python -m tests.soak --minutes 2 [--seed N] [--min-writes 20]
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,7 +45,15 @@ from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver, RayStartError
 from tests import reaper
-from tests.invariants import WriteFeed, finish_local_cluster, watch_local_cluster
+from tests.invariants import (
+    REPLICA_NAME,
+    WriteFeed,
+    finish_local_cluster,
+    gcs_node_states,
+    groups_of,
+    watch_local_cluster,
+    workers_to_delete,
+)
 
 # v4 2x2x2: 8 chips, 2 hosts of 4 (small enough for a shared 2-core machine). Not v6e 2x4: Ray
 # counts that as ONE host of 8 chips, so a 2-host group could never serve it.
@@ -58,11 +73,22 @@ INVALID_422 = invalid(
     group="ray.io",
 ).status
 ECHOED = {"patch_replicas", "patch_delete", "patch_clear", "ray_host", "ray_host_gone"}
+IDLE_TIMEOUT_S = 5  # scale-downs within seconds of idleness: many cycles in a short run
+# A killed Ray host makes its slice broken in a minute (the default grace is 3 min). Not
+# less: the grace also runs while a new pod's Ray host starts: 15-60 s on a loaded 2-core machine.
+DAEMON_ENV = {
+    "KUBERAY_SCALER_MISSING_NODE_GRACE_S": "60",
+    "KUBERAY_SCALER_REPLACE_BACKOFF_S": "10",
+}
+OPENING_STEP_S = 180.0  # each step of the scripted opening waits at most this long
+WRITES_PER_MINUTE = 10
+DRAINING_ANNOTATION = "kuberay-scaler.ray.io/draining"
 
 
 def soak_raycluster() -> dict[str, Any]:
     cluster = demo_raycluster(Scenario(slices=1, hosts=2))
     cluster["metadata"]["name"] = "soak"
+    cluster["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] = IDLE_TIMEOUT_S
     tpu = cluster["spec"]["workerGroupSpecs"][0]
     tpu["template"]["spec"]["nodeSelector"] = {
         "cloud.google.com/gke-tpu-accelerator": "tpu-v4-podslice",
@@ -130,12 +156,74 @@ request_resources(bundles=[])
     return f"request_resources ({n} CPU)", body
 
 
+def _held_slice(release: Path) -> str:
+    """The opening's driver: ask for one TPU slice's worth until `release` exists, then stop."""
+    return f"""
+import os
+from ray.autoscaler.sdk import request_resources
+request_resources(bundles=[{{"TPU": 4}}, {{"TPU": 4}}])
+deadline = time.time() + {3 * OPENING_STEP_S:.0f}
+while not os.path.exists({str(release)!r}) and time.time() < deadline:
+    time.sleep(0.5)
+request_resources(bundles=[])
+"""
+
+
 WORKLOADS: list[Callable[[random.Random], tuple[str, str]]] = [
     _tasks,
     _actor,
     _slice,
     _request_resources,
 ]
+
+
+# --- what the run judged ----------------------------------------------------------------------
+
+
+def write_kinds(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What one RayCluster write did: scale-up, scale-down, replacement (pods named for deletion
+    while replicas stay), clear (a processed list emptied), draining record (our annotation)."""
+    kinds = []
+    old = groups_of(before)
+    for name, group in groups_of(after).items():
+        prev = old.get(name, {})
+        raised = int(group.get("replicas") or 0) - int(prev.get("replicas") or 0)
+        named = set(workers_to_delete(group)) - set(workers_to_delete(prev))
+        if named:
+            kinds.append("scale-down" if raised < 0 else "replacement")
+        elif raised > 0:
+            kinds.append("scale-up")
+        elif raised < 0:
+            kinds.append("replicas lowered")
+        if workers_to_delete(prev) and not workers_to_delete(group):
+            kinds.append("clear")
+    annotations = [
+        ((x.get("metadata") or {}).get("annotations") or {}).get(DRAINING_ANNOTATION)
+        for x in (before, after)
+    ]
+    if annotations[0] != annotations[1] and annotations[1]:
+        kinds.append("draining record")
+    return kinds
+
+
+@dataclass
+class Density:
+    """How much real work the run judged; `problems` says what is missing."""
+
+    judged: int = 0
+    writes: Counter[str] = field(default_factory=Counter)
+    drains: int = 0
+
+    def problems(self, min_writes: int) -> list[str]:
+        missing = []
+        if self.judged < min_writes:
+            missing.append(f"{self.judged} daemon writes judged, fewer than {min_writes}")
+        for kind in ("scale-up", "scale-down", "replacement"):
+            if not self.writes[kind]:
+                missing.append(f"no {kind} write")
+        if not self.drains:
+            missing.append("no slice drained")
+        return missing
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -169,6 +257,35 @@ class Soak:
     stopping: bool = False
     only: tuple[str, ...] = ()  # fault names to draw from (all when empty)
     workloads: tuple[str, ...] = ()  # tasks, actor, slice, request_resources (all when empty)
+    writes: Counter[str] = field(default_factory=Counter)  # the daemon's writes, by kind
+    opening: bool = True  # the scripted opening first (a replacement, a slice scale-down)
+    min_writes: int = 0  # judged daemon writes the run needs (plus the kinds Density names)
+    # Random faults wait for the opening (the daemon kills do not): it must be able to finish.
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def density(self) -> Density:
+        judged = self.feed.checker.judged if self.feed is not None else 0
+        drains = sum(
+            1
+            for daemon in (self.daemons.all if self.daemons else [])
+            for line in daemon.lines()
+            if line.get("event") == "slice_drained"
+        )
+        return Density(judged, Counter(self.writes), drains)
+
+    def count_writes(self) -> Callable[[], None]:
+        """Classify every committed write of the daemon (the writer holding the cluster token)."""
+        daemon = self.cluster.api.user_of(self.cluster.token)
+
+        def on_write(logged: Any) -> None:
+            event = logged.event
+            if event.store != "rayclusters" or event.type != "MODIFIED" or event.prev is None:
+                return
+            if logged.user == daemon:
+                self.writes.update(write_kinds(event.prev, event.obj))
+
+        unsubscribe: Callable[[], None] = self.cluster.api.subscribe_writes(on_write)
+        return unsubscribe
 
     def say(self, text: str) -> None:
         elapsed = time.monotonic() - self.cluster.timeline.started
@@ -177,7 +294,7 @@ class Soak:
     # -- daemon ----------------------------------------------------------------------------
 
     def start_daemon(self) -> DaemonProcess:
-        daemon = self.cluster.start_daemon()
+        daemon = self.cluster.start_daemon(**DAEMON_ENV)
         if self.daemons is None:
             self.daemons = Daemons(daemon, all=[daemon])
         else:
@@ -221,6 +338,8 @@ class Soak:
     # -- workload --------------------------------------------------------------------------
 
     async def run_workload(self) -> None:
+        if self.opening:
+            await self.run_opening()
         while not self.stopping:
             if self.rng.random() < 0.2:
                 idle = self.rng.uniform(5, 40)
@@ -236,13 +355,64 @@ class Soak:
             await self._run_driver(body)
             await asyncio.sleep(self.rng.uniform(0, 10))
 
-    async def _run_driver(self, body: str) -> None:
+    async def run_opening(self) -> None:
+        """A TPU slice held by `request_resources`; one of its Ray hosts killed (the daemon must
+        replace the broken slice whole); the replacement awaited; the slice released (the daemon
+        must drain and delete it). Each step waits a bounded time; what did not happen shows in
+        the density verdict."""
+        self.workload["opening: held slice, broken, replaced, released"] += 1
+        self.demand_epoch += 1
+        release = self.cluster.workdir / "release-held-slice"
+        self.say("workload: opening: request_resources for one TPU slice")
+        driver = self.driver = await self._start_driver(_held_slice(release))
+        try:
+            first = await self._slice_up(set())
+            if first is None:
+                return
+            key, pods = first
+            victim = sorted(pods)[-1]
+            hooks = self.cluster.hooks
+            assert hooks is not None
+            with contextlib.suppress(ProcessLookupError, PermissionError, KeyError):
+                os.killpg(hooks.hosts[victim].process.pid, signal.SIGKILL)
+            self.faults["Ray host killed (opening: slice broken)"] += 1
+            self.say(f"fault: opening: killed the Ray host of pod {victim} (slice {key})")
+            await self._slice_up({key})
+        finally:
+            with contextlib.suppress(OSError):  # the cluster's workdir is gone on an interrupt
+                release.touch()
+            self.demand_epoch += 1
+            self.opened.set()
+            if driver is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(driver.process.wait, 60)
+                await asyncio.to_thread(driver.stop)
+            self.driver = None
+            self.say("workload: opening: slice released")
+
+    async def _slice_up(self, not_these: set[str]) -> tuple[str, set[str]] | None:
+        """Wait (bounded) for a TPU slice, not one of `not_these`, with a Ray host on every pod."""
+        deadline = time.monotonic() + OPENING_STEP_S
+        while time.monotonic() < deadline and not self.stopping:
+            hooks = self.cluster.hooks
+            slices: dict[str, set[str]] = {}
+            for pod in self.cluster.worker_pods("tpu-group"):
+                key = pod["metadata"]["labels"].get(REPLICA_NAME)
+                if key and key not in not_these:
+                    slices.setdefault(key, set()).add(pod["metadata"]["name"])
+            for key, pods in sorted(slices.items()):
+                if len(pods) >= 2 and hooks is not None and pods <= set(hooks.hosts):
+                    return key, pods
+            await asyncio.sleep(0.5)
+        self.say(f"workload: opening: no new TPU slice up within {OPENING_STEP_S:.0f} s")
+        return None
+
+    async def _start_driver(self, body: str) -> RayDriver | None:
         head = self.cluster.head
         if head is None or not head.alive():
-            await asyncio.sleep(5)
-            return
+            return None
         try:
-            self.driver = await asyncio.to_thread(
+            return await asyncio.to_thread(
                 RayDriver.start,
                 head.gcs_address,
                 body,
@@ -253,6 +423,12 @@ class Soak:
             )
         except (RayStartError, OSError) as error:
             self.say(f"workload: driver failed to start: {error}")
+            return None
+
+    async def _run_driver(self, body: str) -> None:
+        self.driver = await self._start_driver(body)
+        if self.driver is None:
+            await asyncio.sleep(5)
             return
         driver = self.driver
         with contextlib.suppress(subprocess.TimeoutExpired):  # a stuck driver is killed below
@@ -267,6 +443,8 @@ class Soak:
     # -- faults ----------------------------------------------------------------------------
 
     async def run_faults(self, kills_at: list[float]) -> None:
+        if not self.opening:
+            self.opened.set()
         while not self.stopping:
             await asyncio.sleep(self.rng.uniform(4, 15))
             if self.stopping:
@@ -274,6 +452,8 @@ class Soak:
             if kills_at and time.monotonic() >= kills_at[0]:
                 kills_at.pop(0)
                 await self.kill_daemon()
+                continue
+            if not self.opened.is_set():
                 continue
             name, fault = self.rng.choice(
                 [(n, f) for n, f in self._faults() if not self.only or n in self.only]
@@ -327,9 +507,24 @@ class Soak:
         with contextlib.suppress(RuntimeError):
             await asyncio.to_thread(head.kill_gcs)
         await asyncio.sleep(self.rng.uniform(1, 8))
-        new = await asyncio.to_thread(head.restart)
+        # Demand is known again once the new GCS answers, which on a loaded machine is well
+        # before `restart` returns (it waits for the head's raylet): the daemon may act on it.
+        answered = asyncio.create_task(
+            _first_answer(head.gcs_address, head.auth_token, self.gcs_answered)
+        )
+        try:
+            new = await asyncio.to_thread(head.restart)
+        finally:
+            answered.cancel()
         self.cluster.head = new
         hooks._head = new
+        self.demand_epoch += 1
+        self.blind_since = None
+        with contextlib.suppress(BaseException):
+            await answered
+
+    def gcs_answered(self) -> None:
+        """The new GCS answered: demand is known again (`_gcs_restart`)."""
         self.demand_epoch += 1
         self.blind_since = None
 
@@ -370,9 +565,35 @@ class Soak:
             self.cluster.operator.paused = False
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
-            if not _stale_lists(self.cluster):
+            # Done when nothing stale is listed and either the run judged enough or every slice
+            # went idle and was scaled down (then nothing more can come).
+            idle_out = not self.cluster.worker_pods()
+            if not _stale_lists(self.cluster) and (idle_out or not self.density_problems()):
                 break
             await asyncio.sleep(1.0)
+
+    def density_problems(self) -> list[str]:
+        return self.density().problems(self.min_writes)
+
+
+async def _first_answer(address: str, token: str | None, then: Callable[[], None]) -> None:
+    """Call `then` as soon as a GCS on `address` answers GetClusterResourceState."""
+    while True:
+        try:
+            await asyncio.wait_for(gcs_node_states(address, token), 5)
+        except Exception:  # not up yet (refused, unavailable, timed out)
+            await asyncio.sleep(0.5)
+            continue
+        then()
+        return
+
+
+async def _until(done: Callable[[], bool], deadline: float) -> None:
+    """Poll `done` (it reads logs and counters: nothing to await) until true or `deadline`."""
+    while time.monotonic() < deadline:
+        if done():
+            return
+        await asyncio.sleep(2.0)
 
 
 def _stale_lists(cluster: LocalCluster) -> list[str]:
@@ -462,6 +683,15 @@ def _summary(soak: Soak, checker_violations: list[Any], out: TextIO) -> None:
             file=out,
         )
     print(f"  reconcile p50 <= {p50} s, p99 <= {p99} s (histogram bucket bounds)", file=out)
+    density = soak.density()
+    print(f"  daemon writes by kind: {dict(sorted(density.writes.items()))}", file=out)
+    print(f"  slices drained (the daemons' slice_drained lines): {density.drains}", file=out)
+    problems = density.problems(soak.min_writes)
+    print(
+        f"  density (>= {soak.min_writes} judged writes, a scale-up, a scale-down, a "
+        f"replacement, a drain): {'; '.join(problems) or 'ok'}",
+        file=out,
+    )
     print(f"  violations: {len(checker_violations)} {soak.feed.checker.counts()}", file=out)
     for violation in checker_violations[:20]:
         print(f"\n{violation}", file=out)
@@ -473,13 +703,27 @@ async def run_soak(
     out: TextIO = sys.stdout,
     only: tuple[str, ...] = (),
     workloads: tuple[str, ...] = (),
+    min_writes: int | None = None,
+    extra_minutes: float = 5.0,
+    opening: bool = True,
 ) -> int:
     rng = random.Random(seed)
-    print(f"soak: {minutes} min, seed {seed}", file=out, flush=True)
+    needed = round(WRITES_PER_MINUTE * minutes) if min_writes is None else min_writes
+    print(f"soak: {minutes} min, seed {seed}, needs {needed} judged writes", file=out, flush=True)
     started = time.monotonic()
     deadline = started + minutes * 60
     async with LocalCluster(soak_raycluster(), pod_start_delay=0.5) as cluster:
-        soak = Soak(cluster, rng, deadline, out, only=only, workloads=workloads)
+        soak = Soak(
+            cluster,
+            rng,
+            deadline,
+            out,
+            only=only,
+            workloads=workloads,
+            opening=opening,
+            min_writes=needed,
+        )
+        stop_counting = soak.count_writes()
         cluster.timeline.listeners.append(
             lambda m: soak.say(f"  {m.text}") if m.kind in ECHOED else None
         )
@@ -495,6 +739,12 @@ async def run_soak(
         ]
         try:
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            # A loaded machine does less in the same minutes: go on (bounded) until the run has
+            # judged what it must, rather than judge less.
+            cap = deadline + extra_minutes * 60
+            if soak.density_problems() and time.monotonic() < cap:
+                soak.say(f"soak: time is up but {'; '.join(soak.density_problems())}: going on")
+                await _until(lambda: not soak.density_problems(), cap)
             soak.stopping = True
             soak.say("soak: time is up; stopping the workload and the faults, settling")
             for task in tasks[:2]:
@@ -510,14 +760,18 @@ async def run_soak(
             tasks[2].cancel()
             with contextlib.suppress(BaseException):
                 await tasks[2]
+        stop_counting()
         _summary(soak, checker.violations, out)
+        thin = soak.density_problems()  # reads the daemons' logs: before the workdir goes
         kept = _keep_logs(cluster, seed)
         print(f"  daemon logs kept in {kept}", file=out)
         code, _ = await asyncio.to_thread(soak.daemons.current.stop) if soak.daemons else (0, 0)
         if code != 0:
             print(f"  daemon exit code after SIGTERM: {code}", file=out)
     print(f"(soak took {time.monotonic() - started:.0f} s)", file=out)
-    return 1 if checker.violations or code != 0 else 0
+    if thin:
+        print(f"soak FAILED: it judged too little: {'; '.join(thin)}", file=out)
+    return 1 if checker.violations or code != 0 or thin else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,20 +782,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workload", action="append", default=[], help="tasks, actor, slice or request_resources"
     )
+    parser.add_argument(
+        "--min-writes",
+        type=int,
+        default=None,
+        help=f"judged daemon writes needed (default {WRITES_PER_MINUTE} a minute)",
+    )
+    parser.add_argument(
+        "--extra-minutes", type=float, default=5.0, help="how long past --minutes to go on"
+    )
+    parser.add_argument("--no-opening", action="store_true", help="skip the scripted opening")
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     marker = reaper.mark_session()
-    code = asyncio.run(
-        run_soak(args.minutes, args.seed, only=tuple(args.only), workloads=tuple(args.workload))
+    try:
+        code = _run(args)
+    finally:  # on an interrupt too
+        left = _reap(marker)
+    return 1 if left else code
+
+
+def _run(args: argparse.Namespace) -> int:
+    return asyncio.run(
+        run_soak(
+            args.minutes,
+            args.seed,
+            only=tuple(args.only),
+            workloads=tuple(args.workload),
+            min_writes=args.min_writes,
+            extra_minutes=args.extra_minutes,
+            opening=not args.no_opening,
+        )
     )
+
+
+def _reap(marker: str) -> list[reaper.Leftover]:
     left = reaper.leftovers(marker)
     if left:
         reaper.reap(left)
+    dirs = reaper.leftover_dirs(marker)
+    reaper.remove_dirs(dirs)
+    if dirs:
+        print(f"removed {len(dirs)} temp dir(s) the soak left: {', '.join(map(str, dirs))}")
+    if left:
         print(f"{len(left)} process(es) started by the soak were still alive (now killed):")
         for leftover in left:
             print(f"  {leftover}")
-        return 1
-    return code
+    return left
 
 
 if __name__ == "__main__":

@@ -211,13 +211,15 @@ def say_blocked(blocked: Sequence[Blocked]) -> None:
 
 
 async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:
-    return await gcs.drain(
-        d.node_ids,
-        reason=DrainReason.PREEMPTION if d.preempt else DrainReason.IDLE_TERMINATION,
-        message=d.message,
-        deadline_ms=d.deadline_ms,
-        cluster_id=d.cluster_id,
-    )
+    # Each drain runs in its own task (gather), so the binding names this slice's log lines only.
+    with structlog.contextvars.bound_contextvars(group=d.group, slice=d.slice_key):
+        return await gcs.drain(
+            d.node_ids,
+            reason=DrainReason.PREEMPTION if d.preempt else DrainReason.IDLE_TERMINATION,
+            message=d.message,
+            deadline_ms=d.deadline_ms,
+            cluster_id=d.cluster_id,
+        )
 
 
 async def _send_patch(

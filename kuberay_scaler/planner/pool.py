@@ -21,9 +21,9 @@ from collections.abc import Collection, Iterable, Sequence
 from kuberay_scaler.model.ray import Bundle, LabelSelector, selectors_match
 from kuberay_scaler.planner.bins import (
     EPSILON,
-    IMPLICIT_PREFIX,
     Bin,
     copies_that_fit,
+    free_amount,
     needs_accelerator,
     preference,
     signature,
@@ -133,10 +133,6 @@ def new_accelerator(bin_: Bin) -> bool:
     return bin_.planned and bool(bin_.accelerators)
 
 
-def implicit(resource: str) -> bool:
-    return resource.startswith(IMPLICIT_PREFIX)
-
-
 def _required_label(selectors: tuple[LabelSelector, ...]) -> tuple[str, frozenset[str]] | None:
     """A label every matching host must carry with one of some values, if there is one."""
     if len(selectors) != 1:
@@ -178,8 +174,8 @@ class _View:
         """Set the bounds of `bins` (those in this view) to what they have left now."""
         if not self._trees:
             return
-        if len(self._positions) < len(self.bins):
-            self._positions.update((id(b), i) for i, b in enumerate(self.bins))
+        for i in range(len(self._positions), len(self.bins)):  # bins are only ever appended
+            self._positions[id(self.bins[i])] = i
         for bin_ in bins:
             position = self._positions.get(id(bin_))
             if position is not None:
@@ -190,8 +186,8 @@ class _View:
         """Per resource the bundle asks for: its tree and the least amount a fitting bin has."""
         out: _Needs = []
         for resource, need in bundle.resources.items():
-            if need <= 0 or implicit(resource):
-                continue  # implicit resources are on every host even when not listed
+            if need <= 0:
+                continue
             tree = self._trees.get(resource)
             if tree is None:
                 values = [_left_of(b, resource) for b in self.bins]
@@ -222,7 +218,8 @@ class _View:
 
 
 def _left_of(bin_: Bin, resource: str) -> float:
-    return bin_.free.get(resource, 0.0)
+    # As copies_that_fit reads it: an implicit resource Ray never reports is there at 1.
+    return free_amount(bin_.free, resource)
 
 
 class _MaxTree:

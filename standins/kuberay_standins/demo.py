@@ -8,6 +8,7 @@ that reserves whole slices, runs work on every host, adds CPU work, then goes id
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import json
 import math
@@ -153,11 +154,22 @@ class Printer:
             await asyncio.sleep(0.2)
 
 
-async def run_demo(scenario: Scenario, out: TextIO = sys.stdout) -> int:
+async def run_demo(
+    scenario: Scenario,
+    out: TextIO = sys.stdout,
+    judge: Callable[[LocalCluster], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+) -> int:
+    """Run the scenario; `judge` (tests) wraps the started cluster, e.g. to check every write."""
     printer = Printer(out)
     print(
         f"kuberay-scaler demo: {scenario.slices} slice(s) of {scenario.hosts} hosts "
         f"(v6e {scenario.topology}), everything on 127.0.0.1\n",
+        file=out,
+        flush=True,
+    )
+    print(
+        "starting the API-server and operator stand-ins, a real Ray head and the daemon "
+        "(10-30 s); then every moment is printed as it happens:\n",
         file=out,
         flush=True,
     )
@@ -168,7 +180,7 @@ async def run_demo(scenario: Scenario, out: TextIO = sys.stdout) -> int:
     cluster.timeline.listeners.append(printer.moment)
     printing = asyncio.create_task(printer.run(cluster.timeline))
     try:
-        async with cluster:
+        async with cluster, (judge or _unjudged)(cluster):
             daemon = cluster.start_daemon(KUBERAY_SCALER_RESYNC_INTERVAL_S="5")
             result = await _race(_scenario(cluster, daemon, scenario, printer), stop)
             code, took = await asyncio.to_thread(daemon.stop)
@@ -185,6 +197,10 @@ async def run_demo(scenario: Scenario, out: TextIO = sys.stdout) -> int:
         printing.cancel()
         printer.flush()
         loop.remove_signal_handler(signal.SIGINT)
+
+
+def _unjudged(cluster: LocalCluster) -> contextlib.AbstractAsyncContextManager[Any]:
+    return contextlib.nullcontext()
 
 
 async def _race(job: Any, stop: asyncio.Event) -> Any:
@@ -279,7 +295,8 @@ def daemon_moment(line: dict[str, Any]) -> tuple[str, str] | None:
         writes = " → ".join(line.get("writes") or [])
         return "plan", f"{groups} | writes: {writes}"
     if event in ("slice_drained", "slice_drain_refused"):
-        return "drain", f"{event}: {line.get('hosts')} hosts, {line.get('reason')}"
+        where = f"{line.get('group')}/{line.get('slice')}: " if line.get("slice") else ""
+        return "drain", f"{event}: {where}{line.get('hosts')} hosts, {line.get('reason')}"
     if line.get("level") in ("error", "critical"):
         return "daemon_error", str(event)
     return None

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +29,14 @@ from ray._private.accelerators.tpu import infer_tpu_pod_type_from_topology
 from kuberay_standins._k8s_store import StoredEvent
 from kuberay_standins.apiserver import RESTRICTED_TOKEN, ApiServerStandIn
 from kuberay_standins.operator import OperatorStandIn
-from kuberay_standins.ray_local import RayHead, RayHost, free_port, tpu_host_env
+from kuberay_standins.ray_local import (
+    RayHead,
+    RayHost,
+    RayStartError,
+    free_port,
+    scratch_dir,
+    tpu_host_env,
+)
 from kuberay_standins.ray_start import flags_of_pod
 
 log = structlog.get_logger(__name__)
@@ -83,40 +89,96 @@ class Timeline:
 
 
 class RayPodHooks:
-    """The fake kubelet's hooks: Running worker pod → real Ray host, deleted pod → stopped."""
+    """The fake kubelet's hooks: Running worker pod → real Ray host, deleted pod → stopped.
+
+    Like a kubelet restarting a crashed container, a host that fails to start is started again
+    (a loaded machine can miss a start timeout). A host still starting when its pod goes, or when
+    the hooks stop, is stopped as soon as it is up: none outlives its pod or the cluster.
+    """
+
+    START_ATTEMPTS = 3
+    # Ray gives a starting node 30 s to register with the GCS (ray/_private/node.py, not
+    # configurable): hosts started all at once on a loaded 2-core machine miss it together.
+    START_CONCURRENCY = 2
 
     def __init__(self, head: RayHead, timeline: Timeline) -> None:
         self._head = head
         self._timeline = timeline
         self._free_ips = [f"127.0.0.{n}" for n in range(11, 250)]
         self.hosts: dict[str, RayHost] = {}
+        self._starts: set[asyncio.Future[RayHost]] = set()
+        self._late_stops: set[asyncio.Task[None]] = set()
+        self._gone: set[str] = set()
+        self._start_slots = asyncio.Semaphore(self.START_CONCURRENCY)
 
     async def on_running(self, pod: dict[str, Any]) -> None:
         labels = pod["metadata"].get("labels", {})
         if labels.get("ray.io/node-type") != "worker":
             return  # the head's Ray runs already: RayHead
         name = pod["metadata"]["name"]
-        num_cpus, resources, memory, env = _host_setup(pod)
+        self._gone.discard(name)
         ip = self._free_ips.pop(0)
-        host = await asyncio.to_thread(
-            lambda: RayHost.spawn(
-                self._head.gcs_address,
-                ip=ip,
-                resources=resources,
-                num_cpus=num_cpus,
-                memory=memory,
-                env=env,
-                auth_token=self._head.auth_token,
-            ).wait_ready()
-        )
+        for attempt in range(1, self.START_ATTEMPTS + 1):
+            try:
+                host = await self._start_host(pod, ip)
+                break
+            except RayStartError as error:
+                if attempt == self.START_ATTEMPTS or name in self._gone:
+                    self._free_ips.append(ip)
+                    raise
+                why = (str(error).strip().splitlines() or [""])[-1][
+                    :300
+                ]  # the cause, not the trace
+                log.warning("ray_host_start_retried", pod=name, attempt=attempt, error=why)
+                self._timeline.add("ray_host", f"Ray host for pod {name} failed; starting again")
+        if name in self._gone:  # the pod went while its host started
+            await self._stop(name, host)
+            return
         self.hosts[name] = host
         self._timeline.add("ray_host", f"Ray host for pod {name} started on {ip}")
 
+    async def _start_host(self, pod: dict[str, Any], ip: str) -> RayHost:
+        async with self._start_slots:
+            return await self._start_in_thread(pod, ip)
+
+    async def _start_in_thread(self, pod: dict[str, Any], ip: str) -> RayHost:
+        num_cpus, resources, memory, env = _host_setup(pod)
+        start = asyncio.ensure_future(
+            asyncio.to_thread(
+                lambda: RayHost.spawn(
+                    self._head.gcs_address,
+                    ip=ip,
+                    resources=resources,
+                    num_cpus=num_cpus,
+                    memory=memory,
+                    env=env,
+                    auth_token=self._head.auth_token,
+                ).wait_ready()
+            )
+        )
+        self._starts.add(start)
+        start.add_done_callback(self._starts.discard)
+        try:
+            return await asyncio.shield(start)  # a cancelled caller does not abandon the host
+        except asyncio.CancelledError:
+            task = asyncio.get_running_loop().create_task(self._stop_when_up(start))
+            self._late_stops.add(task)
+            task.add_done_callback(self._late_stops.discard)
+            raise
+
+    async def _stop_when_up(self, start: asyncio.Future[RayHost]) -> None:
+        with contextlib.suppress(Exception):
+            host = await start
+            await asyncio.to_thread(host.stop)
+
     async def on_deleted(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
+        self._gone.add(name)
         host = self.hosts.pop(name, None)
-        if host is None:
-            return
+        if host is not None:
+            await self._stop(name, host)
+
+    async def _stop(self, name: str, host: RayHost) -> None:
         await asyncio.to_thread(host.stop)
         self._free_ips.append(host.ip)
         self._timeline.add("ray_host_gone", f"Ray host of pod {name} stopped")
@@ -124,6 +186,9 @@ class RayPodHooks:
     async def stop_all(self) -> None:
         hosts, self.hosts = list(self.hosts.values()), {}
         await asyncio.gather(*(asyncio.to_thread(h.stop) for h in hosts))
+        # Hosts still starting (their pod went, or the cluster stops): stopped once up.
+        await asyncio.gather(*(self._stop_when_up(s) for s in list(self._starts)))
+        await asyncio.gather(*list(self._late_stops), return_exceptions=True)
 
 
 def _host_setup(pod: dict[str, Any]) -> tuple[int, dict[str, float], int | None, dict[str, str]]:
@@ -204,7 +269,7 @@ class LocalCluster:
         self.operator: OperatorStandIn | None = None
         self.daemons: list[DaemonProcess] = []
         self.violations: list[str] = []
-        self.workdir = Path(tempfile.mkdtemp(prefix="krs-local-"))
+        self.workdir = scratch_dir("krs-local-")
         self._pod_start_delay = pod_start_delay
         self._tasks: list[asyncio.Task[None]] = []
         self._unsubscribe: Callable[[], None] | None = None
@@ -377,10 +442,10 @@ class LocalCluster:
 
 
 def _ops_text(body: Any) -> str:
-    """A JSON patch on one line, `test` guards counted rather than shown."""
+    """A JSON patch on one line; its guards (JSON-patch `test` ops) counted rather than shown."""
     if not isinstance(body, list):
         return json.dumps(body, separators=(",", ":"))[:400]
     guards = sum(1 for op in body if isinstance(op, dict) and op.get("op") == "test")
     changes = [op for op in body if not (isinstance(op, dict) and op.get("op") == "test")]
     text = json.dumps(changes, separators=(",", ":"), ensure_ascii=False)
-    return f"{text} (+{guards} test guards)"
+    return f"{text} (+{guards} guards)"

@@ -22,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
@@ -230,18 +231,21 @@ class RayHead(_RayProcess):
             *extra_args,
         )
         full_env = _node_env(env, auth_token)
-        proc = _spawn(ip, args, full_env)
-        head = cls(
-            ip=ip,
-            temp_dir=proc[0],
-            process=proc[1],
-            log_path=proc[2],
-            env=full_env,
-            port=gcs_port,
-            auth_token=auth_token,
-            start_args=args,
-        )
-        _ready_or_stop(head, startup_timeout_s)
+
+        def spawn() -> RayHead:
+            proc = _spawn(ip, args, full_env)
+            return cls(
+                ip=ip,
+                temp_dir=proc[0],
+                process=proc[1],
+                log_path=proc[2],
+                env=full_env,
+                port=gcs_port,
+                auth_token=auth_token,
+                start_args=args,
+            )
+
+        head = _start_with_retries(spawn, startup_timeout_s, (ip, gcs_port))
         log.info("ray_head_started", gcs_address=head.gcs_address, node_id=head.node_id_hex)
         return head
 
@@ -260,18 +264,21 @@ class RayHead(_RayProcess):
         self.stop()
         _wait_port_free(self.ip, self.port, 30.0)
         full_env = dict(self.env)
-        proc = _spawn(self.ip, self.start_args, full_env)
-        head = RayHead(
-            ip=self.ip,
-            temp_dir=proc[0],
-            process=proc[1],
-            log_path=proc[2],
-            env=full_env,
-            port=self.port,
-            auth_token=self.auth_token,
-            start_args=self.start_args,
-        )
-        _ready_or_stop(head, startup_timeout_s)
+
+        def spawn() -> RayHead:
+            proc = _spawn(self.ip, self.start_args, full_env)
+            return RayHead(
+                ip=self.ip,
+                temp_dir=proc[0],
+                process=proc[1],
+                log_path=proc[2],
+                env=full_env,
+                port=self.port,
+                auth_token=self.auth_token,
+                start_args=self.start_args,
+            )
+
+        head = _start_with_retries(spawn, startup_timeout_s, (self.ip, self.port))
         log.info("ray_head_restarted", gcs_address=head.gcs_address, node_id=head.node_id_hex)
         return head
 
@@ -341,16 +348,20 @@ class RayHost(_RayProcess):
         auth_token: str | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     ) -> RayHost:
-        host = cls.spawn(
-            gcs_address,
-            ip=ip,
-            resources=resources,
-            num_cpus=num_cpus,
-            labels=labels,
-            env=env,
-            auth_token=auth_token,
+        host = _start_with_retries(
+            lambda: cls.spawn(
+                gcs_address,
+                ip=ip,
+                resources=resources,
+                num_cpus=num_cpus,
+                labels=labels,
+                env=env,
+                auth_token=auth_token,
+            ),
+            startup_timeout_s,
         )
-        return host.wait_ready(startup_timeout_s)
+        log.info("ray_host_started", ip=host.ip, instance_id=host.instance_id)
+        return host
 
 
 @dataclass(frozen=True)
@@ -479,7 +490,7 @@ class RayDriver:
         sleeps until stopped so its demand stays in the GCS.
         """
         script = _driver_script(gcs_address, node_ip, body, hold)
-        scratch = Path(tempfile.mkdtemp(prefix="krs-driver-"))
+        scratch = scratch_dir("krs-driver-")
         log_name = scratch / "driver.log"
         with log_name.open("wb") as out:
             process = subprocess.Popen(
@@ -567,6 +578,20 @@ def _node_env(env: Mapping[str, str] | None, auth_token: str | None) -> dict[str
     return {**_clean_parent_env(), **_QUIET_ENV, **(env or {}), **_auth_env(auth_token)}
 
 
+# Set by a test session (tests/reaper.py); a scratch dir records it so leftovers can be found.
+SESSION_ENV = "KRS_TEST_SESSION"
+SESSION_FILE = ".krs-session"
+
+
+def scratch_dir(prefix: str, parent: str | None = None) -> Path:
+    """A fresh temp dir, tagged with the test session (if any) that made it."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    session = os.environ.get(SESSION_ENV)
+    if session:
+        (path / SESSION_FILE).write_text(session)
+    return path
+
+
 def own_home(scratch: Path) -> dict[str, str]:
     """HOME (and the XDG dirs) inside a process's own scratch directory: nothing in the user's
     home (~/.ray/auth_token, ~/.config, ~/.cache) reaches a Ray process we start."""
@@ -622,7 +647,7 @@ def _spawn(
     ip: str, args: Sequence[str], env: Mapping[str, str]
 ) -> tuple[Path, subprocess.Popen[bytes], Path]:
     # Short temp path: Ray's unix sockets live under it and paths are limited to 107 bytes.
-    temp_dir = Path(tempfile.mkdtemp(prefix="krs-", dir="/tmp"))
+    temp_dir = scratch_dir("krs-", "/tmp")
     log_path = temp_dir / "ray-start.log"
     with log_path.open("wb") as out:
         process = subprocess.Popen(
@@ -635,6 +660,31 @@ def _spawn(
         )
     log.debug("ray_start_spawned", ip=ip, pid=process.pid, temp_dir=str(temp_dir))
     return temp_dir, process, log_path
+
+
+# Ray gives a starting node a fixed 30 s to register with the GCS (ray/_private/node.py); a
+# loaded machine can miss it. That failure, and only that one, is worth starting again.
+_REGISTRATION_MISSED = "The current node timed out during startup"
+_Node = TypeVar("_Node", bound="_RayProcess")
+START_ATTEMPTS = 3
+
+
+def _start_with_retries(
+    spawn: Callable[[], _Node], timeout_s: float, port: tuple[str, int] | None = None
+) -> _Node:
+    """Spawn and wait; again (a fresh process, `port` free first) if Ray's window was missed."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        node = spawn()
+        try:
+            _ready_or_stop(node, timeout_s)
+            return node
+        except RayStartError as error:
+            if attempt == START_ATTEMPTS or _REGISTRATION_MISSED not in str(error):
+                raise
+            log.warning("ray_start_retried", ip=node.ip, attempt=attempt, why=_REGISTRATION_MISSED)
+            if port is not None:
+                _wait_port_free(*port, 30.0)
+    raise AssertionError("unreachable")
 
 
 def _ready_or_stop(node: _RayProcess, timeout_s: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import urllib.request
@@ -14,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kuberay_standins.demo import Scenario, demo_raycluster, run_demo
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver
-from tests.invariants import watch_local_cluster
+from tests.invariants import InvariantChecker, finish_local_cluster, watch_local_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -153,38 +154,92 @@ async def test_sigterm_mid_reconcile_leaves_nothing_half_written(cluster: LocalC
 
 
 async def test_demo_scenario_invariants() -> None:
-    """The `make demo` scenario: up in whole slices, work on every host, idle, down whole."""
+    """The `make demo` scenario: up in whole slices, work on every host, idle, down whole.
+
+    Every RayCluster write is judged against the real pods and Ray nodes (tests/invariants), and
+    the printed story must show, for each delete patch, its own slices' drains before it. The
+    two groups go idle at nearly the same moment: which one scales down first is not asserted.
+    """
     import io
 
+    judged: list[InvariantChecker] = []
+
+    @contextlib.asynccontextmanager
+    async def judge(local: LocalCluster) -> AsyncIterator[None]:
+        feed = watch_local_cluster(local)
+        try:
+            yield
+        finally:
+            judged.append(await finish_local_cluster(feed, local))
+
     out = io.StringIO()
-    code = await run_demo(Scenario(), out)
+    code = await run_demo(Scenario(), out, judge=judge)
     text = out.getvalue()
     assert code == 0, text
+    [checker] = judged
+    checker.assert_clean()
+    assert checker.judged > 0, text
     partial = re.search(r"partial slices ever requested\s+(\d+)", text)
     assert partial is not None and partial.group(1) == "0", text
     deleted = re.search(r"TPU pods deleted\s+(\d+)", text)
     assert deleted is not None and int(deleted.group(1)) % 4 == 0 and int(deleted.group(1)) > 0
     assert "WORK_DONE" in text
     assert "scenario completed" in text
-    # Issue 12 item 9: the story in the order it happened. The scale-down's plan, then the
-    # draining record, every drain, and only then the delete patch (whose body is shown).
+    _assert_story(text)
+
+
+GROUPS = [g["groupName"] for g in demo_raycluster(Scenario())["spec"]["workerGroupSpecs"]]
+
+
+def _assert_story(text: str) -> None:
+    """Issue 12 item 9 / issue 19: the story as printed, in the order it happened."""
     lines = text.splitlines()
     kinds = [line[11:27].strip() if line.startswith("[") else "" for line in lines]
-    # Patches that name pods (not the ones clearing a processed list with `[]`). The demo may
-    # scale down in more than one step: each step's drains come before its own delete patch.
-    deletes = [
-        i
-        for i, line in enumerate(lines)
-        if "PATCH" in line and re.search(r'workersToDelete"[^\]]*\["', line)
-    ]
-    drains = [i for i, k in enumerate(kinds) if k == "drain"]
-    plans = [i for i, line in enumerate(lines) if "scale_down" in line and kinds[i] == "plan"]
-    assert deletes and drains and plans, text
-    assert plans[0] < min(drains), text
-    previous = plans[0]
-    for delete in deletes:
-        assert any(previous < i < delete for i in drains), f"undrained delete patch\n{text}"
-        previous = delete
-    assert '"op":"add","path":"/spec/workerGroupSpecs/0/scaleStrategy"' in lines[deletes[0]], text
     stamps = [float(line[1:8]) for line in lines if line.startswith("[")]
     assert stamps == sorted(stamps), "moments printed out of order"
+    # Which slice each pod belongs to (a single-host group's slice is the pod itself).
+    slice_of: dict[str, tuple[str, str]] = {}
+    for line in lines:
+        created = re.search(r"pod (\S+) created \((\S+)(?: slice (\S+) host \d+)?\)", line)
+        if created:
+            pod, group, key = created.groups()
+            slice_of[pod] = (group, key or pod)
+    members: dict[tuple[str, str], set[str]] = {}
+    for pod, key in slice_of.items():
+        members.setdefault(key, set()).add(pod)
+    deletes = [
+        (i, d) for i, line in enumerate(lines) if kinds[i] == "patch" for d in _deletions(line)
+    ]
+    assert {group for _, (group, _) in deletes} == set(GROUPS), text
+    for index, (group, named) in deletes:
+        slices = {slice_of[pod] for pod in named}
+        assert {g for g, _ in slices} == {group}, f"pods of another group named\n{text}"
+        for key in slices:
+            assert members[key] <= set(named), f"partial slice {key} in line {index}\n{text}"
+            drained = [
+                i
+                for i, line in enumerate(lines[:index])
+                if kinds[i] == "drain" and f"slice_drained: {key[0]}/{key[1]}:" in line
+            ]
+            assert drained, f"slice {key} deleted without its drain before line {index}\n{text}"
+            planned = [
+                i
+                for i, line in enumerate(lines[: drained[0]])
+                if kinds[i] == "plan" and f"remove slice {key[1]}" in line and "scale_down" in line
+            ]
+            assert planned, f"slice {key} drained before a plan to remove it\n{text}"
+
+
+def _deletions(line: str) -> list[tuple[str, list[str]]]:
+    """(group, pods) for every op of a printed PATCH that names pods to delete (not clearing)."""
+    body = line.split(": ", 1)[1].rsplit(" (+", 1)[0]
+    out = []
+    for op in json.loads(body):
+        path, value = op.get("path", ""), op.get("value")
+        match = re.match(r"/spec/workerGroupSpecs/(\d+)/scaleStrategy(/workersToDelete)?$", path)
+        if not match or op.get("op") not in ("add", "replace"):
+            continue
+        names = value if match.group(2) else (value or {}).get("workersToDelete", [])
+        if names:
+            out.append((GROUPS[int(match.group(1))], list(names)))
+    return out

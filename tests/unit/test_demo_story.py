@@ -35,3 +35,8 @@ def test_the_daemons_decided_line_is_the_plan_with_its_writes() -> None:
     assert kind == "plan"
     assert text.index("record draining") < text.index("drain tpu/s1") < text.index("patch (7")
     assert daemon_moment({"event": "decision"}) is None  # said after the patch: not the story
+
+
+def test_a_drain_line_names_its_group_and_slice() -> None:
+    line = {"event": "slice_drained", "group": "tpu", "slice": "s1", "hosts": 4, "reason": "ok"}
+    assert daemon_moment(line) == ("drain", "slice_drained: tpu/s1: 4 hosts, ok")

@@ -344,7 +344,13 @@ BIN_RESOURCES = st.fixed_dictionaries(
     }
 )
 BINS = st.lists(st.tuples(BIN_RESOURCES, st.sampled_from(["a", "b", "c"])), max_size=30)
-POOL_SHAPES = [*SHAPES[:5], {"CPU": 3}, {"CPU": 1, "memory": 2}, {"CPU": 3, "memory": 16}]
+POOL_SHAPES = [
+    *SHAPES[:5],
+    {"CPU": 3},
+    {"CPU": 1, "memory": 2},
+    {"CPU": 3, "memory": 16},
+    {"CPU": 1, "node:__internal_implicit_resource_x": 0.5},  # on every host at 1, unlisted
+]
 OPS = st.lists(
     st.tuples(
         st.sampled_from(["place", "fit", "undo", "add"]),

@@ -4,10 +4,16 @@ orphans of a session whose owner is gone."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+import pytest
+
+from kuberay_standins.ray_local import scratch_dir
 from tests import reaper
 
 
@@ -49,3 +55,41 @@ def test_orphans_are_processes_of_a_session_whose_owner_is_dead() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_scratch_dir_carries_its_session_and_is_found_and_removed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    value = f"{os.getpid()}:dirs-{time.monotonic_ns()}"
+    monkeypatch.setenv(reaper.MARKER, value)
+    made = scratch_dir("krs-unit-")
+    untagged = Path(tempfile.mkdtemp(prefix="krs-unit-"))
+    try:
+        assert reaper.leftover_dirs(value) == [made]
+        reaper.remove_dirs([made])
+        assert not made.exists()
+        assert untagged.exists()  # not ours (another session, another user): never touched
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+        shutil.rmtree(untagged, ignore_errors=True)
+
+
+def test_orphan_dirs_are_those_of_a_session_whose_owner_is_dead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    monkeypatch.setenv(reaper.MARKER, f"{gone.stdout.strip()}:dead-owner")
+    orphan = scratch_dir("krs-unit-")
+    monkeypatch.setenv(reaper.MARKER, f"{os.getpid()}:live-owner")
+    live = scratch_dir("krs-unit-")
+    try:
+        found = reaper.orphan_dirs()
+        assert orphan in found and live not in found
+    finally:
+        shutil.rmtree(orphan, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
