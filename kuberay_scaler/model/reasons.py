@@ -297,7 +297,7 @@ class RunsMinReplicas:
     replicas: int
     min_replicas: int
 
-    kind = "runs_min_replicas"
+    kind = "replicas_below_min"  # also the decision's reason_code (GroupDecision)
 
     def __str__(self) -> str:
         return (
