@@ -36,8 +36,10 @@ import scenario
 from common import loadavg
 
 from kuberay_scaler.control.report import report_from_plan
-from kuberay_scaler.decision import Decision, GcsView, Observation, decide
+from kuberay_scaler.decision import Decision, Observation, decide
+from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.plan import Memory
+from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.parse.pod_cache import PodCache
 from kuberay_scaler.parse.pods import slim_pod
 from kuberay_scaler.parse.ray_state import parse_ray_state
@@ -74,10 +76,14 @@ class Frame:
 
     def run(self) -> Decision:
         parsed = self.cache.hosts(self.store, self.spec)
+        # The daemon passes its liveness clock, built once per reconcile (O(pods), timed here
+        # too); without one, decide() would derive it from timestamps in each of its users.
+        clock = HostClock.from_timestamps(parsed[0], self.state.node_by_instance(), NOW)
         observed = Observation(
             raycluster=self.sc.raycluster,
-            gcs=GcsView(self.reply, cluster_id="c", state=self.state),
+            gcs=RayObservation(self.state, 0.0, cluster_id="c"),
             parsed_pods=parsed,
+            clock=clock,
         )
         decision = decide(observed, Memory(), Policy(), NOW)
         report_from_plan(decision.plan, int(NOW.timestamp()))

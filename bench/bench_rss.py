@@ -49,9 +49,10 @@ def child(input_file: str) -> dict[str, Any]:
 
     import kuberay_scaler.app  # noqa: F401  (what the daemon has loaded before it lists)
     from kuberay_scaler.control.report import report_from_plan
-    from kuberay_scaler.decision import GcsView, Observation, decide
+    from kuberay_scaler.decision import Observation, decide
     from kuberay_scaler.kube import informer
     from kuberay_scaler.model.plan import Memory
+    from kuberay_scaler.model.ray import RayObservation
     from kuberay_scaler.parse.pod_cache import PodCache
     from kuberay_scaler.parse.pods import slim_pod
     from kuberay_scaler.parse.ray_state import parse_ray_state
@@ -102,7 +103,7 @@ def child(input_file: str) -> dict[str, Any]:
     reply = autoscaler_pb2.GetClusterResourceStateReply.FromString(reply_bytes)
     state = parse_ray_state(reply)
     observed = Observation(
-        raycluster=raycluster, gcs=GcsView(reply, cluster_id="c", state=state), parsed_pods=parsed
+        raycluster=raycluster, gcs=RayObservation(state, 0.0, cluster_id="c"), parsed_pods=parsed
     )
     decision = decide(observed, Memory(), Policy(), bench_frame.NOW)
     report_from_plan(decision.plan, int(bench_frame.NOW.timestamp()))

@@ -14,23 +14,22 @@ WARMUP_S = 3.0
 
 
 def _ours(address: str, window_s: float) -> dict[str, float]:
-    from kuberay_scaler.parse.ray_state import parse_ray_state
+    from kuberay_scaler.model.ray import RayObservation
     from kuberay_scaler.ray_gcs.client import GcsClient
-    from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+    from kuberay_scaler.ray_gcs.poller import GcsPoller
     from kuberay_scaler.settings import Settings
 
     interval = Settings.model_fields["gcs_poll_interval_s"].default
     parses = 0
 
-    def on_change(observation: GcsObservation) -> None:
-        nonlocal parses
-        if observation.reply is not None:
-            parse_ray_state(observation.reply)
+    def on_observation(observation: RayObservation) -> None:
+        nonlocal parses  # the poller parses every reply it gets
+        if observation.state is not None:
             parses += 1
 
     async def run() -> dict[str, float]:
         client = GcsClient(address)
-        poller = GcsPoller(client, interval_s=interval, on_change=on_change)
+        poller = GcsPoller(client, interval_s=interval, on_observation=on_observation)
         task = asyncio.create_task(poller.run())
         await asyncio.sleep(WARMUP_S)
         cpu0, t0, parses0 = time.process_time(), time.monotonic(), parses

@@ -11,6 +11,8 @@ from typing import Any
 import structlog
 
 from kuberay_scaler import heap
+from kuberay_scaler.control.handsoff import OverrideBackoff
+from kuberay_scaler.control.health import Access, GiveUp, target_problem
 from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
 from kuberay_scaler.control.trigger import Trigger
 from kuberay_scaler.kube.access import detect_access
@@ -20,16 +22,21 @@ from kuberay_scaler.kube.raycluster import RayClusterView
 from kuberay_scaler.kube.session import SessionError, open_api
 from kuberay_scaler.kube.writer import RayClusterWriter
 from kuberay_scaler.logs import configure_logging, register_secret
+from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.parse.pods import slim_pod
 from kuberay_scaler.policy import policy_from_settings
+from kuberay_scaler.ray_gcs.adapter import RayGcs
 from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
-from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+from kuberay_scaler.ray_gcs.poller import GcsPoller
 from kuberay_scaler.settings import ConfigError, Settings, credentials_hint
 from kuberay_scaler.web.server import Probes, make_app, start_server
 
 log = structlog.get_logger(__name__)
 
 TRIM_EVERY_S = 300.0
+TARGET_CHECK_EVERY_S = 5.0
+# Exit status after KUBERAY_SCALER_GIVE_UP_AFTER_S of a target not served (2 is bad config).
+EXIT_TARGET_NOT_SERVED = 3
 
 
 def run_daemon(settings: Settings) -> int:
@@ -58,6 +65,8 @@ class Daemon:
         self._view: RayClusterView | None = None
         self._poller: GcsPoller | None = None
         self._started = time.monotonic()
+        self._give_up = GiveUp(after_s=settings.give_up_after_s)
+        self.exit_code = 0
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -70,7 +79,7 @@ class Daemon:
             if runner is not None:
                 await runner.cleanup()
         log.info("stopped")
-        return 0
+        return self.exit_code
 
     def _request_stop(self, why: str) -> None:
         log.info("stopping", signal=why)
@@ -168,12 +177,15 @@ class Daemon:
                 expectation_timeout_s=s.write_expectation_timeout_s,
                 unhealthy_after_failures=s.unhealthy_after_failures,
                 unhealthy_after_s=s.unhealthy_after_s,
+                override=OverrideBackoff(
+                    s.override_backoff_s, s.override_backoff_max_s, s.override_memory_s
+                ),
             ),
             policy=policy_from_settings(s),
             pods=self._pods,
             cluster=self._view,
             feed=self._poller,
-            gcs=gcs,
+            gcs=RayGcs(gcs, self._poller),
             writer=RayClusterWriter(
                 api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
             ),
@@ -188,6 +200,7 @@ class Daemon:
             group.create_task(self._pods.run()),
             group.create_task(self._view.run()),
             group.create_task(self._poller.run()),
+            group.create_task(self._watch_target()),
         ]
         loop_task = group.create_task(self._loop())
         await self.stop.wait()
@@ -218,17 +231,49 @@ class Daemon:
                 heap.trim()
                 next_trim = time.monotonic() + TRIM_EVERY_S
 
+    async def _watch_target(self) -> None:
+        """A target that does not exist or is not served: say so once a minute (an Event where
+        there is an object to attach it to) and give up after KUBERAY_SCALER_GIVE_UP_AFTER_S."""
+        while not self.stop.is_set():
+            await asyncio.sleep(TARGET_CHECK_EVERY_S)
+            problem = self._target_problem()
+            say, give_up = self._give_up.check(problem, time.monotonic())
+            if problem is None or self.reconciler is None:
+                continue
+            sink = self.reconciler.sink
+            if say:
+                sink.not_served(
+                    problem, event=self._view is not None and self._view.current() is not None
+                )
+            if give_up:
+                sink.giving_up(problem, self.settings.give_up_after_s)
+                self.exit_code = EXIT_TARGET_NOT_SERVED
+                self._request_stop("target not served")
+                return
+
+    def _target_problem(self) -> str | None:
+        if not (self._pods and self._view):
+            return None
+        s = self.settings
+        access = Access(
+            raycluster_synced=self._view.synced,
+            raycluster_found=self._view.current() is not None,
+            raycluster_failure=self._view.failure_status,
+            pods_failure=self._pods.failure_status,
+        )
+        return target_problem(access, f"{s.cluster_namespace}/{s.cluster_name}")
+
     def _on_pods(self) -> None:
         if self._view is not None:
             self._view.nudge()
         self.trigger.fire("pods")
 
-    def _on_gcs(self, observation: GcsObservation) -> None:
+    def _on_gcs(self, observation: RayObservation) -> None:
         if self.reconciler is not None:
             self.reconciler.gcs_changed(observation)
         self.trigger.fire("gcs")
 
-    def _on_observation(self, observation: GcsObservation) -> None:
+    def _on_observation(self, observation: RayObservation) -> None:
         if self.reconciler is not None:
             self.reconciler.observe_gcs(observation)
 
@@ -252,6 +297,9 @@ class Daemon:
     def _ready(self) -> tuple[bool, str]:
         if not (self._pods and self._view and self._poller):
             return False, "starting"
+        problem = self._target_problem()
+        if problem is not None:
+            return False, problem
         if not self._pods.synced:
             return False, "pod cache not synced"
         if not self._view.synced:

@@ -29,7 +29,7 @@ from typing import Any
 from kuberay_scaler.backoff import exponential_delay
 from kuberay_scaler.defaults import DRAIN_DEADLINE_S, DRAIN_RETRY_S, MAX_DRAIN_RETRY_S
 from kuberay_scaler.liveness import HostClock
-from kuberay_scaler.model.cluster import Problem
+from kuberay_scaler.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.model.hosts import Host
 from kuberay_scaler.model.plan import (
     DeleteKind,
@@ -39,8 +39,9 @@ from kuberay_scaler.model.plan import (
     SliceDeletion,
     Snapshot,
 )
-from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.model.ray import RayObservation, RayState
 from kuberay_scaler.model.reasons import (
+    Hold,
     Keep,
     KeepKind,
     PlanProblem,
@@ -50,7 +51,6 @@ from kuberay_scaler.model.reasons import (
     ScaleDownKind,
 )
 from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.patch.intent import clear_ops, read_draining, record_ops, with_record
 from kuberay_scaler.patch.ops import Op, PatchError, build_patch
@@ -67,28 +67,20 @@ from kuberay_scaler.planner.gate import (
 
 
 @dataclass(frozen=True)
-class GcsView:
-    """One GCS observation, already judged fresh by the caller."""
-
-    reply: Any  # a GetClusterResourceStateReply, its JSON, or an already parsed RayState
-    cluster_id: str | None = None  # drains are pinned to it
-    epoch: int = 0  # GCS incarnation the reply came from
-    state: RayState | None = None  # `reply` already parsed (the daemon parses each poll once)
-
-
-@dataclass(frozen=True)
 class Observation:
     """Everything one reconcile decides from, read once."""
 
     raycluster: Mapping[str, Any]
     pods: Sequence[Any] = ()
-    gcs: GcsView | None = None  # None: Ray's state unknown or stale (the planner holds)
+    # Ray's state as last read, parsed; None, or a state of None: unknown or stale (it holds).
+    gcs: RayObservation | None = None
     synced: bool = True  # pod cache and RayCluster view trustworthy
     # Groups whose last write is not observed yet → what is awaited (from the loop's expectations).
-    awaiting_write: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    awaiting_write: Mapping[str, str | Hold] = field(default_factory=lambda: MappingProxyType({}))
     clock: HostClock | None = None  # the daemon's own liveness memory; None: pod timestamps
     # `pods` already parsed (the daemon's PodCache, once per watch event); `pods` is then unused.
     parsed_pods: tuple[Sequence[Host], Sequence[Problem]] | None = None
+    spec: ClusterSpec | None = None  # `raycluster` already parsed (the daemon parses it once)
 
 
 @dataclass(frozen=True)
@@ -132,7 +124,7 @@ class Decision:
     plan: Plan  # already past the gate, every drain assumed accepted (what `plan` shows)
     writes: tuple[Write, ...]
     raycluster: Mapping[str, Any]  # the object planned from (the patch's base)
-    gcs: GcsView | None = None
+    gcs: RayObservation | None = None
     error: str | None = None  # the plan no longer fits the object (replan)
     now: datetime | None = None  # when it was decided (deadlines, backoffs)
     evidence: Evidence | None = None  # what the deletion gate judges pods by
@@ -197,7 +189,7 @@ def decide(
 ) -> Decision:
     """Plan from `observed` at `now` and list the writes that carry the plan out."""
     raw = observed.raycluster
-    spec = parse_raycluster(raw)
+    spec = observed.spec if observed.spec is not None else parse_raycluster(raw)
     if observed.parsed_pods is not None:
         hosts, pod_problems = observed.parsed_pods
     else:
@@ -230,7 +222,7 @@ def decide(
 def writes_for(
     raw: Mapping[str, Any],
     result: Plan,
-    gcs: GcsView | None,
+    gcs: RayObservation | None,
     now: datetime,
     drain_deadline_s: float,
     ev: Evidence,
@@ -421,17 +413,10 @@ def write_document(write: Write) -> dict[str, Any]:
     return {"write": "patch", "ops": list(write.ops)}
 
 
-def _ray_state(gcs: GcsView | None) -> tuple[RayState | None, PlanProblem | None]:
-    if gcs is None:
-        return None, None
-    if gcs.state is not None:
-        return gcs.state, None
-    if isinstance(gcs.reply, RayState):
-        return gcs.reply, None
-    try:
-        return parse_ray_state(gcs.reply), None
-    except RayStateError as err:
-        return None, PlanProblem(ProblemKind.RAY_STATE, f"unusable GCS reply: {err}")
+def _ray_state(gcs: RayObservation | None) -> tuple[RayState | None, PlanProblem | None]:
+    if gcs is None or gcs.state is not None or not gcs.unusable:
+        return (gcs.state if gcs else None), None
+    return None, PlanProblem(ProblemKind.RAY_STATE, gcs.error or "unusable GCS reply")
 
 
 # Deletions whose joined hosts are drained (idle termination) before the patch, all or nothing.

@@ -25,6 +25,7 @@ PREEMPT_DEADLINE_S = 30.0
 
 # Kubernetes side.
 K8S_REQUEST_TIMEOUT_S = 30.0
+MAX_RETRY_AFTER_S = 60.0  # a Retry-After is honoured up to this, never longer
 WATCH_SILENCE_TIMEOUT_S = 120.0
 RESYNC_INTERVAL_S = 30.0
 # Poll mode (KubeRay's Role: get/patch on rayclusters, no watch): GET the RayCluster this often, so
@@ -36,10 +37,21 @@ RAYCLUSTER_MIN_GET_GAP_S = 1.0
 DEBOUNCE_S = 0.2
 WRITE_EXPECTATION_TIMEOUT_S = 60.0
 
-# Liveness: /healthz fails after this many failed reconciles in a row, or this long without a
-# successful one (a held reconcile, e.g. GCS unknown, is a success: the loop works, it waits).
+# Liveness, judged by progress: /healthz fails when the loop has had work to do (a write, a
+# drain, demand to serve) and has not achieved it for UNHEALTHY_AFTER_S, or after this many
+# failed attempts since it last did (a held reconcile that had nothing to do is not a failure).
 UNHEALTHY_AFTER_FAILURES = 5
 UNHEALTHY_AFTER_S = 300.0
+# A target that does not exist or is not served (RayCluster 404, CRD version not served, 401/403
+# that persist): not ready at once, and the process exits non-zero after this long, so drop-in
+# mode (no probes) shows the restarts. A server that is merely down never makes it exit.
+GIVE_UP_AFTER_S = 600.0
+
+# Another writer reset a group's replicas: hands off the group this long, doubling per override
+# up to the max; an override older than the memory no longer counts toward the doubling.
+OVERRIDE_BACKOFF_S = 120.0
+OVERRIDE_BACKOFF_MAX_S = 1800.0
+OVERRIDE_MEMORY_S = 3600.0
 
 # Slices and replacement.
 MAX_PROVISION_TIME_S = 900.0

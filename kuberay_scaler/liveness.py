@@ -18,47 +18,13 @@ window, a partial reply), nor from API-server timestamps compared with the daemo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
 from types import MappingProxyType
 
-from kuberay_scaler.model.hosts import Host, HostPhase
+from kuberay_scaler.model.hosts import Host, HostClock, HostPhase
 
-
-def _empty() -> Mapping[str, float]:
-    return MappingProxyType({})
-
-
-@dataclass(frozen=True)
-class HostClock:
-    """Durations in seconds per pod name, as the slice map needs them."""
-
-    # Running pods whose Ray node is absent from the latest fresh reply: how long it has been.
-    missing_s: Mapping[str, float] = field(default_factory=_empty)
-    # Every pod: how long it has existed (provisioning age).
-    age_s: Mapping[str, float] = field(default_factory=_empty)
-    # Set while Ray's view may judge no slice broken; says why.
-    settling: str | None = None
-    # Pods whose live Ray node the daemon has seen (the deletion gate: "never had a node").
-    seen: frozenset[str] = frozenset()
-
-    @classmethod
-    def from_timestamps(
-        cls, hosts: Iterable[Host], joined: Iterable[str], now: datetime
-    ) -> HostClock:
-        """For one-shot use without history (offline `plan`): trust the pods' own timestamps."""
-        present = set(joined)
-        missing: dict[str, float] = {}
-        age: dict[str, float] = {}
-        for host in hosts:
-            if host.created_at is not None:
-                age[host.pod_name] = max(0.0, (now - host.created_at).total_seconds())
-            running = host.phase is HostPhase.RUNNING and host.running_since is not None
-            if running and host.pod_name not in present:
-                assert host.running_since is not None
-                missing[host.pod_name] = max(0.0, (now - host.running_since).total_seconds())
-        return cls(MappingProxyType(missing), MappingProxyType(age), seen=frozenset(present))
+__all__ = ["HostClock", "LivenessTracker"]
 
 
 @dataclass

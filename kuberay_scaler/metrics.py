@@ -83,7 +83,8 @@ GCS_CONNECTED = Gauge(
 )
 LAST_SUCCESSFUL_RECONCILE = Gauge(
     "kuberay_scaler_last_successful_reconcile_timestamp_seconds",
-    "Unix time of the last reconcile that completed without an error or a failed write.",
+    "Unix time of the last reconcile whose inputs were fresh and whose planned writes were all"
+    " done (a held or backed-off reconcile does not count).",
     registry=REGISTRY,
 )
 RECONCILE_FAILURES = Counter(
@@ -105,5 +106,14 @@ DELETIONS_BLOCKED = Counter(
     "Slice deletions the deletion gate dropped, by the planner path that made them; non-zero"
     " means a planner path disagreed with the gate (each is logged at error).",
     ["path"],
+    registry=REGISTRY,
+)
+
+# --- the loop: health by progress -----------------------------------------------------------
+BLIND_SECONDS = Gauge(
+    "kuberay_scaler_blind_seconds",
+    "Seconds an input has been unknown or stale (0 while fresh), by source (gcs, pods,"
+    " raycluster).",
+    ["source"],
     registry=REGISTRY,
 )

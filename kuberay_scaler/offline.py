@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from kuberay_scaler.decision import GcsView, Observation, decide
+from kuberay_scaler.decision import Observation, decide
 from kuberay_scaler.model.plan import Memory
-from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.model.ray import RayObservation, RayState
 from kuberay_scaler.parse.pods import pod_items
 from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.planner.core import Policy
@@ -284,7 +284,7 @@ def plan_files(
         raise InputError("only one input can be read from standard input (-)")
     rc = load_raycluster(raycluster)
     state = load_ray_state(ray_state)
-    gcs = GcsView(state) if state is not None else None  # None: "Ray demand unknown"
+    gcs = RayObservation(state, observed_at=0.0) if state is not None else None  # None: unknown
     observed = Observation(raycluster=rc, pods=load_pods(pods), gcs=gcs)
     decision = decide(observed, Memory(), policy, now or datetime.now(UTC))
     if decision.error is not None:  # cannot happen for a plan made from this very object

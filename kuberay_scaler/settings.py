@@ -323,15 +323,40 @@ class Settings(BaseSettings):
         "A broken slice with a busy host is kept at most this long, then its live"
         " hosts are drained for preemption and it is replaced whole.",
     )
+    # --- the loop: health by progress, giving up on a target not served, overrides ---
     unhealthy_after_failures: int = count(
         D.UNHEALTHY_AFTER_FAILURES,
         "unhealthy_after_failures",
-        "/healthz fails after this many failed reconciles in a row.",
+        "/healthz fails after this many failed attempts since the loop last achieved what it"
+        " planned.",
     )
     unhealthy_after_s: float = seconds(
         D.UNHEALTHY_AFTER_S,
         "unhealthy_after_s",
-        "/healthz fails when no reconcile has succeeded for this long.",
+        "/healthz fails when the loop has had work to do (a write, a drain, demand to serve)"
+        " and has not achieved it for this long, whatever the cause.",
+    )
+    give_up_after_s: float = seconds(
+        D.GIVE_UP_AFTER_S,
+        "give_up_after_s",
+        "Exit non-zero when the RayCluster has not existed or been served (404, CRD version not"
+        " served, 401/403) for this long; a server that is down never makes it exit.",
+    )
+    override_backoff_s: float = seconds(
+        D.OVERRIDE_BACKOFF_S,
+        "override_backoff_s",
+        "Another writer reset a group's replicas: leave the group alone this long (doubling"
+        " with each override).",
+    )
+    override_backoff_max_s: float = seconds(
+        D.OVERRIDE_BACKOFF_MAX_S,
+        "override_backoff_max_s",
+        "The longest the override back-off grows to.",
+    )
+    override_memory_s: float = seconds(
+        D.OVERRIDE_MEMORY_S,
+        "override_memory_s",
+        "An override older than this no longer counts toward the doubling.",
     )
     shutdown_grace_s: float = seconds(
         10.0,

@@ -31,22 +31,14 @@ from kuberay_scaler.decision import (
     after_drains,
     drains_to_send,
 )
-from kuberay_scaler.kube.writer import PatchOutcome
 from kuberay_scaler.metrics import DELETIONS_BLOCKED
+from kuberay_scaler.model.drains import DrainReason, HostDrain, SliceDrainResult
+from kuberay_scaler.model.outcome import PatchOutcome
 from kuberay_scaler.model.plan import Plan
 from kuberay_scaler.model.ray import RayState
 from kuberay_scaler.model.reasons import Keep, KeepKind
-from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.patch.ops import Op, PatchError
 from kuberay_scaler.planner.gate import Blocked
-from kuberay_scaler.ray_gcs.drain import (
-    IDLE_TERMINATION,
-    PREEMPTION,
-    HostDrain,
-    SliceDrainResult,
-    drain_slice,
-)
-from kuberay_scaler.ray_gcs.errors import GcsError
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +56,8 @@ class Executed:
     refused: frozenset[SliceRef] = field(default_factory=frozenset)
     replan: bool = False  # the RayCluster changed under the plan: plan again
     record_failed: PatchOutcome | None = None  # the record write failed; the patch still went
+    answered: frozenset[SliceRef] = field(default_factory=frozenset)  # slices drained this time
+    drain_errors: frozenset[SliceRef] = field(default_factory=frozenset)  # of those: a host erred
 
     @property
     def applied(self) -> bool:
@@ -115,8 +109,20 @@ async def execute(
         ref for ref, r in answers.items() if not r.may_delete and not r.drained_node_ids
     )
     done = await _send_patch(writes, writer, uid, refused)
+    # What the loop's health reads: a drain that errs (not one Ray refuses) is work not done.
+    answered = frozenset(answers)
+    erred = frozenset(
+        ref for ref, r in answers.items() if any(h.outcome == "error" for h in r.hosts)
+    )
     if record_failed is not None and done.outcome is None:
-        return Executed(done.plan, record_failed, "record", refused=refused)
+        return Executed(
+            done.plan,
+            record_failed,
+            "record",
+            refused=refused,
+            answered=answered,
+            drain_errors=erred,
+        )
     return Executed(
         done.plan,
         done.outcome,
@@ -125,6 +131,8 @@ async def execute(
         refused,
         done.replan,
         record_failed=record_failed,
+        answered=answered,
+        drain_errors=erred,
     )
 
 
@@ -134,12 +142,10 @@ async def _fresh_read(decision: Decision, gcs: Gcs) -> RayState | None:
     deletes = any(g.deletions for g in decision.plan.groups)
     if not deletes and not any(not d.preempt for d in decision.drains):
         return None
-    try:
-        reply = await gcs.get_cluster_resource_state()
-        return reply if isinstance(reply, RayState) else parse_ray_state(reply)
-    except (GcsError, RayStateError) as err:
-        log.warning("fresh GCS read before draining failed: draining nothing", error=str(err))
-        return None
+    fresh = await gcs.fresh_state()
+    if fresh.state is None:
+        log.warning("fresh GCS read before draining failed: draining nothing", error=fresh.error)
+    return fresh.state
 
 
 async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> dict[SliceRef, SliceDrainResult]:
@@ -155,7 +161,7 @@ async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> dict[SliceRef, Slice
                 "drain failed: slice kept", group=d.group, slice=d.slice_key, error=repr(result)
             )
             result = SliceDrainResult(
-                tuple(HostDrain(bytes.fromhex(n), "error", repr(result)) for n in d.node_ids)
+                tuple(HostDrain(n, "error", repr(result)) for n in d.node_ids)
             )
         out[(d.group, d.slice_key)] = result
         if not result.may_delete and not d.preempt:
@@ -164,7 +170,7 @@ async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> dict[SliceRef, Slice
                 group=d.group,
                 slice=d.slice_key,
                 reason=result.reason,
-                hosts_drained=[n.hex() for n in result.drained_node_ids],
+                hosts_drained=list(result.drained_node_ids),
             )
     return out
 
@@ -175,7 +181,7 @@ def _results(
     fresh: RayState | None,
     base: Mapping[str, Any],
 ) -> DrainResults:
-    accepted = frozenset(n.hex() for r in answers.values() for n in r.drained_node_ids)
+    accepted = frozenset(n for r in answers.values() for n in r.drained_node_ids)
     refused = {ref: r.reason for ref, r in answers.items() if not r.may_delete}
     return DrainResults(
         accepted=accepted,
@@ -207,13 +213,12 @@ def say_blocked(blocked: Sequence[Blocked]) -> None:
 async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:
     # Each drain runs in its own task (gather), so the binding names this slice's log lines only.
     with structlog.contextvars.bound_contextvars(group=d.group, slice=d.slice_key):
-        return await drain_slice(
-            gcs,
-            [bytes.fromhex(n) for n in d.node_ids],
-            reason_message=d.message,
+        return await gcs.drain(
+            d.node_ids,
+            reason=DrainReason.PREEMPTION if d.preempt else DrainReason.IDLE_TERMINATION,
+            message=d.message,
             deadline_ms=d.deadline_ms,
             cluster_id=d.cluster_id,
-            reason=PREEMPTION if d.preempt else IDLE_TERMINATION,
         )
 
 

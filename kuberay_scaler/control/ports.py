@@ -1,7 +1,8 @@
-"""What the control loop needs from the outside world, as Protocols.
+"""What the control loop needs from the outside world, as Protocols over plain data.
 
 The adapters (kube/, ray_gcs/) implement these; tests use the fakes in tests/control/fakes.py.
-The loop never constructs an adapter: app.py wires them in.
+The loop never constructs an adapter (app.py wires them in) and never imports one: what crosses
+these seams is the core's data (model/), so no protobuf and no HTTP type reaches control/.
 """
 
 from __future__ import annotations
@@ -9,8 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from kuberay_scaler.kube.writer import PatchOutcome
-from kuberay_scaler.ray_gcs.drain import DrainClient
+from kuberay_scaler.control.handsoff import Overridden
+from kuberay_scaler.control.health import LoopStatus, Outcome
+from kuberay_scaler.decision import Decision
+from kuberay_scaler.model.drains import DrainReason, SliceDrainResult
+from kuberay_scaler.model.outcome import PatchOutcome
+from kuberay_scaler.model.plan import Plan
+from kuberay_scaler.model.ray import RayObservation
+from kuberay_scaler.model.report import AutoscalingReport
 
 RawObject = dict[str, Any]
 
@@ -24,6 +31,10 @@ class PodStore(Protocol):
     @property
     def synced(self) -> bool: ...
 
+    @property
+    def failure_status(self) -> int | None:
+        """HTTP status of the last failed list/watch, until one succeeds."""
+
 
 class ClusterView(Protocol):
     """The RayCluster as last seen (kube.raycluster.RayClusterView)."""
@@ -33,6 +44,10 @@ class ClusterView(Protocol):
     @property
     def synced(self) -> bool: ...
 
+    @property
+    def failure_status(self) -> int | None:
+        """HTTP status of the last failed read, until one succeeds (None: none, or no answer)."""
+
     def observe(self, obj: RawObject) -> None:
         """Take a copy fresher than the cache (what a successful patch returned)."""
 
@@ -40,13 +55,28 @@ class ClusterView(Protocol):
         """GET now; raises the adapter's error when the GET fails."""
 
 
-class Gcs(DrainClient, Protocol):
-    """The GCS calls the loop makes (ray_gcs.client.GcsClient): drains, and these."""
+class Gcs(Protocol):
+    """The GCS calls the loop makes (ray_gcs.adapter.RayGcs)."""
 
-    async def report(self, state: Any) -> int: ...
+    @property
+    def cluster_id(self) -> str | None: ...
 
-    async def get_cluster_resource_state(self) -> Any:
-        """A fresh GetClusterResourceStateReply (read right before draining)."""
+    async def fresh_state(self) -> RayObservation:
+        """Ray's state read now (right before draining); unknown when the read fails."""
+
+    async def drain(
+        self,
+        node_ids: Sequence[str],
+        *,
+        reason: DrainReason,
+        message: str,
+        deadline_ms: int,
+        cluster_id: str | None,
+    ) -> SliceDrainResult:
+        """Drain every host (hex node ids) of one slice, pinned to `cluster_id`."""
+
+    async def report(self, report: AutoscalingReport) -> bool:
+        """Tell Ray what we are doing (`ray status`); False when it did not take it."""
 
 
 class GcsFeed(Protocol):
@@ -65,3 +95,43 @@ class Events(Protocol):
     """Kubernetes Events on the RayCluster (kube.events.EventRecorder); never raises."""
 
     async def record(self, reason: str, message: str) -> None: ...
+
+
+class Sink(Protocol):
+    """Where the loop says what happened: metrics, logs, Events and the status the probes read
+    (control.record.Recorder). Never raises."""
+
+    @property
+    def status(self) -> LoopStatus: ...
+
+    def published(self, decision: Decision) -> None: ...
+
+    def carrying_out(self, decision: Decision) -> None: ...
+
+    def sent(self, ops: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def applied(self, result: Plan) -> None: ...
+
+    def drains_only(self, result: Plan) -> None: ...
+
+    def not_written(self, result: Plan) -> None: ...
+
+    def replanning(self, error: str) -> None: ...
+
+    def refresh_failed(self, error: str) -> None: ...
+
+    def forbidden(self, message: str) -> None: ...
+
+    def overridden(self, notice: Overridden) -> None: ...
+
+    def recreated(self, old_uid: str, uid: str) -> None: ...
+
+    def crashed(self, error: BaseException) -> None: ...
+
+    def not_served(self, problem: str, *, event: bool) -> None: ...
+
+    def giving_up(self, problem: str, after_s: float) -> None: ...
+
+    def blind(self, seconds: Mapping[str, float]) -> None: ...
+
+    def reconciled(self, outcome: Outcome, *, seconds: float, now: float) -> None: ...

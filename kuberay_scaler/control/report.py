@@ -6,13 +6,13 @@ from kuberay_scaler.model.hosts import Host, HostPhase
 from kuberay_scaler.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.model.ray import Bundle, GangDemand, TaskDemand
 from kuberay_scaler.model.reasons import DemandKind, Keep, KeepKind
-from kuberay_scaler.model.slices import Slice, SliceState
-from kuberay_scaler.ray_gcs.report import (
+from kuberay_scaler.model.report import (
     AutoscalingReport,
     FailedRequest,
     LaunchingGroup,
     PendingPod,
 )
+from kuberay_scaler.model.slices import Slice, SliceState
 
 # Ray ungroups counts into one request per task; a cap keeps one report small whatever the load.
 MAX_INFEASIBLE_REQUESTS = 1_000

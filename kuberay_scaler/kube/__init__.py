@@ -9,6 +9,5 @@ scaling. Modules:
 - `access`: SelfSubjectAccessReview once at start (watch vs poll mode, Events or not).
 - `raycluster`: the current RayCluster, by watch or by debounced GET.
 - `writer`: JSON-patch the RayCluster and classify the outcome.
-- `expectations`: pure bookkeeping so a stale cache never causes a second scale-up.
 - `events`: best-effort core/v1 Events on the RayCluster.
 """

@@ -163,6 +163,9 @@ class Informer:
         self._resource_version: str | None = None
         self._synced = False
         self._synced_event = asyncio.Event()
+        # HTTP status of the last failed request, until a list or watch succeeds again (None:
+        # no failure, or no answer at all: a server that is down has no status).
+        self.failure_status: int | None = None
         self._log = log.bind(resource=source.resource)
 
     @property
@@ -196,10 +199,12 @@ class Informer:
                 self._set_synced(False)
                 await self._before_relist()
             except NoResponse as error:
+                self.failure_status = None  # no answer at all: down, not "not served"
                 self._restart("error")
                 self._set_synced(False)
                 await self._sleep_backoff(error, cap=CONNECT_RETRY_MAX_S)
             except (ApiError, BrokenStream) as error:
+                self.failure_status = error.status if isinstance(error, ApiError) else None
                 self._restart("error")
                 self._set_synced(False)
                 await self._sleep_backoff(error)
@@ -228,6 +233,8 @@ class Informer:
         self._store.clear()
         self._store.update(fresh)
         self._resource_version = resource_version
+        self._watch_progressed = False
+        self.failure_status = None
         self._last_relist_at = self._clock()
         self._backoff.reset()
         self._log.info("listed", objects=len(fresh), changes=len(changes), rv=resource_version)
@@ -275,6 +282,7 @@ class Informer:
             async with open_stream(
                 self._api, target, self.source.path, query, connect_timeout=self._connect_timeout
             ) as stream:
+                self.failure_status = None
                 self._set_synced(True)
                 received = await self._consume(stream)
         except ApiError as error:

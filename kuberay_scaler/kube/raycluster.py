@@ -97,6 +97,7 @@ class RayClusterView:
         self._current: RawObject | None = None
         self._last_uid: str | None = None
         self._polled_ok = False
+        self._poll_failure: int | None = None
         self._nudged = asyncio.Event()
         self.uid_changed = asyncio.Event()
         self._log = log.bind(raycluster=f"{namespace}/{name}", mode=mode)
@@ -124,6 +125,13 @@ class RayClusterView:
         if self._informer is not None:
             return self._informer.synced
         return self._polled_ok
+
+    @property
+    def failure_status(self) -> int | None:
+        """HTTP status of the last failed read, until one succeeds (None: none, or no answer)."""
+        if self._informer is not None:
+            return self._informer.failure_status
+        return self._poll_failure
 
     def nudge(self) -> None:
         """Something changed (a pod event): GET soon, folding bursts. No-op in watch mode."""
@@ -166,6 +174,7 @@ class RayClusterView:
             try:
                 await self.refresh()
             except (ApiError, NoResponse) as error:
+                self._poll_failure = error.status if isinstance(error, ApiError) else None
                 self._set_polled_ok(False)
                 delay = self._backoff.next_delay()
                 self._log.warning(
@@ -174,6 +183,7 @@ class RayClusterView:
                 await asyncio.sleep(delay)
                 continue
             self._backoff.reset()
+            self._poll_failure = None
             self._set_polled_ok(True)
             await self._until_next_get(started)
 

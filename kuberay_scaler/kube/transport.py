@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
+from kuberay_scaler import defaults as D
 from kuberay_scaler.metrics import API_REQUESTS
 
 JSON = "application/json"
@@ -31,7 +32,7 @@ _AUTH = ["BearerToken"]
 
 # A Retry-After longer than this (a day, a date years ahead) is read as this: honoured, but a
 # misbehaving server or proxy cannot stop the daemon for longer.
-MAX_RETRY_AFTER_S = 60.0
+MAX_RETRY_AFTER_S = D.MAX_RETRY_AFTER_S
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 from kubernetes_asyncio.client import ApiClient
@@ -28,10 +27,12 @@ from kubernetes_asyncio.client import ApiClient
 from kuberay_scaler.defaults import CRD_VERSION, rayclusters_path
 from kuberay_scaler.kube.transport import JSON_PATCH, ApiError, NoResponse, Target, request_json
 from kuberay_scaler.metrics import PATCHES
+from kuberay_scaler.model.outcome import OutcomeKind, PatchOutcome
+
+__all__ = ["OutcomeKind", "PatchOutcome", "RayClusterWriter", "classify"]
 
 log = structlog.get_logger(__name__)
 
-OutcomeKind = Literal["applied", "stale", "invalid", "forbidden", "throttled", "transient", "gone"]
 
 _PATCH = Target("patch", "rayclusters")
 # kube-apiserver answers a JSON patch that does not apply (failed `test`, path missing) with a
@@ -42,16 +43,6 @@ _PATCH_NOT_APPLICABLE = "the server rejected our request due to an error in our 
 _FAILED_TEST = re.compile(r"test(ing value .* failed| failed| operation does not apply)", re.I)
 _DEFAULT_RETRY_AFTER = 1.0
 _MAX_REMEMBERED_INVALID = 256
-
-
-@dataclass(frozen=True)
-class PatchOutcome:
-    """Result of one patch; `obj` only for `applied`, `retry_after` only for `throttled`."""
-
-    kind: OutcomeKind
-    message: str = ""
-    obj: dict[str, Any] | None = None
-    retry_after: float | None = None
 
 
 class RayClusterWriter:

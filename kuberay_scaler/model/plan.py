@@ -9,9 +9,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.cluster import ClusterSpec, Problem
-from kuberay_scaler.model.hosts import Host
+from kuberay_scaler.model.hosts import Host, HostClock
 from kuberay_scaler.model.ray import GangDemand, TaskDemand
 from kuberay_scaler.model.reasons import (
     Action,
@@ -150,8 +149,9 @@ class Memory:
     """What the planner carries between loops. The loop keeps it; the planner returns a new one."""
 
     backoff: Mapping[str, ReplaceBackoff] = field(default_factory=lambda: MappingProxyType({}))
-    # Groups with a write not yet observed (expectations, kept by the loop): plan nothing for them.
-    awaiting_write: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Groups the loop holds (plan nothing for them): our write not yet observed (a text, or
+    # Hold(AWAITING_WRITE)), or another writer's override (Hold(OVERRIDDEN)).
+    awaiting_write: Mapping[str, str | Hold] = field(default_factory=lambda: MappingProxyType({}))
     # Slices recorded on the RayCluster as being drained (group → slice keys): a restart in the
     # middle of a scale-down finishes it instead of forgetting it.
     draining: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))

@@ -149,3 +149,59 @@ def _busier(node: RayNode, than: RayNode) -> bool:
     if node.idle != than.idle:
         return not node.idle
     return node.idle and node.idle_ms < than.idle_ms
+
+
+@dataclass(frozen=True)
+class RayObservation:
+    """What one read of the GCS said, parsed: the only form Ray's state crosses the adapter in.
+
+    `state` is None when the state is unknown (unreachable, refused, restarted, or a reply that
+    could not be parsed: `unusable`). Unknown is never "no demand": the planner holds on it.
+    """
+
+    state: RayState | None
+    observed_at: float  # monotonic seconds
+    cluster_id: str | None = None  # drains are pinned to it
+    epoch: int = 0  # GCS incarnation the state came from
+    version: int = 0  # cluster_resource_state_version (told back to Ray in reports)
+    error: str | None = None  # why the state is unknown
+    unusable: bool = False  # the GCS answered, but not with a reply we can read
+
+    @property
+    def known(self) -> bool:
+        return self.state is not None
+
+    def fresh(self, now: float, max_age: float) -> bool:
+        """Known and no older than `max_age` seconds at monotonic time `now`."""
+        return self.state is not None and now - self.observed_at <= max_age
+
+    def alive_instances(self) -> list[str] | None:
+        """Instance ids (pod names) of the live Ray nodes; None when the state is unknown."""
+        return None if self.state is None else list(self.state.node_by_instance())
+
+    def content(self) -> object:
+        """What the plan reads of this observation, minus what moves on every poll (versions,
+        idle clocks): equal contents plan alike (the poller wakes the loop when it changes)."""
+        if self.state is None:  # not the error text: it changes on every retry
+            return ("unknown", self.epoch)
+        s = self.state
+        nodes = tuple(
+            (
+                n.node_id,
+                n.instance_id,
+                n.node_type,
+                n.status,
+                n.total,
+                n.available,
+                n.labels,
+                n.ip,
+                n.is_head,
+            )
+            for n in s.nodes
+        )
+        return ("known", self.epoch, self.cluster_id, nodes, s.tasks, s.gangs, s.constraint)
+
+    @property
+    def demand_pending(self) -> bool:
+        s = self.state
+        return s is not None and bool(s.tasks or s.gangs or s.constraint)

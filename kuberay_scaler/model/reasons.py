@@ -20,6 +20,7 @@ class HoldKind(StrEnum):
     DEMAND_UNKNOWN = "demand_unknown"  # GCS unreachable, restarted or stale
     SHAPE_UNKNOWN = "shape_unknown"  # the group's host resources cannot be worked out
     AWAITING_WRITE = "awaiting_write"  # our last write to the group is not observed yet
+    OVERRIDDEN = "overridden"  # another writer reset its replicas: left alone for a while
     WORKERS_TO_DELETE_PENDING = "workers_to_delete_pending"  # KubeRay still deleting named pods
     GROUP_SUSPENDED = "group_suspended"
     BACKING_OFF = "backing_off"  # replaced broken slices recently
@@ -56,6 +57,12 @@ def _hold_text(h: Hold) -> str:
             return f"resources unknown: {h.detail}"
         case HoldKind.AWAITING_WRITE:
             return h.detail or "waiting to observe our last write"
+        case HoldKind.OVERRIDDEN:
+            until = f" until {h.until.isoformat(timespec='seconds')}" if h.until else ""
+            return (
+                f"another writer set its replicas ({h.failures}x so far): left alone{until}"
+                " instead of fighting it"
+            )
         case HoldKind.WORKERS_TO_DELETE_PENDING:
             return f"waiting for KubeRay to delete {h.count} pod(s) named in workersToDelete"
         case HoldKind.GROUP_SUSPENDED:
@@ -290,7 +297,7 @@ class RunsMinReplicas:
     replicas: int
     min_replicas: int
 
-    kind = "runs_min_replicas"
+    kind = "replicas_below_min"  # also the decision's reason_code (GroupDecision)
 
     def __str__(self) -> str:
         return (

@@ -311,8 +311,10 @@ def _analyse(slice_map: SliceMap, memory: Memory, problems: list[PlanProblem]) -
             problems.append(PlanProblem(ProblemKind.SHAPE, f"{err}; not scaled", name))
             note.hold_all = Hold(HoldKind.SHAPE_UNKNOWN, name, detail=str(err))
         if name in memory.awaiting_write:
-            detail = memory.awaiting_write[name]
-            note.hold_all = Hold(HoldKind.AWAITING_WRITE, name, detail=detail)
+            held = memory.awaiting_write[name]
+            note.hold_all = (
+                held if isinstance(held, Hold) else Hold(HoldKind.AWAITING_WRITE, name, detail=held)
+            )
         _workers_to_delete_state(note)
         out[name] = note
     return out

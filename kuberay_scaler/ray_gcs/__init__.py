@@ -1,7 +1,8 @@
 """Ray GCS adapter: the only package that talks gRPC to Ray (see docs/ray-gcs.md).
 
 - `client`: `GcsClient`, the grpc.aio client (auth, TLS, cluster id, reconnect, metrics).
-- `poller`: `GcsPoller` publishes `GcsObservation`s; unknown state is explicit.
+- `poller`: `GcsPoller` publishes parsed `RayObservation`s; unknown state is explicit.
+- `adapter`: `RayGcs`, the loop's `Gcs` port (fresh read, drains, report) over plain data.
 - `drain`: `drain_slice`, all hosts of a slice or none.
 - `report`: `AutoscalingReport` → `AutoscalingState` for `ray status`.
 - `errors`: `GcsError` and its kinds.
@@ -18,7 +19,7 @@ from kuberay_scaler.ray_gcs.errors import (
     GcsReplaced,
     GcsUnavailable,
 )
-from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+from kuberay_scaler.ray_gcs.poller import GcsPoller
 from kuberay_scaler.ray_gcs.report import (
     AutoscalingReport,
     FailedRequest,
@@ -35,7 +36,6 @@ __all__ = [
     "GcsCallError",
     "GcsClient",
     "GcsError",
-    "GcsObservation",
     "GcsPoller",
     "GcsReplaced",
     "GcsUnavailable",

@@ -4,6 +4,8 @@
 raylet exit at once. A slice is deleted only if every host's drain was accepted; otherwise its
 deletion is cancelled, and the hosts that did accept are reported because they are gone from Ray
 (the slice is now broken and will need replacing, not reuse).
+
+Node ids are hex everywhere in the daemon; they become bytes only in the request here.
 """
 
 from __future__ import annotations
@@ -11,22 +13,32 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import structlog
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.metrics import DRAINS
+from kuberay_scaler.model.drains import DrainReason, HostDrain, SliceDrainResult
 from kuberay_scaler.ray_gcs.errors import GcsError
+
+__all__ = [
+    "IDLE_TERMINATION",
+    "PREEMPTION",
+    "DrainClient",
+    "DrainReason",
+    "HostDrain",
+    "SliceDrainResult",
+    "deadline_in",
+    "drain_slice",
+]
 
 log = structlog.get_logger(__name__)
 
+# The wire values of DrainNodeRequest.reason.
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
-# Accepted for a busy node: Ray stops scheduling there and moves what it can until the deadline.
 PREEMPTION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
-
-DrainOutcome = Literal["accepted", "rejected", "error"]
+_WIRE_REASON = {DrainReason.IDLE_TERMINATION: IDLE_TERMINATION, DrainReason.PREEMPTION: PREEMPTION}
 
 
 class DrainClient(Protocol):
@@ -46,44 +58,6 @@ class DrainClient(Protocol):
     ) -> object: ...
 
 
-@dataclass(frozen=True)
-class HostDrain:
-    """How one host's drain went; `message` is the GCS's rejection reason or the error."""
-
-    node_id: bytes
-    outcome: DrainOutcome
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class SliceDrainResult:
-    hosts: tuple[HostDrain, ...]
-
-    @property
-    def may_delete(self) -> bool:
-        """True only when every host accepted (vacuously true for a slice with no Ray nodes)."""
-        return all(h.outcome == "accepted" for h in self.hosts)
-
-    @property
-    def drained_node_ids(self) -> tuple[bytes, ...]:
-        """Hosts whose raylets are exiting: in a cancelled slice these are lost anyway."""
-        return tuple(h.node_id for h in self.hosts if h.outcome == "accepted")
-
-    @property
-    def refused(self) -> tuple[HostDrain, ...]:
-        return tuple(h for h in self.hosts if h.outcome != "accepted")
-
-    @property
-    def reason(self) -> str:
-        """One line for decisions and logs: why deletion may or may not go ahead."""
-        if self.may_delete:
-            return f"all {len(self.hosts)} hosts drained"
-        details = "; ".join(
-            f"{h.node_id.hex()[:12]} {h.outcome}: {h.message}" for h in self.refused
-        )
-        return f"{len(self.refused)}/{len(self.hosts)} hosts refused: {details}"
-
-
 def deadline_in(seconds: float, *, now_s: float | None = None) -> int:
     """`deadline_ms` for a drain that may take `seconds` (epoch milliseconds)."""
     base = time.time() if now_s is None else now_s
@@ -92,14 +66,14 @@ def deadline_in(seconds: float, *, now_s: float | None = None) -> int:
 
 async def drain_slice(
     client: DrainClient,
-    node_ids: Sequence[bytes],
+    node_ids: Sequence[str],
     *,
     reason_message: str,
     deadline_ms: int,
     cluster_id: str | None = None,
-    reason: int = IDLE_TERMINATION,
+    reason: DrainReason = DrainReason.IDLE_TERMINATION,
 ) -> SliceDrainResult:
-    """Drain all hosts of one slice concurrently.
+    """Drain all hosts (hex node ids) of one slice concurrently.
 
     `deadline_ms` is the absolute deadline (epoch ms, `DrainNodeRequest.deadline_timestamp_ms`);
     it must be positive (the GCS aborts on negative values). `cluster_id` should be the id of the
@@ -108,9 +82,10 @@ async def drain_slice(
     if deadline_ms <= 0:
         raise ValueError(f"drain deadline must be a positive epoch-ms timestamp, got {deadline_ms}")
     pinned = cluster_id or client.cluster_id
+    wire = _WIRE_REASON[reason]
     results = await asyncio.gather(
         *(
-            _drain_host(client, node_id, reason_message, deadline_ms, pinned, reason)
+            _drain_host(client, node_id, reason_message, deadline_ms, pinned, wire)
             for node_id in node_ids
         )
     )
@@ -126,7 +101,7 @@ async def drain_slice(
 
 async def _drain_host(
     client: DrainClient,
-    node_id: bytes,
+    node_id: str,
     reason_message: str,
     deadline_ms: int,
     cluster_id: str | None,
@@ -134,7 +109,7 @@ async def _drain_host(
 ) -> HostDrain:
     try:
         reply = await client.drain_node(
-            node_id,
+            bytes.fromhex(node_id),
             reason_message=reason_message,
             deadline_timestamp_ms=deadline_ms,
             reason=reason,

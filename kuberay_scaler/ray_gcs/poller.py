@@ -1,12 +1,16 @@
-"""Poll `GetClusterResourceState` and publish what the GCS said, or that we do not know.
+"""Poll `GetClusterResourceState` and publish what the GCS said, parsed, or that we do not know.
 
-An observation with `reply=None` means "unknown": unreachable, restarted, replaced, refused. The
-planner must hold on unknown, never read it as "no demand". `gcs_epoch` counts the GCS
-incarnations we have seen: it grows when the cluster id changes (a new GCS) or when the
-`cluster_resource_state_version` counter, which only ever grows inside one GCS process, goes
-back (a GCS restarted with fault tolerance keeps its cluster id but loses that counter).
-Every report the loop sends is a full one, so a GCS that forgot the last one is told again at
-the next reconcile.
+Every poll becomes one `RayObservation` (model/ray.py): the reply parsed here, once, so nothing
+past this adapter reads protobuf. `state=None` means "unknown": unreachable, restarted, replaced,
+refused, or a reply we cannot read. The planner must hold on unknown, never read it as "no
+demand". `epoch` counts the GCS incarnations we have seen: it grows when the cluster id changes
+(a new GCS) or when the `cluster_resource_state_version` counter, which only ever grows inside
+one GCS process, goes back (a GCS restarted with fault tolerance keeps its cluster id but loses
+that counter). Every report the loop sends is a full one, so a GCS that forgot the last one is
+told again at the next reconcile.
+
+Change detection compares parsed values (`RayObservation.content`: versions and idle clocks
+left out), never protobuf bytes, and never touches the reply.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
 from kuberay_scaler.metrics import GCS_CONNECTED
+from kuberay_scaler.model.ray import RayObservation
+from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.ray_gcs.cadence import Cadence
 from kuberay_scaler.ray_gcs.errors import GcsError
 
@@ -36,23 +41,18 @@ class StateSource(Protocol):
     async def get_cluster_resource_state(self) -> Any: ...
 
 
-@dataclass(frozen=True)
-class GcsObservation:
-    """One poll's result. `reply` is a `GetClusterResourceStateReply`, or None when unknown."""
-
-    reply: Any
-    observed_at: float  # monotonic seconds
-    cluster_id: str | None
-    error: str | None
-    gcs_epoch: int
-
-    @property
-    def known(self) -> bool:
-        return self.reply is not None
-
-    def fresh(self, now: float, max_age: float) -> bool:
-        """Known and no older than `max_age` seconds at monotonic time `now`."""
-        return self.known and now - self.observed_at <= max_age
+def observation_of(
+    reply: Any, *, observed_at: float, cluster_id: str | None, epoch: int
+) -> RayObservation:
+    """One reply, parsed; an unusable one is an unknown observation that says why."""
+    version = _version(reply)
+    try:
+        state = parse_ray_state(reply)
+    except RayStateError as err:
+        return RayObservation(
+            None, observed_at, cluster_id, epoch, version, f"unusable GCS reply: {err}", True
+        )
+    return RayObservation(state, observed_at, cluster_id, epoch, version)
 
 
 class GcsPoller:
@@ -65,8 +65,8 @@ class GcsPoller:
         client: StateSource,
         *,
         interval_s: float,
-        on_change: Callable[[GcsObservation], None] | None = None,
-        on_observation: Callable[[GcsObservation], None] | None = None,
+        on_change: Callable[[RayObservation], None] | None = None,
+        on_observation: Callable[[RayObservation], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0:
@@ -79,20 +79,14 @@ class GcsPoller:
         self._epoch = 0
         self._cluster_id: str | None = None
         self._last_version = -1
-        self._fingerprint: object = None
+        self._content: object = None
         self._cadence = Cadence(ceiling_s=interval_s)
         self._last_cost_s = 0.0
         self._last_change = monotonic()
         self.content_version = 0  # rises whenever the content (not the version) changed
         self._wake = asyncio.Event()
         self._unknown_kind: str | None = None  # the kind of failure last logged
-        self.latest = GcsObservation(
-            reply=None,
-            observed_at=monotonic(),
-            cluster_id=None,
-            error="not polled yet",
-            gcs_epoch=0,
-        )
+        self.latest = RayObservation(None, monotonic(), error="not polled yet")
 
     @property
     def gcs_epoch(self) -> int:
@@ -114,12 +108,12 @@ class GcsPoller:
     def next_interval(self) -> float:
         return self._cadence.next_interval(
             cost_s=self._last_cost_s,
-            demand_pending=_demand_pending(self.latest.reply),
+            demand_pending=self.latest.demand_pending,
             last_change=self._last_change,
             now=self._monotonic(),
         )
 
-    async def poll_once(self) -> GcsObservation:
+    async def poll_once(self) -> RayObservation:
         cpu = time.process_time()
         try:
             try:
@@ -130,7 +124,23 @@ class GcsPoller:
         finally:
             self._last_cost_s = time.process_time() - cpu
 
-    def _unknown(self, err: GcsError) -> GcsObservation:
+    async def read_now(self) -> RayObservation:
+        """A read of its own (say right before draining), parsed like a poll but neither
+        published nor counted toward epochs: two reads in flight cannot look like a restart."""
+        try:
+            reply = await self._client.get_cluster_resource_state()
+        except GcsError as err:
+            return RayObservation(
+                None, self._monotonic(), self._client.cluster_id, self._epoch, error=str(err)
+            )
+        return observation_of(
+            reply,
+            observed_at=self._monotonic(),
+            cluster_id=self._client.cluster_id,
+            epoch=self._epoch,
+        )
+
+    def _unknown(self, err: GcsError) -> RayObservation:
         error = str(err)
         # Once per state change: the message itself changes on every poll during a backoff.
         kind = type(err).__name__
@@ -138,17 +148,11 @@ class GcsPoller:
             log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
         self._unknown_kind = kind
         GCS_CONNECTED.set(0)
-        return GcsObservation(
-            reply=None,
-            observed_at=self._monotonic(),
-            cluster_id=self._cluster_id,
-            error=error,
-            gcs_epoch=self._epoch,
-        )
+        return RayObservation(None, self._monotonic(), self._cluster_id, self._epoch, error=error)
 
-    def _known(self, reply: Any) -> GcsObservation:
+    def _known(self, reply: Any) -> RayObservation:
         cluster_id = self._client.cluster_id
-        version = int(reply.cluster_resource_state.cluster_resource_state_version)
+        version = _version(reply)
         replaced = self._cluster_id is not None and cluster_id != self._cluster_id
         restarted = not replaced and version <= self._last_version
         if replaced or restarted:
@@ -165,21 +169,20 @@ class GcsPoller:
         GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
-        return GcsObservation(
-            reply=reply,
-            observed_at=self._monotonic(),
-            cluster_id=cluster_id,
-            error=None,
-            gcs_epoch=self._epoch,
+        observation = observation_of(
+            reply, observed_at=self._monotonic(), cluster_id=cluster_id, epoch=self._epoch
         )
+        if observation.unusable:
+            log.warning("gcs_reply_unusable", error=observation.error, gcs_epoch=self._epoch)
+        return observation
 
-    def _publish(self, observation: GcsObservation) -> GcsObservation:
+    def _publish(self, observation: RayObservation) -> RayObservation:
         self.latest = observation
         if self._on_observation is not None:
             self._on_observation(observation)
-        fingerprint = _fingerprint(observation)
-        if fingerprint != self._fingerprint:
-            self._fingerprint = fingerprint
+        content = observation.content()
+        if content != self._content:
+            self._content = content
             self.content_version += 1
             self._last_change = self._monotonic()
             if self._on_change is not None:
@@ -187,39 +190,6 @@ class GcsPoller:
         return observation
 
 
-def _fingerprint(observation: GcsObservation) -> object:
-    """The observation minus what changes on every poll (counters, idle clocks).
-
-    The volatile fields are zeroed in place and serialized; the ones anything reads (the state
-    version, idle clocks) are then restored. No copy of a 10k-node reply is made, and nothing
-    else runs in between (one event loop, no await). `node_state_version` is read by nothing
-    and stays zero.
-    """
-    if observation.reply is None:
-        return ("unknown", observation.error, observation.gcs_epoch)
-    state = observation.reply.cluster_resource_state
-    versions = state.cluster_resource_state_version, state.last_seen_autoscaler_state_version
-    nodes = state.node_states
-    idle_ms = [n.idle_duration_ms for n in nodes]
-    state.cluster_resource_state_version = state.last_seen_autoscaler_state_version = 0
-    for node in nodes:
-        node.node_state_version = node.idle_duration_ms = 0
-    try:
-        data = state.SerializeToString(deterministic=True)
-    finally:
-        state.cluster_resource_state_version, state.last_seen_autoscaler_state_version = versions
-        for node, ms in zip(nodes, idle_ms, strict=True):
-            if ms:
-                node.idle_duration_ms = ms
-    return ("known", observation.gcs_epoch, data)
-
-
-def _demand_pending(reply: Any) -> bool:
-    if reply is None:
-        return False
-    state = reply.cluster_resource_state
-    return bool(
-        state.pending_resource_requests
-        or state.pending_gang_resource_requests
-        or state.cluster_resource_constraints
-    )
+def _version(reply: Any) -> int:
+    state = getattr(reply, "cluster_resource_state", None)
+    return int(getattr(state, "cluster_resource_state_version", 0) or 0)

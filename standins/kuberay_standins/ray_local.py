@@ -310,14 +310,18 @@ class RayHost(_RayProcess):
         env: Mapping[str, str] | None = None,
         auth_token: str | None = None,
         memory: int | None = None,
+        num_gpus: int = 0,
     ) -> RayHost:
         """Launch `ray start --address ... --block` without waiting (see `wait_ready`).
-        `memory` is Ray's logical memory resource in bytes (`--memory`), as KubeRay sets it."""
+        `memory` is Ray's logical memory resource in bytes (`--memory`), as KubeRay sets it;
+        `num_gpus` fakes GPUs (Ray takes `--num-gpus` as given, no device needed)."""
         _refuse_tpu_without_env(resources, env)
         full_env = _node_env(env, auth_token)
         args = (f"--address={gcs_address}", *_node_args(ip, num_cpus, resources, labels))
         if memory is not None:
             args = (*args, f"--memory={memory}")
+        if num_gpus:
+            args = (*args, f"--num-gpus={num_gpus}")  # the last --num-gpus wins
         temp_dir, process, log_path = _spawn(ip, args, full_env)
         return cls(
             ip=ip,

@@ -1,77 +1,15 @@
-"""Pure parts of the Kubernetes adapter: expectations, backoff, error classification."""
+"""Pure parts of the Kubernetes adapter: backoff, error classification."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
 from kuberay_scaler.backoff import Backoff
 from kuberay_scaler.kube.access import Access
-from kuberay_scaler.kube.expectations import Expectations
 from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S, ApiError, Target, parse_retry_after
 from kuberay_scaler.kube.writer import classify
 
 ACTION = "patch rayclusters.ray.io default/rc"
-
-
-def group(replicas: Any, workers_to_delete: list[str] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"groupName": "tpu", "replicas": replicas}
-    if workers_to_delete is not None:
-        spec["scaleStrategy"] = {"workersToDelete": workers_to_delete}
-    return spec
-
-
-# --- expectations ---------------------------------------------------------------------------
-
-
-def test_expectation_pending_until_observed() -> None:
-    expectations = Expectations(timeout=30)
-    expectations.expect("tpu", replicas=2, now=100)
-    assert expectations.pending("tpu", group(1), now=101)
-    assert not expectations.pending("tpu", group(2), now=102)
-    assert expectations.groups() == frozenset()
-
-
-def test_expectation_checks_workers_to_delete_regardless_of_order() -> None:
-    expectations = Expectations(timeout=30)
-    expectations.expect("tpu", replicas=1, workers_to_delete=["b", "a"], now=0)
-    assert expectations.pending("tpu", group(1), now=1)
-    assert expectations.pending("tpu", group(1, ["a"]), now=1)
-    assert not expectations.pending("tpu", group(1, ["a", "b"]), now=1)
-
-
-def test_expectation_cleared_list_is_met_by_missing_scale_strategy() -> None:
-    expectations = Expectations(timeout=30)
-    expectations.expect("tpu", workers_to_delete=[], now=0)
-    assert expectations.pending("tpu", group(3, ["x"]), now=1)
-    assert not expectations.pending("tpu", group(3), now=1)
-
-
-def test_expectation_times_out() -> None:
-    expectations = Expectations(timeout=30)
-    expectations.expect("tpu", replicas=5, now=0)
-    assert expectations.pending("tpu", group(1), now=29.9)
-    assert not expectations.pending("tpu", group(1), now=30)
-    assert not expectations.pending("tpu", group(1), now=31)  # dropped, not re-armed
-
-
-def test_expectation_for_vanished_group_is_dropped() -> None:
-    expectations = Expectations(timeout=30)
-    expectations.expect("tpu", replicas=5, now=0)
-    assert not expectations.pending("tpu", None, now=1)
-    assert "tpu" not in expectations.groups()
-
-
-def test_unknown_group_is_not_pending_and_forget_clears() -> None:
-    expectations = Expectations(timeout=30)
-    assert not expectations.pending("cpu", group(1), now=0)
-    expectations.expect("a", replicas=1, now=0)
-    expectations.expect("b", replicas=1, now=0)
-    expectations.forget("a")
-    assert expectations.groups() == frozenset({"b"})
-    expectations.forget()
-    assert expectations.groups() == frozenset()
 
 
 # --- backoff --------------------------------------------------------------------------------

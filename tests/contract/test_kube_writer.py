@@ -10,10 +10,11 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from structlog.testing import capture_logs
 
-from kuberay_scaler.kube.expectations import Expectations
+from kuberay_scaler.control.expectations import Expectations
 from kuberay_scaler.kube.raycluster import RayClusterView
 from kuberay_scaler.kube.session import open_api
 from kuberay_scaler.kube.writer import PatchOutcome, RayClusterWriter
+from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 from tests.contract.conftest import CLUSTER, GROUP, NAMESPACE, Connect, metric, raycluster
 
@@ -159,7 +160,9 @@ async def scale_up_once(
     cluster = view.current()
     assert cluster is not None
     spec = cluster["spec"]["workerGroupSpecs"][0]
-    if expectations.pending(GROUP, spec, now) or spec["replicas"] >= want:
+    observed = parse_raycluster(cluster).group(GROUP)
+    expectations.settle({GROUP: observed} if observed else {}, now)
+    if expectations.pending(GROUP, observed, now) or spec["replicas"] >= want:
         return None
     outcome = await writer.apply(
         scale_ops(spec["replicas"], spec["replicas"] + 1), expected_uid=cluster["metadata"]["uid"]

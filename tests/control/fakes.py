@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import jsonpatch
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
-from kuberay_scaler.kube.writer import OutcomeKind, PatchOutcome
-from kuberay_scaler.model.ray import RayState
+from kuberay_scaler.model.drains import DrainReason, HostDrain, SliceDrainResult
+from kuberay_scaler.model.outcome import OutcomeKind, PatchOutcome
+from kuberay_scaler.model.ray import RayObservation, RayState
+from kuberay_scaler.model.report import AutoscalingReport
 from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.ray_gcs.errors import GcsCallError
-from kuberay_scaler.ray_gcs.poller import GcsObservation
+from kuberay_scaler.ray_gcs.poller import observation_of
 from tests.factories import NOW
 
 # HTTP status → the outcome the real writer's `classify` gives it.
@@ -149,6 +149,7 @@ class FakeView:
     server: FakeApiServer
     synced: bool = True
     refreshes: int = 0
+    failure_status: int | None = None
     cached: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -170,6 +171,7 @@ class FakeView:
 class FakePods:
     pods: list[dict[str, Any]] = field(default_factory=list)
     synced: bool = True
+    failure_status: int | None = None
 
     @property
     def store(self) -> Mapping[str, dict[str, Any]]:
@@ -181,7 +183,7 @@ class DrainCall:
     node_id: str  # hex
     cluster_id: str | None
     deadline_ms: int
-    reason: int = 1  # DrainNodeReason: 1 idle termination, 2 preemption
+    reason: DrainReason = DrainReason.IDLE_TERMINATION
 
 
 @dataclass
@@ -195,40 +197,56 @@ class FakeGcs:
     fail: set[str] = field(default_factory=set)
     report_fails: bool = False
     drains: list[DrainCall] = field(default_factory=list)
-    reports: list[Any] = field(default_factory=list)
-    fresh: Any = None  # what a fresh GetClusterResourceState returns (a reply or a RayState)
+    reports: list[AutoscalingReport] = field(default_factory=list)
+    fresh: Any = None  # what a fresh read returns (a reply or a RayState; None: it fails)
     fresh_fails: bool = False
+    epoch: int = 1
 
-    async def drain_node(
+    async def drain(
         self,
-        node_id: bytes,
+        node_ids: Sequence[str],
         *,
-        reason_message: str,
-        deadline_timestamp_ms: int,
-        reason: int = 1,
-        cluster_id: str | None = None,
-    ) -> object:
-        self.drains.append(DrainCall(node_id.hex(), cluster_id, deadline_timestamp_ms, reason))
-        if node_id.hex() in self.fail:
-            raise GcsCallError("DrainNode", "UNAVAILABLE", "injected")
-        if node_id.hex() in self.refuse or (reason == 1 and node_id.hex() in self.busy):
-            return SimpleNamespace(is_accepted=False, rejection_reason_message="node is busy")
-        return SimpleNamespace(is_accepted=True, rejection_reason_message="")
+        reason: DrainReason,
+        message: str,
+        deadline_ms: int,
+        cluster_id: str | None,
+    ) -> SliceDrainResult:
+        hosts = []
+        for node_id in node_ids:
+            self.drains.append(DrainCall(node_id, cluster_id, deadline_ms, reason))
+            if node_id in self.fail:
+                hosts.append(HostDrain(node_id, "error", "UNAVAILABLE: injected"))
+            elif node_id in self.refuse or (
+                reason is DrainReason.IDLE_TERMINATION and node_id in self.busy
+            ):
+                hosts.append(HostDrain(node_id, "rejected", "node is busy"))
+            else:
+                hosts.append(HostDrain(node_id, "accepted"))
+        return SliceDrainResult(tuple(hosts))
 
-    async def get_cluster_resource_state(self) -> Any:
+    async def fresh_state(self) -> RayObservation:
         if self.fresh_fails or self.fresh is None:
-            raise GcsCallError("GetClusterResourceState", "UNAVAILABLE", "injected")
-        return self.fresh
+            return RayObservation(None, 0.0, self.cluster_id, self.epoch, error="injected")
+        return observation(self.fresh, cluster_id=self.cluster_id, epoch=self.epoch)
 
-    async def report(self, state: Any) -> int:
+    async def report(self, report: AutoscalingReport) -> bool:
         if self.report_fails:
-            raise GcsCallError("ReportAutoscalingState", "UNAVAILABLE", "injected")
-        self.reports.append(state)
-        return len(self.reports)
+            return False
+        self.reports.append(report)
+        return True
 
     @property
     def drained(self) -> list[str]:
         return [d.node_id for d in self.drains]
+
+
+def observation(
+    ray: Any, *, observed_at: float = 0.0, cluster_id: str | None = "cluster-1", epoch: int = 1
+) -> RayObservation:
+    """What the poller publishes for `ray` (a reply, or an already parsed RayState)."""
+    if isinstance(ray, RayState):
+        return RayObservation(ray, observed_at, cluster_id, epoch)
+    return observation_of(ray, observed_at=observed_at, cluster_id=cluster_id, epoch=epoch)
 
 
 @dataclass
@@ -265,15 +283,12 @@ class Loop:
         """The poller pushes an observation made now: a reply or a parsed RayState (None: GCS
         unknown)."""
         if ray is not None:  # the GCS itself now answers this (a fresh read gets it)
-            self.gcs.fresh, self.gcs.cluster_id = ray, cluster_id
+            self.gcs.fresh, self.gcs.cluster_id, self.gcs.epoch = ray, cluster_id, epoch
+        now = self.clock.monotonic()
         self.reconciler.observe_gcs(
-            GcsObservation(
-                reply=ray,
-                observed_at=self.clock.monotonic(),
-                cluster_id=cluster_id,
-                error=None if ray is not None else "unreachable",
-                gcs_epoch=epoch,
-            )
+            observation(ray, observed_at=now, cluster_id=cluster_id, epoch=epoch)
+            if ray is not None
+            else RayObservation(None, now, cluster_id, epoch, error="unreachable")
         )
 
 

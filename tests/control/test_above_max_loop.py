@@ -4,6 +4,7 @@ one reconcile; busy surplus drained with reason preemption, deleted by a later r
 from __future__ import annotations
 
 from kuberay_scaler.defaults import PREEMPT_DEADLINE_S
+from kuberay_scaler.model.drains import DrainReason
 from kuberay_scaler.model.ray import NodeStatus
 from tests.control.fakes import make_loop
 from tests.factories import (
@@ -17,7 +18,7 @@ from tests.factories import (
     tpu_slice_nodes,
 )
 
-PREEMPTION, IDLE_TERMINATION = 2, 1
+PREEMPTION, IDLE_TERMINATION = DrainReason.PREEMPTION, DrainReason.IDLE_TERMINATION
 
 
 def _spec(loop: object) -> dict[str, object]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberay_scaler.model.drains import DrainReason
 from kuberay_scaler.model.ray import NodeStatus, RayNode
 from kuberay_scaler.model.reasons import Keep, KeepKind
 from tests.control.fakes import Loop, WriteCall, make_loop
@@ -77,7 +78,7 @@ async def test_a_busy_broken_slice_is_kept_then_drained_and_replaced_once_idle()
     # The work ends: every host idle. Now the broken slice is replaced, its hosts drained first.
     await _reconcile(loop, judge, tpu_slice_nodes("tpu-a", 4, idle_s=10))
     assert sorted(loop.gcs.drained) == sorted(node_id_of(f"tpu-a-{i}") for i in range(4))
-    assert all(d.reason == 1 for d in loop.gcs.drains)  # idle termination
+    assert all(d.reason is DrainReason.IDLE_TERMINATION for d in loop.gcs.drains)
     assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]
     assert spec_group(loop)["replicas"] == 1  # KubeRay creates the fresh replica
     # record (no drain yet) → drains → patch (every drain sent before it)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberay_scaler.model.drains import DrainReason
 from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
 from kuberay_scaler.model.reasons import Keep, KeepKind
 from kuberay_scaler.planner.core import Policy
@@ -43,7 +44,7 @@ def named_pods(loop: Loop) -> set[str]:
 
 def assert_gate_held(loop: Loop, busy: set[str]) -> None:
     """No pod whose Ray node runs work was named without an accepted idle-termination drain."""
-    accepted = {d.node_id for d in loop.gcs.drains if d.reason == 1}
+    accepted = {d.node_id for d in loop.gcs.drains if d.reason is DrainReason.IDLE_TERMINATION}
     accepted -= loop.gcs.refuse | loop.gcs.busy
     for pod in named_pods(loop) & busy:
         assert node_id_of(pod) in accepted, f"busy pod {pod} named without an accepted drain"
@@ -149,10 +150,10 @@ async def test_a_drain_that_raises_does_not_stop_the_other_groups_scale_up() -> 
     nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]
     loop = make_loop(rc, pods, state(nodes, [tasks({"CPU": 30}, 2)]))
 
-    async def overflow(node_id: bytes, **_: Any) -> object:
+    async def overflow(node_ids: Any, **_: Any) -> object:
         raise ValueError("Value out of range: 10**303")
 
-    loop.gcs.drain_node = overflow  # type: ignore[method-assign]
+    loop.gcs.drain = overflow  # type: ignore[method-assign]
     await loop.reconciler.reconcile()
     tpu, cpu = loop.server.obj["spec"]["workerGroupSpecs"]
     assert cpu["replicas"] == 2, "the other group's scale-up was lost"
@@ -196,11 +197,11 @@ async def test_a_broken_busy_slice_is_kept_bounded_then_preempted_and_replaced_w
     await settle(loop, ray, 30)  # past the bound: the live hosts are drained for preemption
     live = {node_id_of(f"tpu-a-{i}") for i in (0, 1, 3)}
     assert {d.node_id for d in loop.gcs.drains} == live
-    assert {d.reason for d in loop.gcs.drains} == {2}
+    assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
     assert workers_to_delete(loop) == []
     assert any("drained for preemption" in m for _, m in loop.events.recorded)
     report = loop.gcs.reports[-1]  # what `ray status` shows
-    assert any("drained for preemption" in f.reason for f in report.failed_instance_requests)
+    assert any("drained for preemption" in f.reason for f in report.failed)
 
     await settle(loop, ray, 130)  # past the preemption deadline: replaced whole
     assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]

@@ -15,6 +15,7 @@ from kuberay_scaler.app import Daemon
 from kuberay_scaler.control.reconciler import LoopConfig
 from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S
 from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.model.drains import DrainReason
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.settings import load_settings
 from tests.control.fakes import Loop, WriteCall, make_loop
@@ -234,8 +235,10 @@ async def test_a_partly_drained_slice_is_kept_then_deleted_whole_past_its_deadli
     assert sorted(workers_to_delete(loop)) == [f"tpu-b-{i}" for i in range(4)]  # whole only
     assert spec_group(loop)["replicas"] == 1
     every_host = {node_id_of(f"{k}-{i}") for k in ("tpu-a", "tpu-b") for i in range(4)}
-    assert {d.node_id for d in loop.gcs.drains if d.reason == 1} == every_host
-    (preempted,) = [d for d in loop.gcs.drains if d.reason == 2]
+    assert {
+        d.node_id for d in loop.gcs.drains if d.reason is DrainReason.IDLE_TERMINATION
+    } == every_host
+    (preempted,) = [d for d in loop.gcs.drains if d.reason is DrainReason.PREEMPTION]
     assert preempted.node_id == node_id_of("tpu-a-2")  # the rest, for preemption
     plan = loop.reconciler.status.last_decision
     assert plan is not None and "tpu-a" in loop.reconciler.memory.preempting

@@ -179,7 +179,7 @@ async def test_drains_are_pinned_to_the_observation_the_plan_was_made_from() -> 
     assert loop.gcs.drains == [] and workers_to_delete(loop) == []
     assert spec_group(loop)["replicas"] == 1
     (report,) = loop.gcs.reports  # told from the observation the plan was made from
-    assert report.last_seen_cluster_resource_state_version == 5
+    assert report.observed_state_version == 5
     decision = loop.reconciler.status.last_decision
     assert decision is not None and decision.gcs is not None
     assert decision.gcs.cluster_id == "cluster-1"
@@ -222,14 +222,14 @@ async def test_an_exception_in_decide_is_caught_and_counted(
 async def test_recreated_raycluster_drops_memory_and_expectations() -> None:
     loop = scale_up_loop()
     await loop.reconciler.reconcile()
-    assert loop.reconciler.expectations.groups() == {"cpu"}
+    assert loop.reconciler.observer.expectations.groups() == {"cpu"}
     fresh = cluster(group("cpu", max_replicas=5))
     fresh["metadata"]["uid"] = "uid-2"
     loop.server.obj = fresh
     await loop.view.refresh()
     loop.see_ray(state([head_node()]))
     await loop.reconciler.reconcile()
-    assert loop.reconciler.expectations.groups() == frozenset()
+    assert loop.reconciler.observer.expectations.groups() == frozenset()
 
 
 async def test_decision_metrics_are_labelled_from_the_enums() -> None:

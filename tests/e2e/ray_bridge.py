@@ -1,25 +1,32 @@
 """Closing the loop with real Ray: every pod kwok marks Running becomes a real Ray process.
 
 The head pod becomes a `RayHead` (GCS) on `HEAD_IP`; each worker pod a `RayHost` on its own
-127.0.0.N with the pod's resources (CPU and `google.com/tpu` from the Ray container's limits),
+127.0.0.N with the pod's resources: what the `ray start` line KubeRay rendered into the Ray
+container says (`--num-cpus`, `--num-gpus`, `--resources`), else CPU from the container's limits,
+and `google.com/tpu` from its limits,
 the TPU env the GKE webhook would inject (slice name = the pod's replica-name label, worker id =
 its host-index label, pod type and topology from the group's nodeSelector) and
 `RAY_CLOUD_INSTANCE_ID` = pod name, `RAY_NODE_TYPE_NAME` = group. A pod that is deleted (or gets
 a deletionTimestamp) stops its host. A host whose Ray exits on its own (an accepted idle drain
 makes the raylet exit) turns its pod Failed with a terminated Ray container, as the kubelet would
-under `restartPolicy: Never`. Pod IPs (kwok hands out 10.x) are never used for anything.
+under `restartPolicy: Never`. An init container running `sleep N` delays the host's start by
+N s, as the kubelet would. Pod IPs (kwok hands out 10.x) are never used for anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
+import re
+import shlex
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from kuberay_standins.ray_local import RayHead, RayHost, tpu_host_env
+from kuberay_standins.ray_local import _wait_port_free as wait_port_free
 from tests.e2e.kube import MERGE_PATCH, Kube
 
 HEAD_IP = "127.0.0.100"
@@ -40,6 +47,11 @@ TPU_GENERATIONS = {
     "tpu7x": "v7x",
 }
 EXIT_POLL_S = 0.5
+# `ray start` on 2 overloaded cores sometimes gives up on its own GCS ("Failed to get node info:
+# Deadline Exceeded"); that is this machine, not the pod: start once more before calling it a
+# finding (a second failure still fails the test).
+START_ATTEMPTS = 2
+_SLEEP = re.compile(r"sleep\s+(\d+(?:\.\d+)?)")
 
 Note = Callable[[str], None]
 
@@ -61,8 +73,35 @@ def is_running(pod: Mapping[str, Any]) -> bool:
     return phase == "Running" and not is_terminating(pod)
 
 
-def host_setup(pod: Mapping[str, Any]) -> tuple[int, dict[str, float], dict[str, str]]:
-    """(num_cpus, extra Ray resources, env) of the Ray host a worker pod stands for.
+def ray_start_options(pod: Mapping[str, Any]) -> dict[str, str]:
+    """`--name=value` options of the `ray start` line KubeRay rendered into the Ray container."""
+    container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+    line = " ".join([*(container.get("command") or []), *(container.get("args") or [])])
+    options: dict[str, str] = {}
+    for part in line.split(";"):
+        words = shlex.split(part)
+        if words[:2] != ["ray", "start"]:
+            continue
+        for word in words[2:]:
+            name, eq, value = word.partition("=")
+            if word.startswith("--") and eq:
+                options[name[2:]] = value
+    return options
+
+
+def startup_delay_s(pod: Mapping[str, Any]) -> float:
+    """Seconds the pod's init containers sleep: those whose script is just `sleep N` (KubeRay's
+    own `wait-gcs-ready` loops on the GCS instead, and that is up when workers start here)."""
+    total = 0.0
+    for container in (pod.get("spec") or {}).get("initContainers") or []:
+        words = [*(container.get("command") or []), *(container.get("args") or [])]
+        sleep = _SLEEP.fullmatch(words[-1].strip()) if words else None
+        total += float(sleep.group(1)) if sleep else 0.0
+    return total
+
+
+def host_setup(pod: Mapping[str, Any]) -> tuple[int, int, dict[str, float], dict[str, str]]:
+    """(num_cpus, num_gpus, extra Ray resources, env) of the Ray host a worker pod stands for.
 
     Read from the pod alone, not from the daemon's code, so the world is built independently of
     what is being tested.
@@ -72,13 +111,17 @@ def host_setup(pod: Mapping[str, Any]) -> tuple[int, dict[str, float], dict[str,
     limits = (ray_container.get("resources") or {}).get("limits") or {}
     labels = labels_of(pod)
     env = {"RAY_CLOUD_INSTANCE_ID": pod_name(pod), "RAY_NODE_TYPE_NAME": labels.get(GROUP, "")}
-    num_cpus = max(0, math.floor(_cpu(str(limits.get("cpu", "1")))))
-    chips = int(str(limits.get("google.com/tpu", "0")) or 0)
+    options = ray_start_options(pod)
+    cpus = options.get("num-cpus") or str(limits.get("cpu", "1"))
+    num_cpus = max(0, math.floor(_cpu(cpus)))
+    num_gpus = math.floor(float(options.get("num-gpus", "0")))
+    extra = {k: float(v) for k, v in json.loads(options.get("resources") or "{}").items()}
+    chips = int(str(limits.get("google.com/tpu", "0")) or 0) or int(extra.get("TPU", 0))
     selector = spec.get("nodeSelector") or {}
     generation = TPU_GENERATIONS.get(str(selector.get(GKE_ACCELERATOR, "")))
     topology = str(selector.get(GKE_TOPOLOGY, ""))
     if not chips or not generation or not topology:
-        return num_cpus, {}, env
+        return num_cpus, num_gpus, {k: v for k, v in extra.items() if k != "TPU"}, env
     total_chips = math.prod(int(d) for d in topology.split("x"))
     env |= tpu_host_env(
         slice_name=labels.get(REPLICA_NAME, pod_name(pod)),
@@ -86,7 +129,7 @@ def host_setup(pod: Mapping[str, Any]) -> tuple[int, dict[str, float], dict[str,
         accelerator_type=f"{generation}-{total_chips}",
         topology=topology,
     )
-    return num_cpus, {"TPU": float(chips)}, env
+    return num_cpus, num_gpus, {**extra, "TPU": float(chips)}, env
 
 
 def _cpu(quantity: str) -> float:
@@ -101,12 +144,15 @@ class RayBridge:
         self._namespace = namespace
         self._note = note
         self.head: RayHead | None = None
+        self.head_pod: str | None = None
+        self._head_port: int | None = None
         self.head_ready = asyncio.Event()
         self.hosts: dict[str, RayHost] = {}
         self.failed_pods: list[str] = []  # pods we turned Failed because their Ray exited
         self.start_errors: list[str] = []
         self._free_ips = list(HOST_IPS)
         self._starting: dict[str, asyncio.Task[None]] = {}
+        self._spawned: dict[str, RayHost] = {}  # launched, not ready yet
         self._stopping: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._watcher: asyncio.Task[None] | None = None
@@ -119,8 +165,14 @@ class RayBridge:
         """Called for every pod event (ADDED / MODIFIED / DELETED)."""
         name = pod_name(pod)
         if kind == "DELETED" or is_terminating(pod):
-            self._spawn(self._stop_host(name))
-        elif is_running(pod) and name not in self._starting and name not in self.hosts:
+            self._spawn(self._stop_head(name) if name == self.head_pod else self._stop_host(name))
+        elif (
+            is_running(pod)
+            and name not in self._starting
+            and name not in self.hosts
+            and name != self.head_pod
+            and name not in self._stopping
+        ):
             self._starting[name] = asyncio.get_running_loop().create_task(self._start(dict(pod)))
 
     def _spawn(self, job: Any) -> None:
@@ -131,39 +183,86 @@ class RayBridge:
     async def _start(self, pod: dict[str, Any]) -> None:
         name = pod_name(pod)
         try:
-            if labels_of(pod).get(NODE_TYPE) == "head":
-                await self._start_head(pod)
-            else:
-                await self._start_worker(pod)
-        except Exception as error:  # a failed start is a finding, not a crash of the bridge
-            self.start_errors.append(f"{name}: {error}")
-            self._note(f"bridge: Ray for pod {name} failed to start: {str(error)[:300]}")
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    await self._start_once(pod)
+                    return
+                except Exception as error:  # a failed start is a finding, not a crash
+                    if name in self._stopping or self._closing:  # the pod went first
+                        self._note(f"bridge: Ray for pod {name} failed to start after its pod went")
+                        return
+                    self._note(f"bridge: Ray for pod {name} failed to start: {str(error)[:300]}")
+                    if attempt == START_ATTEMPTS:
+                        self.start_errors.append(f"{name}: {error}")
         finally:
             self._starting.pop(name, None)
 
+    async def _start_once(self, pod: dict[str, Any]) -> None:
+        if labels_of(pod).get(NODE_TYPE) == "head":
+            await self._start_head(pod)
+        else:
+            await self._start_worker(pod)
+
     async def _start_head(self, pod: dict[str, Any]) -> None:
-        env = {"RAY_CLOUD_INSTANCE_ID": pod_name(pod), "RAY_NODE_TYPE_NAME": "headgroup"}
-        self.head = await asyncio.to_thread(RayHead.start, ip=HEAD_IP, num_cpus=0, env=env)
-        self._note(f"bridge: Ray head for pod {pod_name(pod)} up, GCS {self.head.gcs_address}")
+        """A head pod Running: its Ray head. A replacement head pod (the old one deleted) gets a
+        new Ray cluster on the same GCS address, as the head Service would give it."""
+        name = pod_name(pod)
+        self.head_pod = name
+        env = {"RAY_CLOUD_INSTANCE_ID": name, "RAY_NODE_TYPE_NAME": "headgroup"}
+        port = self._head_port
+        if port is not None:
+            await asyncio.to_thread(wait_port_free, HEAD_IP, port, 30.0)
+        head = await asyncio.to_thread(RayHead.start, ip=HEAD_IP, port=port, num_cpus=0, env=env)
+        if self.head_pod != name or self._closing:  # deleted while starting
+            await asyncio.to_thread(head.stop)
+            return
+        self.head, self._head_port = head, head.port
+        self._note(f"bridge: Ray head for pod {name} up, GCS {head.gcs_address}")
         self.head_ready.set()
+
+    async def _stop_head(self, name: str) -> None:
+        self._stopping.add(name)
+        self.head_pod = None
+        head, self.head = self.head, None
+        self.head_ready.clear()
+        if head is not None:
+            await asyncio.to_thread(head.stop)
+            self._note(f"bridge: Ray head of pod {name} stopped (pod gone)")
 
     async def _start_worker(self, pod: dict[str, Any]) -> None:
         await self.head_ready.wait()
         if self._closing or self.head is None:
             return
         name = pod_name(pod)
-        num_cpus, resources, env = host_setup(pod)
+        num_cpus, num_gpus, resources, env = host_setup(pod)
+        delay = startup_delay_s(pod)
+        if delay:
+            self._note(f"bridge: pod {name} init containers sleep {delay:.0f} s")
+            await asyncio.sleep(delay)
+            if self._closing or name in self._stopping:
+                return
         ip = self._free_ips.pop(0)
         gcs = self.head.gcs_address
         try:
             host = await asyncio.to_thread(
                 lambda: RayHost.spawn(
-                    gcs, ip=ip, resources=resources, num_cpus=num_cpus, env=env
-                ).wait_ready()
+                    gcs,
+                    ip=ip,
+                    resources=resources,
+                    num_cpus=num_cpus,
+                    num_gpus=num_gpus,
+                    env=env,
+                )
             )
+            self._spawned[name] = host  # killed at once if the pod goes while it starts
+            if name in self._stopping or self._closing:
+                await asyncio.to_thread(host.stop)
+            await asyncio.to_thread(host.wait_ready)
         except BaseException:
             self._free_ips.append(ip)
             raise
+        finally:
+            self._spawned.pop(name, None)
         self.hosts[name] = host
         self._note(f"bridge: Ray host for pod {name} up on {ip} ({env.get('TPU_NAME', 'cpu')})")
         if name in self._stopping:  # the pod went away while its host was starting
@@ -171,7 +270,10 @@ class RayBridge:
 
     async def _stop_host(self, name: str) -> None:
         self._stopping.add(name)
-        if name not in self._starting:  # else `_start_worker` stops it once it is up
+        starting = self._spawned.get(name)
+        if starting is not None:  # its start then fails at once: nothing to wait for
+            await asyncio.to_thread(starting.stop)
+        elif name not in self._starting:  # else `_start_worker` stops it once it is up
             await self._stop_now(name)
 
     async def _stop_now(self, name: str) -> None:
@@ -227,7 +329,7 @@ class RayBridge:
         return tails
 
     def process_groups(self) -> list[int]:
-        procs: list[RayHead | RayHost] = [*self.hosts.values()]
+        procs: list[RayHead | RayHost] = [*self.hosts.values(), *self._spawned.values()]
         if self.head is not None:
             procs.append(self.head)
         return [p.pid for p in procs if p.alive()]
@@ -237,6 +339,8 @@ class RayBridge:
         self.head_ready.set()  # releases workers still waiting for a head that never came
         if self._watcher is not None:
             self._watcher.cancel()
+        for starting in list(self._spawned.values()):
+            await asyncio.to_thread(starting.stop)
         for task in [*self._starting.values(), *self._tasks]:
             with contextlib.suppress(BaseException):
                 await task

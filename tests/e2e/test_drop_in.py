@@ -14,8 +14,6 @@ head here). The daemon must sync, plan and scale a slice up.
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,16 @@ import pytest
 
 from kuberay_scaler.ray_shim import SUBCOMMAND
 from tests.e2e.controlplane import free_port
+from tests.e2e.deploy import (
+    IMAGE,
+    SHIM,
+    image_path,
+    lookup,
+    service_account_kubeconfig,
+)
+from tests.e2e.deploy import (
+    autoscaler_container as _autoscaler_container,
+)
 from tests.e2e.kubelet import expand, resolve_env
 from tests.e2e.procs import Daemon
 from tests.e2e.world import (
@@ -37,8 +45,6 @@ from tests.e2e.world import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-SHIM = Path(sys.executable).parent / "kuberay-scaler-ray"
-IMAGE = "kuberay-scaler:0.1.0"
 # ray-operator controllers/ray/common/pod.go BuildAutoscalerContainer: v1.4 .. v1.7 render
 # utils.GetContainerCommand, `-c` plus `l` when the operator runs with ENABLE_LOGIN_SHELL=true
 # (v1.2 .. v1.3: always `-lc`; v1.1: command ["ray"], args split; tests/unit/test_ray_shim.py).
@@ -82,7 +88,7 @@ async def test_rendered_autoscaler_command_runs_kuberay_scaler_and_scales_a_slic
     assert container.get("command") in KUBERAY_COMMANDS, container.get("command")
     assert container.get("args") == KUBERAY_ARGS, container.get("args")
 
-    env = await resolve_env(container, head, _lookup(world))
+    env = await resolve_env(container, head, lookup(world))
     assert env["RAY_CLUSTER_NAME"] == CLUSTER  # from the pod's ray.io/cluster label
     assert env["RAY_CLUSTER_NAMESPACE"] == world.namespace
     assert env["RAY_HEAD_POD_NAME"] == head["metadata"]["name"]
@@ -91,10 +97,10 @@ async def test_rendered_autoscaler_command_runs_kuberay_scaler_and_scales_a_slic
         f"ray {SUBCOMMAND} --cluster-name {CLUSTER} --cluster-namespace {world.namespace}"
     )
 
-    kubeconfig = await _service_account_kubeconfig(world, head)
-    image_path = _image_path(world.workdir)
+    kubeconfig = await service_account_kubeconfig(world, head)
+    bin_dir = image_path(world.workdir)
     settings = env | {
-        "PATH": f"{image_path}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "KUBERAY_SCALER_KUBECONFIG": str(kubeconfig),
         "KUBERAY_SCALER_GCS_ADDRESS": world.bridge.head.gcs_address if world.bridge.head else "",
     }
@@ -129,54 +135,3 @@ def _program(pid: int) -> list[str]:
     """The process's argv, executables by their base name."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     return [Path(part.decode()).name for part in argv if part]
-
-
-def _autoscaler_container(head: Mapping[str, Any]) -> dict[str, Any]:
-    containers = {c["name"]: c for c in head["spec"]["containers"]}
-    assert "autoscaler" in containers, f"KubeRay added no autoscaler container: {list(containers)}"
-    return dict(containers["autoscaler"])
-
-
-def _lookup(world: World) -> Any:
-    async def get(kind: str, name: str) -> Mapping[str, Any]:
-        reply = await world.admin.request(
-            "GET", f"/api/v1/namespaces/{world.namespace}/{kind}/{name}"
-        )
-        if reply.status == 404:
-            raise LookupError(f"{kind}/{name}")
-        assert reply.ok, reply.body
-        return dict(reply.body)
-
-    return get
-
-
-async def _service_account_kubeconfig(world: World, head: Mapping[str, Any]) -> Path:
-    """The pod's own service account (KubeRay's, bound to KubeRay's autoscaler Role), with a
-    token from the TokenRequest API: what the kubelet's projected token would carry."""
-    account = head["spec"]["serviceAccountName"]
-    assert account == CLUSTER, "KubeRay runs the head under the cluster's autoscaler account"
-    path = f"/api/v1/namespaces/{world.namespace}/serviceaccounts/{account}/token"
-    request = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600},
-    }
-    await world.wait_for(
-        lambda: _exists(world, path.rsplit("/", 1)[0]), 30, "the service account", async_ok=True
-    )
-    token = (await world.admin.ok("POST", path, request))["status"]["token"]
-    kubeconfig = world.workdir / "kubeconfig-service-account"
-    world.plane.write_kubeconfig(kubeconfig, token, namespace=world.namespace)
-    return kubeconfig
-
-
-async def _exists(world: World, path: str) -> bool:
-    return (await world.admin.request("GET", path)).ok
-
-
-def _image_path(workdir: Path) -> Path:
-    """A PATH entry like the image's /usr/local/bin: `ray` is our entry point."""
-    folder = workdir / "image-bin"
-    folder.mkdir(exist_ok=True)
-    (folder / "ray").symlink_to(SHIM)
-    return folder

@@ -301,6 +301,7 @@ class World:
     # --- teardown and reports ----------------------------------------------------------------
 
     async def close(self) -> None:
+        self.timeline.add("teardown")
         if self._sampler is not None:
             self._sampler.cancel()
         for daemon in self.daemons:

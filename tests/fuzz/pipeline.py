@@ -17,9 +17,10 @@ from typing import Any
 import jsonpatch
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.decision import Decision, GcsView, Observation, decide, patch_after_drains
+from kuberay_scaler.decision import Decision, Observation, decide, patch_after_drains
 from kuberay_scaler.model.plan import Memory, Plan
 from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.ray_gcs.poller import observation_of
 
 BUSY = 1  # autoscaler.proto NodeStatus RUNNING
 
@@ -42,7 +43,11 @@ def node_statuses(reply: bytes) -> dict[str, int]:
 
 def run_daemon_path(rc: dict[str, Any], pods: list[Any], reply: bytes, now: datetime) -> Outcome:
     parsed = autoscaler_pb2.GetClusterResourceStateReply.FromString(reply)
-    observed = Observation(raycluster=rc, pods=pods, gcs=GcsView(parsed, cluster_id="c0"))
+    observed = Observation(
+        raycluster=rc,
+        pods=pods,
+        gcs=observation_of(parsed, observed_at=0.0, cluster_id="c0", epoch=0),
+    )
     decision = decide(observed, Memory(), Policy(), now)
     base = copy.deepcopy(rc)
     if decision.record is not None:

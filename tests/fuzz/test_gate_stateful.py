@@ -35,7 +35,6 @@ from kuberay_scaler.decision import (
     Decision,
     Drain,
     DrainResults,
-    GcsView,
     Observation,
     after_drains,
     decide,
@@ -43,7 +42,7 @@ from kuberay_scaler.decision import (
 )
 from kuberay_scaler.liveness import LivenessTracker
 from kuberay_scaler.model.plan import Memory
-from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
+from kuberay_scaler.model.ray import NodeStatus, RayNode, RayObservation, RayState
 from kuberay_scaler.parse.pods import parse_pods
 from kuberay_scaler.parse.raycluster import parse_raycluster
 from kuberay_scaler.planner.core import Policy
@@ -285,7 +284,7 @@ class GateMachine(RuleBasedStateMachine):
                 self.seen.first_running.setdefault(h.pod_name, self.t)
         observed = Observation(
             raycluster=self.rc,
-            gcs=GcsView(shown, cluster_id="c", epoch=self.epoch),
+            gcs=RayObservation(shown, 0.0, cluster_id="c", epoch=self.epoch),
             clock=self.tracker.clock(mono),
             parsed_pods=(hosts, problems),
         )

@@ -75,6 +75,6 @@ async def test_wrong_token_fails_and_is_never_echoed(head: RayHead) -> None:
 async def test_poller_reports_refused_auth_as_unknown(head: RayHead) -> None:
     async with fast_client(head.gcs_address) as client:
         observation = await GcsPoller(client, interval_s=1.0).poll_once()
-    assert observation.reply is None
+    assert observation.state is None
     assert observation.error is not None
     assert "UNAUTHENTICATED" in observation.error

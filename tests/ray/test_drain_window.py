@@ -86,7 +86,7 @@ async def test_the_window_from_the_fresh_read_to_the_last_drain_answer(
     assert not kept and len(send) == 1, kept
     result = await drain_slice(
         client,
-        [h.node_id for h in mine],
+        [h.node_id.hex() for h in mine],
         reason_message="idle slice",
         deadline_ms=send[0].deadline_ms,
     )

@@ -16,9 +16,9 @@ import pytest
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.metrics import REGISTRY
-from kuberay_scaler.model.ray import Bundle
+from kuberay_scaler.model.ray import Bundle, RayObservation
 from kuberay_scaler.ray_gcs.client import GcsClient, _classify
-from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.ray_gcs.drain import PREEMPTION, DrainReason, deadline_in, drain_slice
 from kuberay_scaler.ray_gcs.errors import (
     GcsAuthError,
     GcsCallError,
@@ -26,7 +26,7 @@ from kuberay_scaler.ray_gcs.errors import (
     GcsReplaced,
     GcsUnavailable,
 )
-from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+from kuberay_scaler.ray_gcs.poller import GcsPoller
 from kuberay_scaler.ray_gcs.report import (
     AutoscalingReport,
     FailedRequest,
@@ -138,9 +138,11 @@ async def test_slice_may_be_deleted_only_when_every_host_accepts() -> None:
     hosts = [b"a", b"b", b"c", b"d"]
     client = FakeDrainClient({h: "accept" for h in hosts})
     before = _drains("accepted")
-    result = await drain_slice(client, hosts, reason_message="idle", deadline_ms=deadline_in(30))
+    result = await drain_slice(
+        client, [h.hex() for h in hosts], reason_message="idle", deadline_ms=deadline_in(30)
+    )
     assert result.may_delete
-    assert result.drained_node_ids == tuple(hosts)
+    assert result.drained_node_ids == tuple(h.hex() for h in hosts)
     assert result.reason == "all 4 hosts drained"
     assert _drains("accepted") - before == 4
     assert {c[1] for c in client.calls} == {"c0ffee"}  # the current id is pinned
@@ -148,10 +150,10 @@ async def test_slice_may_be_deleted_only_when_every_host_accepts() -> None:
 
 async def test_one_rejection_cancels_the_slice_and_lists_drained_hosts() -> None:
     client = FakeDrainClient({b"a": "accept", b"b": "reject", b"c": "accept"})
-    result = await drain_slice(client, [b"a", b"b", b"c"], reason_message="idle", deadline_ms=1)
+    result = await drain_slice(client, ["61", "62", "63"], reason_message="idle", deadline_ms=1)
     assert not result.may_delete
-    assert result.drained_node_ids == (b"a", b"c")
-    assert [(h.node_id, h.outcome) for h in result.refused] == [(b"b", "rejected")]
+    assert result.drained_node_ids == ("61", "63")  # hex of b"a", b"c"
+    assert [(h.node_id, h.outcome) for h in result.refused] == [("62", "rejected")]
     assert "no longer idle" in result.reason
 
 
@@ -159,7 +161,7 @@ async def test_an_error_on_one_host_cancels_the_slice() -> None:
     unreachable = GcsUnavailable("DrainNode", "UNAVAILABLE", "down")
     client = FakeDrainClient({b"a": "accept", b"b": unreachable})
     result = await drain_slice(
-        client, [b"a", b"b"], reason_message="idle", deadline_ms=5, cluster_id="feed"
+        client, ["61", "62"], reason_message="idle", deadline_ms=5, cluster_id="feed"
     )
     assert not result.may_delete
     assert [h.outcome for h in result.hosts] == ["accepted", "error"]
@@ -176,7 +178,7 @@ async def test_a_slice_without_ray_nodes_may_go() -> None:
 async def test_non_positive_deadline_is_refused(deadline_ms: int) -> None:
     client = FakeDrainClient({b"a": "accept"})
     with pytest.raises(ValueError, match="positive"):
-        await drain_slice(client, [b"a"], reason_message="idle", deadline_ms=deadline_ms)
+        await drain_slice(client, ["61"], reason_message="idle", deadline_ms=deadline_ms)
     assert client.calls == []
 
 
@@ -219,7 +221,7 @@ class Clock:
         return self.now
 
 
-async def _poll_all(poller: GcsPoller, times: int) -> list[GcsObservation]:
+async def _poll_all(poller: GcsPoller, times: int) -> list[RayObservation]:
     return [await poller.poll_once() for _ in range(times)]
 
 
@@ -237,7 +239,7 @@ async def test_epochs_count_replacements_and_counter_resets() -> None:
     )
     poller = GcsPoller(FakeSource(script), interval_s=1.0)
     observations = await _poll_all(poller, 6)
-    assert [o.gcs_epoch for o in observations] == [0, 0, 0, 1, 1, 2]
+    assert [o.epoch for o in observations] == [0, 0, 0, 1, 1, 2]
     assert [o.known for o in observations] == [True, True, False, True, True, True]
     assert [o.cluster_id for o in observations] == ["A", "A", "A", "B", "B", "B"]
     assert observations[2].error is not None
@@ -250,7 +252,7 @@ async def test_an_unknown_blip_with_a_growing_version_is_not_a_new_gcs() -> None
     poller = GcsPoller(FakeSource(script), interval_s=1.0)
     observations = await _poll_all(poller, 4)
     assert [o.known for o in observations] == [True, True, False, True]
-    assert observations[-1].gcs_epoch == 0  # a blip, not a new GCS
+    assert observations[-1].epoch == 0  # a blip, not a new GCS
 
 
 async def test_on_change_ignores_counters_and_idle_clocks() -> None:
@@ -263,7 +265,7 @@ async def test_on_change_ignores_counters_and_idle_clocks() -> None:
             ("A", GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")),
         ]
     )
-    seen: list[GcsObservation] = []
+    seen: list[RayObservation] = []
     poller = GcsPoller(FakeSource(script), interval_s=1.0, on_change=seen.append)
     observations = await _poll_all(poller, 5)
     assert seen == [observations[0], observations[2], observations[3]]
@@ -353,15 +355,22 @@ async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> No
     assert errors_after == errors_before + 1
 
 
-async def test_the_fingerprint_leaves_the_reply_as_it_came() -> None:
-    # The fingerprint zeroes volatile fields in place; what the planner reads must come back.
+async def test_the_poller_publishes_the_reply_parsed_and_leaves_it_as_it_came() -> None:
     reply = _reply(7, idle_ms=4_200)
     poller = GcsPoller(FakeSource(iter([("A", reply)])), interval_s=1.0)
     observation = await poller.poll_once()
-    state = observation.reply.cluster_resource_state
-    assert state.cluster_resource_state_version == 7
-    assert state.node_states[0].idle_duration_ms == 4_200
+    assert observation.state is not None and observation.version == 7
+    (node,) = observation.state.nodes
+    assert (node.node_id, node.idle_ms) == (b"n1".hex(), 4_200)  # hex, the one form of an id
+    assert reply.cluster_resource_state.node_states[0].idle_duration_ms == 4_200
     assert poller.content_version == 1
+
+
+async def test_an_unusable_reply_is_unknown_and_says_so() -> None:
+    poller = GcsPoller(FakeSource(iter([("A", {"not": "a reply"})])), interval_s=1.0)
+    observation = await poller.poll_once()
+    assert observation.state is None and observation.unusable
+    assert observation.error is not None and "unusable" in observation.error
 
 
 def test_polls_are_frequent_while_cheap_and_spaced_out_when_costly() -> None:
@@ -382,11 +391,13 @@ def test_polls_are_frequent_while_cheap_and_spaced_out_when_costly() -> None:
 
 
 async def test_preemption_drain_sends_reason_preemption() -> None:
-    from kuberay_scaler.ray_gcs.drain import PREEMPTION
-
     client = FakeDrainClient({b"a": "accept", b"b": "accept"})
     result = await drain_slice(
-        client, [b"a", b"b"], reason_message="above max", deadline_ms=5, reason=PREEMPTION
+        client,
+        ["61", "62"],
+        reason_message="above max",
+        deadline_ms=5,
+        reason=DrainReason.PREEMPTION,
     )
     assert result.may_delete
     assert client.reasons == [PREEMPTION, PREEMPTION]

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kuberay_scaler.ray_gcs.poller import GcsObservation, GcsPoller
+from kuberay_scaler.model.ray import RayObservation
+from kuberay_scaler.ray_gcs.poller import GcsPoller
 from kuberay_scaler.ray_gcs.report import AutoscalingReport, LaunchingGroup, build_autoscaling_state
 from kuberay_standins.ray_local import RayHead
 from tests.ray.helpers import fast_client, run_ray_status
@@ -37,9 +38,9 @@ def holder() -> Iterator[HeadHolder]:
 
 
 async def _until(
-    poller: GcsPoller, predicate: Callable[[GcsObservation], bool], what: str
-) -> GcsObservation:
-    async def wait() -> GcsObservation:
+    poller: GcsPoller, predicate: Callable[[RayObservation], bool], what: str
+) -> RayObservation:
+    async def wait() -> RayObservation:
         while not predicate(poller.latest):
             poller.poll_soon()
             await asyncio.sleep(0.1)
@@ -57,23 +58,23 @@ def _launching(group: str) -> AutoscalingReport:
 
 async def test_gcs_crash_and_restart_is_unknown_then_a_new_epoch(holder: HeadHolder) -> None:
     client = fast_client(holder.head.gcs_address)
-    changes: list[GcsObservation] = []
+    changes: list[RayObservation] = []
     poller = GcsPoller(client, interval_s=0.5, on_change=changes.append)
     polling = asyncio.create_task(poller.run())
     try:
         first = await _until(poller, lambda o: o.known, "a first known state")
-        assert first.gcs_epoch == 0
+        assert first.epoch == 0
         await client.report(build_autoscaling_state(_launching("before-crash")))
 
         holder.head.kill_gcs()
         lost = await _until(poller, lambda o: not o.known, "unknown after the GCS died")
-        assert lost.reply is None
+        assert lost.state is None
         assert lost.error
         assert not lost.fresh(time.monotonic(), max_age=3600)
 
         new_head = await asyncio.to_thread(holder.restart)
         back = await _until(poller, lambda o: o.known, "known again after restart")
-        assert back.gcs_epoch == 1
+        assert back.epoch == 1
         assert back.cluster_id != first.cluster_id
         assert back.fresh(time.monotonic(), max_age=3600)
         assert client.replacements == 1

@@ -17,7 +17,7 @@ from kuberay_scaler.model.plan import Memory
 from kuberay_scaler.model.reasons import ScaleDownKind
 from kuberay_scaler.parse.ray_state import parse_ray_state
 from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.ray_gcs.drain import PREEMPTION, deadline_in, drain_slice
+from kuberay_scaler.ray_gcs.drain import DrainReason, deadline_in, drain_slice
 from kuberay_standins.ray_local import (
     HostSpec,
     RayDriver,
@@ -86,10 +86,10 @@ async def test_busy_node_is_drained_for_preemption_and_deleted_only_once_free(
 
     result = await drain_slice(
         client,
-        [bytes.fromhex(n) for n in preempt.node_ids],
+        preempt.node_ids,
         reason_message=str(preempt.reason),
         deadline_ms=deadline_in(600),
-        reason=PREEMPTION,
+        reason=DrainReason.PREEMPTION,
     )
     assert result.may_delete, result.reason  # accepted although busy
     state = await wait_for_state(

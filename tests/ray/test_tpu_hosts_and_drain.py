@@ -122,7 +122,10 @@ async def test_busy_slice_refuses_idle_drain_and_is_not_deleted(
         what="the whole slice busy",
     )
     result = await drain_slice(
-        client, node_ids, reason_message="idle slice", deadline_ms=deadline_in(60)
+        client,
+        [n.hex() for n in node_ids],
+        reason_message="idle slice",
+        deadline_ms=deadline_in(60),
     )
     assert not result.may_delete
     assert result.drained_node_ids == ()
@@ -142,10 +145,10 @@ async def test_idle_single_host_drain_is_accepted_and_the_node_dies(
         what="cpu-idle-0 idle",
     )
     result = await drain_slice(
-        client, [host.node_id], reason_message="idle slice", deadline_ms=deadline_in(60)
+        client, [host.node_id.hex()], reason_message="idle slice", deadline_ms=deadline_in(60)
     )
     assert result.may_delete
-    assert result.drained_node_ids == (host.node_id,)
+    assert result.drained_node_ids == (host.node_id.hex(),)
     await wait_for_state(client, lambda s: _status(s, host.node_id) == DEAD, what="cpu-idle-0 dead")
 
 
@@ -163,14 +166,14 @@ async def test_partly_busy_slice_is_kept_and_lists_hosts_already_drained(
     )
     result = await drain_slice(
         client,
-        [idle.node_id, busy.node_id],
+        [idle.node_id.hex(), busy.node_id.hex()],
         reason_message="idle slice",
         deadline_ms=deadline_in(60),
     )
     assert not result.may_delete
-    assert result.drained_node_ids == (idle.node_id,)
+    assert result.drained_node_ids == (idle.node_id.hex(),)
     (refused,) = result.refused
-    assert refused.node_id == busy.node_id
+    assert refused.node_id == busy.node_id.hex()
     assert refused.outcome == "rejected"
     assert "no longer idle" in result.reason
     state = await wait_for_state(
@@ -183,7 +186,7 @@ async def test_drain_with_a_non_positive_deadline_is_refused_before_any_call(
     client: GcsClient,
 ) -> None:
     with pytest.raises(ValueError, match="positive"):
-        await drain_slice(client, [b"\x00" * 28], reason_message="x", deadline_ms=0)
+        await drain_slice(client, ["00" * 28], reason_message="x", deadline_ms=0)
 
 
 def _status(state: Any, node_id: bytes) -> int | None:

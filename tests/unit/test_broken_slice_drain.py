@@ -10,8 +10,9 @@ from typing import Any
 
 import jsonpatch
 
-from kuberay_scaler.decision import Drain, GcsView, Observation, Patch, RecordIntent, decide
+from kuberay_scaler.decision import Drain, Observation, Patch, RecordIntent, decide
 from kuberay_scaler.model.plan import DeleteKind, Memory
+from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.model.reasons import HoldKind, Keep, KeepKind, Replace, SliceFault
 from kuberay_scaler.model.slices import SliceState
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
@@ -49,7 +50,9 @@ def _failed_host_slice() -> list[dict[str, Any]]:
 
 def _observe(pods: list[dict[str, Any]], nodes: list[Any]) -> Observation:
     rc = cluster(tpu_group(replicas=1))
-    return Observation(rc, pods, GcsView(state([head_node(), *nodes]), cluster_id="c-1"))
+    return Observation(
+        rc, pods, RayObservation(state([head_node(), *nodes]), 0.0, cluster_id="c-1")
+    )
 
 
 def test_a_broken_slice_with_a_busy_host_is_kept_with_its_kind() -> None:

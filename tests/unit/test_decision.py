@@ -9,7 +9,6 @@ import jsonpatch
 
 from kuberay_scaler.decision import (
     Drain,
-    GcsView,
     Observation,
     Patch,
     RecordIntent,
@@ -17,9 +16,11 @@ from kuberay_scaler.decision import (
     patch_after_drains,
 )
 from kuberay_scaler.model.plan import Memory
+from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.model.reasons import ProblemKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.ray_gcs.poller import observation_of
 from tests.factories import (
     NOW,
     cluster,
@@ -38,7 +39,7 @@ def _idle(*keys: str) -> Observation:
     pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
     nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
     rc = cluster(tpu_group(replicas=len(keys)))
-    return Observation(rc, pods, GcsView(state(nodes), cluster_id="c-1"))
+    return Observation(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c-1"))
 
 
 def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
@@ -61,13 +62,17 @@ def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
 
 def test_no_change_means_no_writes() -> None:
     rc = cluster(group("cpu"))
-    decision = decide(Observation(rc, [], GcsView(state([head_node()]))), Memory(), Policy(), NOW)
+    decision = decide(
+        Observation(rc, [], RayObservation(state([head_node()]), 0.0)), Memory(), Policy(), NOW
+    )
     assert decision.writes == () and decision.error is None
 
 
 def test_scale_up_is_one_patch_without_record_or_drain() -> None:
     rc = cluster(group("cpu", max_replicas=5))
-    observed = Observation(rc, [], GcsView(state([head_node()], [tasks({"CPU": 8}, 2)])))
+    observed = Observation(
+        rc, [], RayObservation(state([head_node()], [tasks({"CPU": 8}, 2)]), 0.0)
+    )
     (patch,) = decide(observed, Memory(), Policy(), NOW).writes
     assert isinstance(patch, Patch)
     assert (
@@ -104,6 +109,13 @@ def test_refused_drains_give_a_patch_that_keeps_those_slices() -> None:
 
 def test_an_unusable_gcs_reply_holds_and_is_a_named_problem() -> None:
     rc = cluster(group("cpu", max_replicas=5))
-    decision = decide(Observation(rc, [], GcsView({"not": "a reply"})), Memory(), Policy(), NOW)
+    decision = decide(
+        Observation(
+            rc, [], observation_of({"not": "a reply"}, observed_at=0.0, cluster_id=None, epoch=0)
+        ),
+        Memory(),
+        Policy(),
+        NOW,
+    )
     assert decision.plan.held is not None and decision.writes == ()
     assert [p.kind for p in decision.plan.problems] == [ProblemKind.RAY_STATE]

@@ -12,7 +12,6 @@ import pytest
 
 from kuberay_scaler.decision import (
     DrainResults,
-    GcsView,
     Observation,
     after_drains,
     decide,
@@ -21,6 +20,7 @@ from kuberay_scaler.decision import (
 from kuberay_scaler.liveness import HostClock
 from kuberay_scaler.model.hosts import HostPhase
 from kuberay_scaler.model.plan import Memory
+from kuberay_scaler.model.ray import RayObservation
 from kuberay_scaler.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.parse.pods import parse_pods
 from kuberay_scaler.parse.raycluster import parse_raycluster
@@ -109,7 +109,7 @@ def _idle_decision(*keys: str):  # type: ignore[no-untyped-def]
     pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
     nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
     rc = cluster(tpu_group(replicas=len(keys)))
-    observed = Observation(rc, pods, GcsView(state(nodes), cluster_id="c"))
+    observed = Observation(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c"))
     return decide(observed, Memory(), Policy(), NOW)
 
 
@@ -162,7 +162,9 @@ def test_a_deletion_with_nothing_to_drain_is_kept_when_the_fresh_read_has_its_no
     nodes = tpu_slice_nodes("tpu-a", 4, idle_s=5)
     pod_names = [p["metadata"]["name"] for p in pods]
     clock = HostClock(missing_s=MappingProxyType(dict.fromkeys(pod_names, 2 * GRACE)))
-    observed = Observation(rc, pods, GcsView(state([head_node()]), cluster_id="c"), clock=clock)
+    observed = Observation(
+        rc, pods, RayObservation(state([head_node()]), 0.0, cluster_id="c"), clock=clock
+    )
     decision = decide(observed, Memory(), Policy(), NOW)
     d = decision.plan.group("tpu")
     assert d is not None and [x.slice_key for x in d.deletions] == ["tpu-a"]

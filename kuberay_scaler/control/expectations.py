@@ -1,19 +1,32 @@
-"""Expectations: remember what we just wrote until the cache shows it (pure; time passed in).
+"""Expectations: remember what we just wrote until the cache shows it (time passed in).
 
 After a patch the cached RayCluster can lag behind (a watch event in flight, or poll mode's next
 GET). Planning from that stale copy would scale the same group up a second time. So after a
 write the loop calls `expect(...)`, and plans nothing for a group while `pending(...)` is True:
-until the observed group spec shows the written values, or `timeout` seconds pass (the write may
+until the observed group shows the written values, or `timeout` seconds pass (the write may
 have been overwritten by someone else; then the fresh state is the truth to plan from).
+
+`pending` only reads; `settle` (once per observation) drops what was met, timed out or whose
+group is gone, so asking twice never changes the answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from kuberay_scaler.defaults import WRITE_EXPECTATION_TIMEOUT_S
+
+
+class ObservedGroup(Protocol):
+    """What an expectation compares (model.cluster.WorkerGroup has it)."""
+
+    @property
+    def replicas(self) -> int: ...
+
+    @property
+    def workers_to_delete(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -24,12 +37,12 @@ class Expectation:
     workers_to_delete: tuple[str, ...] | None
     deadline: float
 
-    def met_by(self, group_spec: Mapping[str, Any]) -> bool:
-        if self.replicas is not None and group_spec.get("replicas") != self.replicas:
+    def met_by(self, group: ObservedGroup) -> bool:
+        if self.replicas is not None and group.replicas != self.replicas:
             return False
         if self.workers_to_delete is None:
             return True
-        return sorted(_workers_to_delete(group_spec)) == sorted(self.workers_to_delete)
+        return sorted(group.workers_to_delete) == sorted(self.workers_to_delete)
 
 
 @dataclass
@@ -54,24 +67,18 @@ class Expectations:
             deadline=now + self.timeout,
         )
 
-    def pending(
-        self, group: str, observed_group_spec: Mapping[str, Any] | None, now: float
-    ) -> bool:
-        """True while `group`'s last write is neither observed nor timed out.
-
-        A group missing from the observed RayCluster (`None`) cannot show our write: the
-        expectation is dropped and the group's absence is the new truth.
-        """
+    def pending(self, group: str, observed: ObservedGroup | None, now: float) -> bool:
+        """True while `group`'s last write is neither observed nor timed out. A group missing
+        from the observed RayCluster (`None`) cannot show our write: its absence is the truth."""
         expectation = self._by_group.get(group)
-        if expectation is None:
+        if expectation is None or observed is None or now >= expectation.deadline:
             return False
-        if observed_group_spec is None or now >= expectation.deadline:
-            del self._by_group[group]
-            return False
-        if expectation.met_by(observed_group_spec):
-            del self._by_group[group]
-            return False
-        return True
+        return not expectation.met_by(observed)
+
+    def settle(self, observed: Mapping[str, ObservedGroup], now: float) -> None:
+        """Drop every expectation that is no longer pending against `observed`."""
+        for name in [n for n in self._by_group if not self.pending(n, observed.get(n), now)]:
+            del self._by_group[name]
 
     def forget(self, group: str | None = None) -> None:
         """Drop one group's expectation, or all of them (e.g. the RayCluster's UID changed)."""
@@ -81,13 +88,5 @@ class Expectations:
             self._by_group.pop(group, None)
 
     def groups(self) -> frozenset[str]:
-        """Groups with an expectation still recorded (met or not yet checked)."""
+        """Groups with an expectation still recorded (met or not yet settled)."""
         return frozenset(self._by_group)
-
-
-def _workers_to_delete(group_spec: Mapping[str, Any]) -> list[str]:
-    strategy = group_spec.get("scaleStrategy")
-    if not isinstance(strategy, Mapping):
-        return []
-    names = strategy.get("workersToDelete")
-    return [str(n) for n in names] if isinstance(names, list) else []
