@@ -390,23 +390,31 @@ def start_hosts(
     (One at a time with another Ray venv: older `ray start` gives its raylet a fixed 30 s to
     register, too little for several starting together on two busy cores.)"""
     hosts: list[RayHost] = []
+
+    def spawn(spec: HostSpec) -> RayHost:
+        return RayHost.spawn(
+            gcs_address,
+            ip=spec.ip,
+            resources=spec.resources,
+            num_cpus=spec.num_cpus,
+            labels=spec.labels,
+            env=spec.env,
+            auth_token=auth_token,
+        )
+
     try:
         for spec in specs:
-            hosts.append(
-                RayHost.spawn(
-                    gcs_address,
-                    ip=spec.ip,
-                    resources=spec.resources,
-                    num_cpus=spec.num_cpus,
-                    labels=spec.labels,
-                    env=spec.env,
-                    auth_token=auth_token,
-                )
-            )
+            hosts.append(spawn(spec))
             if RAY_VENV:
                 hosts[-1].wait_ready(startup_timeout_s)
-        for host in hosts:
-            host.wait_ready(startup_timeout_s)
+        for index, (spec, host) in enumerate(zip(specs, hosts, strict=True)):
+            try:
+                host.wait_ready(startup_timeout_s)
+            except RayStartError as error:  # a missed registration window: that host again
+                if _REGISTRATION_MISSED not in str(error):
+                    raise
+                again = functools.partial(spawn, spec)
+                hosts[index] = _start_with_retries(again, startup_timeout_s)
     except BaseException:
         stop_all(hosts)
         raise

@@ -57,3 +57,26 @@ def test_any_other_failure_is_not_retried() -> None:
     with pytest.raises(RayStartError, match="Address already in use"):
         ray_local._start_with_retries(spawn, 5.0)  # type: ignore[type-var, arg-type]
     assert len(made) == 1
+
+
+def test_start_hosts_starts_again_only_the_host_that_missed_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    errors = {"127.0.0.21": [None], "127.0.0.23": [MISSED, None]}
+    made: list[FakeNode] = []
+
+    class Spawned(FakeNode):
+        def wait_ready(self, timeout_s: float) -> Spawned:
+            ray_local._ready_or_stop(self, timeout_s)  # type: ignore[arg-type]
+            return self
+
+    def spawn(_: str, *, ip: str, **__: object) -> Spawned:
+        made.append(Spawned(errors[ip].pop(0), ip))
+        return made[-1]  # type: ignore[return-value]
+
+    monkeypatch.setattr(ray_local.RayHost, "spawn", staticmethod(spawn))
+    monkeypatch.setattr(ray_local, "RAY_VENV", "")
+    specs = [ray_local.HostSpec(ip=ip) for ip in ("127.0.0.21", "127.0.0.23")]
+    hosts = ray_local.start_hosts("127.0.0.10:6379", specs)
+    assert [h.ip for h in hosts] == ["127.0.0.21", "127.0.0.23"]
+    assert len(made) == 3 and made[1].stopped and not hosts[1].stopped  # type: ignore[attr-defined]
