@@ -237,7 +237,7 @@ def writes_for(
         return result, ((Patch(tuple(stale)),) if stale else ()), ()
     cluster_id = gcs.cluster_id if gcs else None
     deadline_ms = int((now.timestamp() + drain_deadline_s) * 1000)
-    drains = _drains(result, cluster_id, deadline_ms, ev)
+    drains = _drains(result, cluster_id, deadline_ms, ev, now)
     result, blocked = gate(result, ev, DrainResults.assumed(drains).accepted, now)
     kept = {(x.group, x.slice_key) for x in _drained_first_deletions(result)}
     drains = [d for d in drains if (d.group, d.slice_key) in kept]
@@ -501,10 +501,17 @@ def _preemptions(result: Plan, cluster_id: str | None) -> list[Drain]:
     ]
 
 
-def _drains(result: Plan, cluster_id: str | None, deadline_ms: int, ev: Evidence) -> list[Drain]:
+def _drains(
+    result: Plan, cluster_id: str | None, deadline_ms: int, ev: Evidence, now: datetime
+) -> list[Drain]:
     out = []
     for ref in _drained_first_deletions(result):
         x = ref.deletion
+        deadline = ev.deadlines.get(x.slice_key)
+        if deadline is not None and deadline <= now:
+            # Its preemption notice is over (the gate's (d)): deleted without another drain.
+            # An idle-termination drain here would find it busy and keep it, forever.
+            continue
         node_ids = ev.alive_node_ids(x.pods)  # every live raylet of the pods, duplicates too
         if not node_ids:
             continue

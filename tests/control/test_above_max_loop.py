@@ -72,6 +72,25 @@ async def test_busy_slice_above_max_is_preempted_then_deleted_once_drained() -> 
     assert _spec(loop)["replicas"] == 0
 
 
+async def test_a_slice_still_busy_when_its_preemption_notice_ends_is_deleted_whole() -> None:
+    """Found live (e2e max_replicas_edited 2 -> 1): past the deadline the plan sent one more
+    idle-termination drain, the fresh read found the slice busy and kept it, and a new notice
+    began: the surplus slice was never deleted. The notice over, it goes with no second drain."""
+    rc = cluster(tpu_group(replicas=1, max_replicas=0))
+    pods = slice_pods("tpu", "tpu-a", 4)
+    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
+    loop = make_loop(rc, pods, state([head_node(), *busy]))
+    await loop.reconciler.reconcile()
+    assert {d.reason for d in loop.gcs.drains} == {PREEMPTION}
+
+    loop.clock.advance(PREEMPT_DEADLINE_S + 1)
+    loop.see_ray(state([head_node(), *busy]))
+    await loop.reconciler.reconcile()
+    assert [d.reason for d in loop.gcs.drains] == [PREEMPTION] * 4  # no idle drain after it
+    assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]  # the whole slice
+    assert _spec(loop)["replicas"] == 0
+
+
 async def test_idle_slice_above_max_is_drained_and_deleted_in_one_reconcile() -> None:
     rc = cluster(tpu_group(replicas=2, max_replicas=1))
     pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)

@@ -43,9 +43,18 @@ def named_pods(loop: Loop) -> set[str]:
 
 
 def assert_gate_held(loop: Loop, busy: set[str]) -> None:
-    """No pod whose Ray node runs work was named without an accepted idle-termination drain."""
+    """No pod whose Ray node runs work was named without an accepted idle-termination drain, or
+    a preemption drain whose notice is over (the gate's (d))."""
     accepted = {d.node_id for d in loop.gcs.drains if d.reason is DrainReason.IDLE_TERMINATION}
     accepted -= loop.gcs.refuse | loop.gcs.busy
+    now_ms = loop.clock.wall().timestamp() * 1000
+    accepted |= {
+        d.node_id
+        for d in loop.gcs.drains
+        if d.reason is DrainReason.PREEMPTION
+        and d.node_id not in loop.gcs.refuse
+        and d.deadline_ms <= now_ms
+    }
     for pod in named_pods(loop) & busy:
         assert node_id_of(pod) in accepted, f"busy pod {pod} named without an accepted drain"
 
@@ -57,7 +66,11 @@ def two_busy_slices_above_max() -> tuple[Loop, list[RayNode]]:
         *tpu_slice_nodes("tpu-a", 4, idle_s=None),
         *tpu_slice_nodes("tpu-b", 4, idle_s=None),
     ]
-    loop = make_loop(cluster(tpu_group(replicas=2, max_replicas=1)), pods, state(nodes))
+    # A notice longer than the test: no slice reaches the gate's (d) while it settles, so any
+    # busy pod named here was named on a missing node's account.
+    policy = Policy(preempt_deadline_s=3600.0)
+    rc = cluster(tpu_group(replicas=2, max_replicas=1))
+    loop = make_loop(rc, pods, state(nodes), policy=policy)
     loop.gcs.busy = {n.node_id for n in nodes if n.status is NodeStatus.RUNNING}
     return loop, nodes
 
