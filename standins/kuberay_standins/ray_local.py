@@ -29,6 +29,8 @@ from typing import TypeVar
 
 import structlog
 
+from kuberay_standins.ports import free_port as free_port
+
 log = structlog.get_logger(__name__)
 
 # KUBERAY_STANDINS_RAY_VENV: run Ray (nodes, drivers, `ray status`) from another virtualenv, so
@@ -75,13 +77,6 @@ def loopback_ip(n: int) -> str:
     if not 2 <= n <= 254:
         raise ValueError(f"loopback host number must be in 2..254, got {n}")
     return f"127.0.0.{n}"
-
-
-def free_port() -> int:
-    """A TCP port free on every address (Ray binds some listeners to 0.0.0.0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("0.0.0.0", 0))
-        return int(probe.getsockname()[1])
 
 
 def tpu_host_env(

@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kuberay_standins import ports
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane.sh"
@@ -89,9 +90,7 @@ def _read_env_file(path: Path) -> dict[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        return int(probe.getsockname()[1])
+    return ports.free_port(LOOPBACK)
 
 
 @dataclass
