@@ -29,7 +29,7 @@ RUN cd /opt/kuberay-scaler \
               "$site"/ray/train "$site"/ray/data "$site"/ray/serve "$site"/ray/llm \
               "$site"/ray/dashboard/client \
     && test -x bin/kuberay-scaler && test -x bin/kuberay-scaler-ray \
-    && bin/python -c "import kuberay_scaler.ray_gcs.client, kuberay_scaler.app"
+    && bin/python -c "import kuberay_scaler.adapters.ray_gcs.client, kuberay_scaler.app"
 
 FROM ${BASE_IMAGE}
 COPY --from=build /opt/kuberay-scaler /opt/kuberay-scaler

@@ -44,7 +44,7 @@ from common import (
     rss_mb,
 )
 
-from kuberay_scaler.ray_gcs.client import GcsClient
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_standins.apiserver import RESTRICTED_TOKEN
 from kuberay_standins.ray_local import RayHead, free_port
 

@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ray_side
 import scenario
 
-from kuberay_scaler.model.plan import Memory, Plan, Snapshot
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.ray_state import parse_ray_state
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.planner.core import Policy, plan
+from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot
+from kuberay_scaler.core.parse.pods import parse_pods
+from kuberay_scaler.core.parse.ray_state import parse_ray_state
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.planner.core import Policy, plan
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scenario
 
-from kuberay_scaler.model.plan import Memory, Snapshot
-from kuberay_scaler.parse.pods import parse_pods, slim_pod
-from kuberay_scaler.parse.ray_state import parse_ray_state
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.planner.core import Policy, plan
+from kuberay_scaler.core.model.plan import Memory, Snapshot
+from kuberay_scaler.core.parse.pods import parse_pods, slim_pod
+from kuberay_scaler.core.parse.ray_state import parse_ray_state
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.planner.core import Policy, plan
 
 HOSTS_AT_SCALE_1 = 1950
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -69,7 +69,7 @@ def measure(pods: int) -> dict[str, Any]:
 
 def _daemon_path(sc: scenario.Scenario, reply: Any) -> dict[str, Any]:
     try:
-        from kuberay_scaler.parse.pod_cache import PodCache
+        from kuberay_scaler.core.parse.pod_cache import PodCache
     except ImportError:
         return {}
     spec = parse_raycluster(sc.raycluster)

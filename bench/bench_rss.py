@@ -39,7 +39,7 @@ def _status_mb(field: str) -> float:
 
 
 def child(input_file: str) -> dict[str, Any]:
-    from kuberay_scaler import lightimports
+    from kuberay_scaler.runtime import lightimports
 
     lightimports.install()  # first thing, as `kuberay-scaler run` does
 
@@ -48,16 +48,16 @@ def child(input_file: str) -> dict[str, Any]:
     from ray.core.generated import autoscaler_pb2
 
     import kuberay_scaler.app  # noqa: F401  (what the daemon has loaded before it lists)
-    from kuberay_scaler.control.report import report_from_plan
-    from kuberay_scaler.decision import Observation, decide
-    from kuberay_scaler.kube import informer
-    from kuberay_scaler.model.plan import Memory
-    from kuberay_scaler.model.ray import RayObservation
-    from kuberay_scaler.parse.pod_cache import PodCache
-    from kuberay_scaler.parse.pods import slim_pod
-    from kuberay_scaler.parse.ray_state import parse_ray_state
-    from kuberay_scaler.parse.raycluster import parse_raycluster
-    from kuberay_scaler.planner.core import Policy
+    from kuberay_scaler.adapters.kube import informer
+    from kuberay_scaler.core.decision import Observation, decide
+    from kuberay_scaler.core.model.plan import Memory
+    from kuberay_scaler.core.model.ray import RayObservation
+    from kuberay_scaler.core.parse.pod_cache import PodCache
+    from kuberay_scaler.core.parse.pods import slim_pod
+    from kuberay_scaler.core.parse.ray_state import parse_ray_state
+    from kuberay_scaler.core.parse.raycluster import parse_raycluster
+    from kuberay_scaler.core.planner.core import Policy
+    from kuberay_scaler.loop.report import report_from_plan
 
     # The planner benchmark's 20-group cluster at ~N hosts, built by the parent (its build
     # would stay in this process's heap): its pods' names and labels, each dressed as a real

@@ -29,11 +29,11 @@ import ray_side
 from common import loadavg
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.model.cluster import MAX_GROUP_HOSTS
-from kuberay_scaler.model.plan import Memory, Snapshot
-from kuberay_scaler.parse.ray_state import parse_ray_state
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.planner.core import Policy, plan
+from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS
+from kuberay_scaler.core.model.plan import Memory, Snapshot
+from kuberay_scaler.core.parse.ray_state import parse_ray_state
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.planner.core import Policy, plan
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 GiB = 2**30

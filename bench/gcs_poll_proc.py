@@ -14,10 +14,10 @@ WARMUP_S = 3.0
 
 
 def _ours(address: str, window_s: float) -> dict[str, float]:
-    from kuberay_scaler.model.ray import RayObservation
-    from kuberay_scaler.ray_gcs.client import GcsClient
-    from kuberay_scaler.ray_gcs.poller import GcsPoller
-    from kuberay_scaler.settings import Settings
+    from kuberay_scaler.adapters.ray_gcs.client import GcsClient
+    from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+    from kuberay_scaler.core.model.ray import RayObservation
+    from kuberay_scaler.runtime.settings import Settings
 
     interval = Settings.model_fields["gcs_poll_interval_s"].default
     parses = 0

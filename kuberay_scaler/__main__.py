@@ -1,5 +1,5 @@
 """`python -m kuberay_scaler` is the same as the `kuberay-scaler` command."""
 
-from kuberay_scaler.cli import main
+from kuberay_scaler.cli.main import main
 
 raise SystemExit(main())

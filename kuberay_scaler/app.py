@@ -10,26 +10,26 @@ from typing import Any
 
 import structlog
 
-from kuberay_scaler import heap
-from kuberay_scaler.control.handsoff import OverrideBackoff
-from kuberay_scaler.control.health import Access, GiveUp, target_problem
-from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
-from kuberay_scaler.control.trigger import Trigger
-from kuberay_scaler.kube.access import detect_access
-from kuberay_scaler.kube.events import EventRecorder
-from kuberay_scaler.kube.informer import Informer, Source
-from kuberay_scaler.kube.raycluster import RayClusterView
-from kuberay_scaler.kube.session import SessionError, open_api
-from kuberay_scaler.kube.writer import RayClusterWriter
-from kuberay_scaler.logs import configure_logging, register_secret
-from kuberay_scaler.model.ray import RayObservation
-from kuberay_scaler.parse.pods import slim_pod
-from kuberay_scaler.policy import policy_from_settings
-from kuberay_scaler.ray_gcs.adapter import RayGcs
-from kuberay_scaler.ray_gcs.client import GcsClient, TlsFiles
-from kuberay_scaler.ray_gcs.poller import GcsPoller
-from kuberay_scaler.settings import ConfigError, Settings, credentials_hint
-from kuberay_scaler.web.server import Probes, make_app, start_server
+from kuberay_scaler.adapters.kube.access import detect_access
+from kuberay_scaler.adapters.kube.events import EventRecorder
+from kuberay_scaler.adapters.kube.informer import Informer, Source
+from kuberay_scaler.adapters.kube.raycluster import RayClusterView
+from kuberay_scaler.adapters.kube.session import SessionError, open_api
+from kuberay_scaler.adapters.kube.writer import RayClusterWriter
+from kuberay_scaler.adapters.ray_gcs.adapter import RayGcs
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient, TlsFiles
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.web.server import Probes, make_app, start_server
+from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.parse.pods import slim_pod
+from kuberay_scaler.loop.handsoff import OverrideBackoff
+from kuberay_scaler.loop.health import Access, GiveUp, target_problem
+from kuberay_scaler.loop.reconciler import LoopConfig, Reconciler
+from kuberay_scaler.loop.trigger import Trigger
+from kuberay_scaler.runtime import heap
+from kuberay_scaler.runtime.logs import configure_logging, register_secret
+from kuberay_scaler.runtime.policy import policy_from_settings
+from kuberay_scaler.runtime.settings import ConfigError, Settings, credentials_hint
 
 log = structlog.get_logger(__name__)
 

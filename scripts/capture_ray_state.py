@@ -22,7 +22,7 @@ from typing import Any
 from google.protobuf import json_format
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.ray_gcs.client import GcsClient
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_standins.ray_local import (
     HostSpec,
     RayDriver,

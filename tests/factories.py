@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from kuberay_scaler.model.cluster import frozen_map
-from kuberay_scaler.model.plan import Memory, Plan, Snapshot
-from kuberay_scaler.model.ray import (
+from kuberay_scaler.core.model.cluster import frozen_map
+from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot
+from kuberay_scaler.core.model.ray import (
     HEAD_RESOURCE,
     Bundle,
     GangDemand,
@@ -25,9 +25,9 @@ from kuberay_scaler.model.ray import (
     RayState,
     TaskDemand,
 )
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.planner.core import Policy, plan
+from kuberay_scaler.core.parse.pods import parse_pods
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.planner.core import Policy, plan
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SAMPLES = FIXTURES / "rayclusters"  # our own RayClusters (see its README), nothing from outside

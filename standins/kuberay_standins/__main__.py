@@ -15,7 +15,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=4, help="hosts per slice (numOfHosts)")
     args = parser.parse_args(argv)
 
-    from kuberay_scaler.logs import configure_logging
+    from kuberay_scaler.runtime.logs import configure_logging
     from kuberay_standins.demo import main as demo_main
 
     configure_logging("console", "warning")

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.kube.informer import Change
-from kuberay_scaler.kube.session import open_api
-from kuberay_scaler.metrics import REGISTRY
+from kuberay_scaler.adapters.kube.informer import Change
+from kuberay_scaler.adapters.kube.session import open_api
+from kuberay_scaler.runtime.metrics import REGISTRY
 from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 from tests.factories import SAMPLES
 

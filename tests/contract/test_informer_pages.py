@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.kube.informer import Informer, Source
-from kuberay_scaler.parse.pods import slim_pod
+from kuberay_scaler.adapters.kube.informer import Informer, Source
+from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_standins.apiserver import ApiServerStandIn
 from tests.contract.conftest import NAMESPACE, pod, running, truth, view
 

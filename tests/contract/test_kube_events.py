@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from kuberay_scaler.kube.events import EventRecorder
+from kuberay_scaler.adapters.kube.events import EventRecorder
 from kuberay_standins.apiserver import RESTRICTED_TOKEN, SIDECAR_TOKEN, ApiServerStandIn
 from tests.contract.conftest import CLUSTER, NAMESPACE, Connect, raycluster
 

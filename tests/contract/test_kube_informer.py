@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.backoff import Backoff
-from kuberay_scaler.kube.informer import Informer, Source
-from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S
+from kuberay_scaler.adapters.kube.informer import Informer, Source
+from kuberay_scaler.adapters.kube.transport import MAX_RETRY_AFTER_S
+from kuberay_scaler.core.backoff import Backoff
 from kuberay_standins.apiserver import ApiServerStandIn
 from tests.contract.conftest import (
     NAMESPACE,

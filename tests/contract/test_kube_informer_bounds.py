@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.kube.informer import Change, Informer, Source
+from kuberay_scaler.adapters.kube.informer import Change, Informer, Source
 from kuberay_standins.apiserver import ApiServerStandIn
 from tests.contract.conftest import NAMESPACE, eventually, pod, running, truth, view
 from tests.contract.test_kube_informer import list_requests, watching

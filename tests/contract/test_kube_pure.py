@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from kuberay_scaler.backoff import Backoff
-from kuberay_scaler.kube.access import Access
-from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S, ApiError, Target, parse_retry_after
-from kuberay_scaler.kube.writer import classify
+from kuberay_scaler.adapters.kube.access import Access
+from kuberay_scaler.adapters.kube.transport import (
+    MAX_RETRY_AFTER_S,
+    ApiError,
+    Target,
+    parse_retry_after,
+)
+from kuberay_scaler.adapters.kube.writer import classify
+from kuberay_scaler.core.backoff import Backoff
 
 ACTION = "patch rayclusters.ray.io default/rc"
 

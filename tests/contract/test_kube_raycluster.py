@@ -10,10 +10,10 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from structlog.testing import capture_logs
 
-from kuberay_scaler.backoff import Backoff
-from kuberay_scaler.kube.access import detect_access
-from kuberay_scaler.kube.raycluster import Mode, RayClusterView
-from kuberay_scaler.kube.writer import RayClusterWriter
+from kuberay_scaler.adapters.kube.access import detect_access
+from kuberay_scaler.adapters.kube.raycluster import Mode, RayClusterView
+from kuberay_scaler.adapters.kube.writer import RayClusterWriter
+from kuberay_scaler.core.backoff import Backoff
 from kuberay_standins.apiserver import (
     ADMIN_TOKEN,
     RESTRICTED_TOKEN,

@@ -18,8 +18,13 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
-from kuberay_scaler.kube.session import SessionError, TimedApiClient, load_in_cluster, open_api
-from kuberay_scaler.kube.transport import ApiError, NoResponse, Target, request_json
+from kuberay_scaler.adapters.kube.session import (
+    SessionError,
+    TimedApiClient,
+    load_in_cluster,
+    open_api,
+)
+from kuberay_scaler.adapters.kube.transport import ApiError, NoResponse, Target, request_json
 
 pytestmark = pytest.mark.contract
 

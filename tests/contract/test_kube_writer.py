@@ -10,11 +10,11 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from structlog.testing import capture_logs
 
-from kuberay_scaler.control.expectations import Expectations
-from kuberay_scaler.kube.raycluster import RayClusterView
-from kuberay_scaler.kube.session import open_api
-from kuberay_scaler.kube.writer import PatchOutcome, RayClusterWriter
-from kuberay_scaler.parse.raycluster import parse_raycluster
+from kuberay_scaler.adapters.kube.raycluster import RayClusterView
+from kuberay_scaler.adapters.kube.session import open_api
+from kuberay_scaler.adapters.kube.writer import PatchOutcome, RayClusterWriter
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.loop.expectations import Expectations
 from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 from tests.contract.conftest import CLUSTER, GROUP, NAMESPACE, Connect, metric, raycluster
 

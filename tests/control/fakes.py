@@ -1,4 +1,4 @@
-"""Fakes behind the control loop's Protocols (control/ports.py), for reconciler unit tests.
+"""Fakes behind the control loop's Protocols (loop/ports.py), for reconciler unit tests.
 
 `FakeApiServer` holds the one RayCluster; `FakeWriter` applies RFC 6902 patches to it (the uid
 guard and `test` ops are honoured, so a stale patch fails as on a real API server) and can be
@@ -20,13 +20,13 @@ from typing import Any
 import jsonpatch
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
-from kuberay_scaler.model.drains import DrainReason, HostDrain, SliceDrainResult
-from kuberay_scaler.model.outcome import OutcomeKind, PatchOutcome
-from kuberay_scaler.model.ray import RayObservation, RayState
-from kuberay_scaler.model.report import AutoscalingReport
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.ray_gcs.poller import observation_of
+from kuberay_scaler.adapters.ray_gcs.poller import observation_of
+from kuberay_scaler.core.model.drains import DrainReason, HostDrain, SliceDrainResult
+from kuberay_scaler.core.model.outcome import OutcomeKind, PatchOutcome
+from kuberay_scaler.core.model.ray import RayObservation, RayState
+from kuberay_scaler.core.model.report import AutoscalingReport
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.loop.reconciler import LoopConfig, Reconciler
 from tests.factories import NOW
 
 # HTTP status → the outcome the real writer's `classify` gives it.

@@ -3,9 +3,9 @@ one reconcile; busy surplus drained with reason preemption, deleted by a later r
 
 from __future__ import annotations
 
-from kuberay_scaler.defaults import PREEMPT_DEADLINE_S
-from kuberay_scaler.model.drains import DrainReason
-from kuberay_scaler.model.ray import NodeStatus
+from kuberay_scaler.core.defaults import PREEMPT_DEADLINE_S
+from kuberay_scaler.core.model.drains import DrainReason
+from kuberay_scaler.core.model.ray import NodeStatus
 from tests.control.fakes import make_loop
 from tests.factories import (
     cluster,

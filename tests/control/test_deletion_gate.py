@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kuberay_scaler.model.drains import DrainReason
-from kuberay_scaler.model.ray import NodeStatus, RayNode, RayState
-from kuberay_scaler.model.reasons import Keep, KeepKind
-from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.core.model.drains import DrainReason
+from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayState
+from kuberay_scaler.core.model.reasons import Keep, KeepKind
+from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import Loop, make_loop, reply_of
 from tests.control.test_faults import kill_between_record_and_patch, restarted
 from tests.control.test_reconciler import spec_group, workers_to_delete

@@ -1,10 +1,10 @@
-"""Expectations (control/expectations.py): pending reads only; settle drops what is done."""
+"""Expectations (loop/expectations.py): pending reads only; settle drops what is done."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kuberay_scaler.control.expectations import Expectations
+from kuberay_scaler.loop.expectations import Expectations
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from kuberay_scaler.adapters.kube.transport import MAX_RETRY_AFTER_S
 from kuberay_scaler.app import Daemon
-from kuberay_scaler.control.reconciler import LoopConfig
-from kuberay_scaler.kube.transport import MAX_RETRY_AFTER_S
-from kuberay_scaler.metrics import REGISTRY
-from kuberay_scaler.model.drains import DrainReason
-from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
-from kuberay_scaler.settings import load_settings
+from kuberay_scaler.core.model.drains import DrainReason
+from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.loop.reconciler import LoopConfig
+from kuberay_scaler.runtime.metrics import REGISTRY
+from kuberay_scaler.runtime.settings import load_settings
 from tests.control.fakes import Loop, WriteCall, make_loop
 from tests.control.test_reconciler import spec_group, workers_to_delete
 from tests.factories import (

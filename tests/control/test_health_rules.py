@@ -1,10 +1,10 @@
-"""The pure rules behind health and giving up (control/health.py), tabled."""
+"""The pure rules behind health and giving up (loop/health.py), tabled."""
 
 from __future__ import annotations
 
 import pytest
 
-from kuberay_scaler.control.health import Access, GiveUp, Outcome, Progress, Step, target_problem
+from kuberay_scaler.loop.health import Access, GiveUp, Outcome, Progress, Step, target_problem
 
 TARGET = "default/rc"
 

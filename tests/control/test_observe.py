@@ -1,15 +1,15 @@
-"""Observe alone (control/observe.py): one snapshot per reconcile, each input read once."""
+"""Observe alone (loop/observe.py): one snapshot per reconcile, each input read once."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from kuberay_scaler.control.observe import Instant, ObserveConfig, Observer
-from kuberay_scaler.decision import decide
-from kuberay_scaler.model.plan import Memory
-from kuberay_scaler.model.ray import RayObservation
-from kuberay_scaler.model.reasons import Hold, HoldKind
-from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.core.decision import decide
+from kuberay_scaler.core.model.plan import Memory
+from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.model.reasons import Hold, HoldKind
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.loop.observe import Instant, ObserveConfig, Observer
 from tests.control.fakes import FakeApiServer, FakePods, FakeView, observation
 from tests.factories import NOW, cluster, group, head_node, slice_pods, state, tasks, tpu_group
 

@@ -15,9 +15,9 @@ import aiohttp
 import yaml
 from google.protobuf import json_format
 
-from kuberay_scaler.offline import plan_files
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.web.server import Probes, make_app, start_server
+from kuberay_scaler.adapters.web.server import Probes, make_app, start_server
+from kuberay_scaler.cli.offline import plan_files
+from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import make_loop, reply_of
 from tests.factories import (
     NOW,

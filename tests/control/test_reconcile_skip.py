@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler import decision as decision_module
-from kuberay_scaler.control.reconciler import LoopConfig, Reconciler
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.core import decision as decision_module
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.loop.reconciler import LoopConfig, Reconciler
 from tests.control.fakes import FakeEvents, FakeFeed, FakeGcs
 from tests.factories import cluster, group, pod
 

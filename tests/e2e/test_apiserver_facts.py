@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.kube.transport import ApiError, Target
-from kuberay_scaler.kube.writer import classify
+from kuberay_scaler.adapters.kube.transport import ApiError, Target
+from kuberay_scaler.adapters.kube.writer import classify
 from kuberay_standins._k8s_errors import patch_not_applied
 from tests.e2e.kube import JSON_PATCH
 from tests.e2e.world import World, tpu_raycluster

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.kube.session import open_api
-from kuberay_scaler.kube.writer import RayClusterWriter
+from kuberay_scaler.adapters.kube.session import open_api
+from kuberay_scaler.adapters.kube.writer import RayClusterWriter
 from tests.e2e.controlplane import RESTRICTED_USER
 from tests.e2e.kube import JSON_PATCH
 from tests.e2e.observer import group_named
@@ -137,7 +137,7 @@ async def _until_reads_settle(daemon: Daemon, quiet_polls: int = 4) -> None:
 
 
 def _scale_ops(index: int, group: str, *, planned_from: int, to: int) -> list[dict[str, Any]]:
-    """The shape of the daemon's guarded scale patch (patch/ops.py)."""
+    """The shape of the daemon's guarded scale patch (core/patch/ops.py)."""
     base = f"/spec/workerGroupSpecs/{index}"
     return [
         {"op": "test", "path": f"{base}/groupName", "value": group},

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.ray_shim import SUBCOMMAND
+from kuberay_scaler.cli.ray_shim import SUBCOMMAND
 from tests.e2e.controlplane import free_port
 from tests.e2e.deploy import (
     IMAGE,

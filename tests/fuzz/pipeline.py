@@ -17,10 +17,10 @@ from typing import Any
 import jsonpatch
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.decision import Decision, Observation, decide, patch_after_drains
-from kuberay_scaler.model.plan import Memory, Plan
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.ray_gcs.poller import observation_of
+from kuberay_scaler.adapters.ray_gcs.poller import observation_of
+from kuberay_scaler.core.decision import Decision, Observation, decide, patch_after_drains
+from kuberay_scaler.core.model.plan import Memory, Plan
+from kuberay_scaler.core.planner.core import Policy
 
 BUSY = 1  # autoscaler.proto NodeStatus RUNNING
 

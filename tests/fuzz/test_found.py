@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.model.cluster import frozen_map
-from kuberay_scaler.model.ray import Bundle
-from kuberay_scaler.planner.bins import UNBOUNDED, copies_that_fit
+from kuberay_scaler.core.model.cluster import frozen_map
+from kuberay_scaler.core.model.ray import Bundle
+from kuberay_scaler.core.planner.bins import UNBOUNDED, copies_that_fit
 from tests.factories import (
     NOW,
     cluster,

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kuberay_scaler.decision import (
+from kuberay_scaler.core.decision import (
     Decision,
     Drain,
     DrainResults,
@@ -40,14 +40,14 @@ from kuberay_scaler.decision import (
     decide,
     drains_to_send,
 )
-from kuberay_scaler.liveness import LivenessTracker
-from kuberay_scaler.model.plan import Memory
-from kuberay_scaler.model.ray import NodeStatus, RayNode, RayObservation, RayState
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.planner.gate import quiet
-from kuberay_scaler.slicemap import SliceTimeouts
+from kuberay_scaler.core.liveness import LivenessTracker
+from kuberay_scaler.core.model.plan import Memory
+from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayObservation, RayState
+from kuberay_scaler.core.parse.pods import parse_pods
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.gate import quiet
+from kuberay_scaler.core.slicemap import SliceTimeouts
 from tests.factories import NOW, cluster, group, head_node, node, node_id_of, pod
 
 EXAMPLES = max(1, int(os.environ.get("FUZZ_EXAMPLES", "60")))

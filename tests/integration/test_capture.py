@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.capture import META_FILE, PODS_FILE, RAY_STATE_FILE, RAYCLUSTER_FILE
-from kuberay_scaler.offline import plan_capture
-from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.cli.capture import META_FILE, PODS_FILE, RAY_STATE_FILE, RAYCLUSTER_FILE
+from kuberay_scaler.cli.offline import plan_capture
+from kuberay_scaler.core.planner.core import Policy
 from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver

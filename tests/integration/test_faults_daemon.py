@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from tests.integration.test_daemon import RESERVE_SLICE, _driver, _get, _replicas

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kuberay_scaler.settings import DEFAULT_HTTP_PORT
+from kuberay_scaler.runtime.settings import DEFAULT_HTTP_PORT
 from kuberay_standins.apiserver import RESTRICTED_TOKEN, ApiServerStandIn
 from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.ray_local import RayHead

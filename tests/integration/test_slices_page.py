@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.web.server import Probes, make_app, start_server
+from kuberay_scaler.adapters.web.server import Probes, make_app, start_server
 from kuberay_standins.ray_local import free_port
 from tests.control.fakes import make_loop
 from tests.factories import (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from kuberay_scaler.ray_gcs.client import GcsClient
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_standins.ray_local import RayDriver, RayHead
 from tests.ray.helpers import fast_client
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.ray_gcs.client import GcsClient
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_standins.ray_local import RAY_CLI, RAY_PYTHON, RayHead
 
 DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")

@@ -7,9 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from kuberay_scaler.ray_gcs.errors import GcsAuthError
-from kuberay_scaler.ray_gcs.poller import GcsPoller
-from kuberay_scaler.ray_gcs.report import AutoscalingReport, LaunchingGroup, build_autoscaling_state
+from kuberay_scaler.adapters.ray_gcs.errors import GcsAuthError
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.report import (
+    AutoscalingReport,
+    LaunchingGroup,
+    build_autoscaling_state,
+)
 from kuberay_standins.ray_local import HostSpec, RayHead, loopback_ip, start_hosts, stop_all
 from tests.ray.helpers import fast_client, node_by_instance, run_ray_status, wait_for_state
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.ray_gcs.errors import GcsReplaced
-from kuberay_scaler.ray_gcs.report import (
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient
+from kuberay_scaler.adapters.ray_gcs.errors import GcsReplaced
+from kuberay_scaler.adapters.ray_gcs.report import (
     AutoscalingReport,
     FailedRequest,
     LaunchingGroup,

@@ -1,5 +1,5 @@
 """The partial-drain race window, against real raylets: the time from the fresh GCS read the
-daemon makes right before draining (control/execute.py) to the last DrainNode answer of the
+daemon makes right before draining (loop/execute.py) to the last DrainNode answer of the
 slice. A host that turns busy inside it refuses and the slice is partly drained
 (docs/reliability.md, "Partial drains"). The window is measured and printed, never asserted
 (timing is not a test's business); what is asserted is what the rule relies on: every host of
@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import pytest
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.decision import Decision, Drain, drains_to_send
-from kuberay_scaler.model.plan import Memory, Plan
-from kuberay_scaler.parse.ray_state import parse_ray_state
-from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient
+from kuberay_scaler.adapters.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.core.decision import Decision, Drain, drains_to_send
+from kuberay_scaler.core.model.plan import Memory, Plan
+from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from kuberay_standins.ray_local import (
     HostSpec,
     RayHead,

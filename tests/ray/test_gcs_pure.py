@@ -15,19 +15,17 @@ import grpc
 import pytest
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.metrics import REGISTRY
-from kuberay_scaler.model.ray import Bundle, RayObservation
-from kuberay_scaler.ray_gcs.client import GcsClient, _classify
-from kuberay_scaler.ray_gcs.drain import PREEMPTION, DrainReason, deadline_in, drain_slice
-from kuberay_scaler.ray_gcs.errors import (
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient, _classify
+from kuberay_scaler.adapters.ray_gcs.drain import PREEMPTION, DrainReason, deadline_in, drain_slice
+from kuberay_scaler.adapters.ray_gcs.errors import (
     GcsAuthError,
     GcsCallError,
     GcsError,
     GcsReplaced,
     GcsUnavailable,
 )
-from kuberay_scaler.ray_gcs.poller import GcsPoller
-from kuberay_scaler.ray_gcs.report import (
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.report import (
     AutoscalingReport,
     FailedRequest,
     LaunchingGroup,
@@ -35,6 +33,8 @@ from kuberay_scaler.ray_gcs.report import (
     StateVersionClock,
     build_autoscaling_state,
 )
+from kuberay_scaler.core.model.ray import Bundle, RayObservation
+from kuberay_scaler.runtime.metrics import REGISTRY
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
 RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
@@ -374,7 +374,7 @@ async def test_an_unusable_reply_is_unknown_and_says_so() -> None:
 
 
 def test_polls_are_frequent_while_cheap_and_spaced_out_when_costly() -> None:
-    from kuberay_scaler.ray_gcs.cadence import Cadence
+    from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
 
     cadence = Cadence(ceiling_s=5.0)
     quiet = {"demand_pending": False, "last_change": 0.0, "now": 100.0}

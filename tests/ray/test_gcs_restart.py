@@ -8,9 +8,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kuberay_scaler.model.ray import RayObservation
-from kuberay_scaler.ray_gcs.poller import GcsPoller
-from kuberay_scaler.ray_gcs.report import AutoscalingReport, LaunchingGroup, build_autoscaling_state
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.report import (
+    AutoscalingReport,
+    LaunchingGroup,
+    build_autoscaling_state,
+)
+from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_standins.ray_local import RayHead
 from tests.ray.helpers import fast_client, run_ray_status
 

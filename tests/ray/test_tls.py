@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kuberay_scaler.ray_gcs.client import TlsFiles
-from kuberay_scaler.ray_gcs.errors import GcsUnavailable
+from kuberay_scaler.adapters.ray_gcs.client import TlsFiles
+from kuberay_scaler.adapters.ray_gcs.errors import GcsUnavailable
 from kuberay_standins.ray_local import RayHead
 from tests.ray.helpers import fast_client
 

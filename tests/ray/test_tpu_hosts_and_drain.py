@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.ray_gcs.client import GcsClient
-from kuberay_scaler.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient
+from kuberay_scaler.adapters.ray_gcs.drain import deadline_in, drain_slice
 from kuberay_standins.ray_local import (
     HostSpec,
     RayDriver,

@@ -10,14 +10,14 @@ from typing import Any
 
 import jsonpatch
 
-from kuberay_scaler.decision import Drain, Observation, Patch, RecordIntent, decide
-from kuberay_scaler.model.plan import DeleteKind, Memory
-from kuberay_scaler.model.ray import RayObservation
-from kuberay_scaler.model.reasons import HoldKind, Keep, KeepKind, Replace, SliceFault
-from kuberay_scaler.model.slices import SliceState
-from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.slicemap import SliceTimeouts
+from kuberay_scaler.core.decision import Drain, Observation, Patch, RecordIntent, decide
+from kuberay_scaler.core.model.plan import DeleteKind, Memory
+from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.model.reasons import HoldKind, Keep, KeepKind, Replace, SliceFault
+from kuberay_scaler.core.model.slices import SliceState
+from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.slicemap import SliceTimeouts
 from tests.factories import (
     NOW,
     cluster,

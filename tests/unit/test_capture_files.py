@@ -10,10 +10,10 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from kuberay_scaler.capture import REDACTED, read_captured_at, write_capture
-from kuberay_scaler.offline import plan_capture
-from kuberay_scaler.patch.intent import DRAINING_ANNOTATION as DRAINING
-from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.cli.capture import REDACTED, read_captured_at, write_capture
+from kuberay_scaler.cli.offline import plan_capture
+from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION as DRAINING
+from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import reply_of
 from tests.factories import NOW, cluster, cpu_nodes, group, head_node, pod, state, tasks
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kuberay_scaler import __version__
-from kuberay_scaler.cli import EXIT_CONFIG, main
+from kuberay_scaler.cli.main import EXIT_CONFIG, main
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tok-do-not-print-0123456789"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kuberay_scaler.cli import config_rows, config_table, main
-from kuberay_scaler.settings import _known_names
+from kuberay_scaler.cli.main import config_rows, config_table, main
+from kuberay_scaler.runtime.settings import _known_names
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -27,7 +27,7 @@ def test_the_readme_table_is_the_generated_one() -> None:
     table = config_table()
     assert table in README.read_text(), (
         "README.md's configuration table is out of date; replace it with the output of\n"
-        "  .venv/bin/python -c 'from kuberay_scaler.cli import config_table; "
+        "  .venv/bin/python -c 'from kuberay_scaler.cli.main import config_table; "
         "print(config_table())'\n\n" + table
     )
 

@@ -7,7 +7,8 @@ import json
 
 import jsonpatch
 
-from kuberay_scaler.decision import (
+from kuberay_scaler.adapters.ray_gcs.poller import observation_of
+from kuberay_scaler.core.decision import (
     Drain,
     Observation,
     Patch,
@@ -15,12 +16,11 @@ from kuberay_scaler.decision import (
     decide,
     patch_after_drains,
 )
-from kuberay_scaler.model.plan import Memory
-from kuberay_scaler.model.ray import RayObservation
-from kuberay_scaler.model.reasons import ProblemKind, ScaleDown, ScaleDownKind
-from kuberay_scaler.patch.intent import DRAINING_ANNOTATION
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.ray_gcs.poller import observation_of
+from kuberay_scaler.core.model.plan import Memory
+from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.model.reasons import ProblemKind, ScaleDown, ScaleDownKind
+from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     NOW,
     cluster,

@@ -1,4 +1,4 @@
-"""The deletion gate (planner/gate.py) and `decision.after_drains`, tabled: each clause of the
+"""The deletion gate (core/planner/gate.py) and `decision.after_drains`, tabled: each clause of the
 gate's rule, each kind after the drains. Pure: no fakes, no I/O."""
 
 from __future__ import annotations
@@ -10,22 +10,22 @@ from types import MappingProxyType
 import jsonpatch
 import pytest
 
-from kuberay_scaler.decision import (
+from kuberay_scaler.core.decision import (
     DrainResults,
     Observation,
     after_drains,
     decide,
     drains_to_send,
 )
-from kuberay_scaler.liveness import HostClock
-from kuberay_scaler.model.hosts import HostPhase
-from kuberay_scaler.model.plan import Memory
-from kuberay_scaler.model.ray import RayObservation
-from kuberay_scaler.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.planner.gate import evidence_for, pod_blocker
+from kuberay_scaler.core.liveness import HostClock
+from kuberay_scaler.core.model.hosts import HostPhase
+from kuberay_scaler.core.model.plan import Memory
+from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
+from kuberay_scaler.core.parse.pods import parse_pods
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.gate import evidence_for, pod_blocker
 from tests.factories import (
     NOW,
     cluster,
@@ -178,9 +178,9 @@ def test_a_deletion_with_nothing_to_drain_is_kept_when_the_fresh_read_has_its_no
 def test_a_blocked_deletion_is_counted_by_path_and_logged_at_error() -> None:
     from structlog.testing import capture_logs
 
-    from kuberay_scaler.control.execute import say_blocked
-    from kuberay_scaler.metrics import REGISTRY
-    from kuberay_scaler.planner.gate import Blocked
+    from kuberay_scaler.core.planner.gate import Blocked
+    from kuberay_scaler.loop.execute import say_blocked
+    from kuberay_scaler.runtime.metrics import REGISTRY
 
     def count() -> float:
         value = REGISTRY.get_sample_value(

@@ -9,10 +9,10 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from kuberay_scaler.metrics import REGISTRY
-from kuberay_scaler.ray_gcs.client import MAX_RECONNECT_BACKOFF_S, GcsClient, TlsFiles
-from kuberay_scaler.ray_gcs.errors import GcsError, GcsUnavailable
-from kuberay_scaler.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.client import MAX_RECONNECT_BACKOFF_S, GcsClient, TlsFiles
+from kuberay_scaler.adapters.ray_gcs.errors import GcsError, GcsUnavailable
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.runtime.metrics import REGISTRY
 
 
 def closed_port() -> int:

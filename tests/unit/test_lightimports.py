@@ -8,7 +8,7 @@ from pathlib import Path
 
 DAEMON_IMPORTS = """
 import sys
-from kuberay_scaler import lightimports
+from kuberay_scaler.runtime import lightimports
 assert lightimports.install()
 import kuberay_scaler.app
 import kubernetes_asyncio.config
@@ -33,7 +33,8 @@ def test_the_daemon_skips_ray_s_runtime_and_the_kubernetes_models() -> None:
 
 
 def test_nothing_is_stubbed_once_ray_is_imported() -> None:
-    code = "import ray.core.generated.autoscaler_pb2\nfrom kuberay_scaler import lightimports\n"
+    code = "import ray.core.generated.autoscaler_pb2\n"
+    code += "from kuberay_scaler.runtime import lightimports\n"
     code += "assert not lightimports.install()\nimport ray\nassert hasattr(ray, 'init')\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -42,7 +43,7 @@ def test_nothing_is_stubbed_once_ray_is_imported() -> None:
 def test_run_installs_them_before_anything_imports_kubernetes_asyncio() -> None:
     # `run` checks the kubeconfig (importing kube.session) before it starts: stubs come first.
     code = (
-        "import sys\nfrom kuberay_scaler import cli\n"
+        "import sys\nfrom kuberay_scaler.cli import main as cli\n"
         "try:\n    cli.main(['run'])\nexcept SystemExit:\n    pass\n"
         "print('kubernetes_asyncio.client.models.v1_pod' in sys.modules,"
         " 'ray._raylet' in sys.modules)"
@@ -59,7 +60,7 @@ def test_run_installs_them_before_anything_imports_kubernetes_asyncio() -> None:
 # can reach from its entry point, executed in a process where the stubs are installed first.
 WALK = """
 import importlib, json, sys
-from kuberay_scaler import lightimports
+from kuberay_scaler.runtime import lightimports
 assert lightimports.install()
 failed = []
 for importer, module, names in json.loads(sys.stdin.read()):
@@ -79,7 +80,7 @@ def _daemon_modules() -> list[str]:
     import grimp
 
     graph = grimp.build_graph("kuberay_scaler")
-    entry = "kuberay_scaler.cli"
+    entry = "kuberay_scaler.cli.main"
     reachable = graph.find_upstream_modules(entry, as_package=False) | {entry}
     return sorted(m for m in reachable if m.startswith("kuberay_scaler"))
 
@@ -123,7 +124,7 @@ def _failures(statements: list[tuple[str, str, list[str]]]) -> list[str]:
 
 def test_every_import_the_daemon_can_run_works_under_the_stubs() -> None:
     modules = _daemon_modules()
-    assert {"kuberay_scaler.app", "kuberay_scaler.control.reconciler"} <= set(modules)
+    assert {"kuberay_scaler.app", "kuberay_scaler.loop.reconciler"} <= set(modules)
     statements = _import_statements(modules)
     assert any(m.startswith("kubernetes_asyncio") for _, m, _ in statements)
     assert any(m.startswith("ray.") for _, m, _ in statements)

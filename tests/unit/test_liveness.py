@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.liveness import HostClock, LivenessTracker
-from kuberay_scaler.model.hosts import Host
-from kuberay_scaler.model.ray import RayNode
-from kuberay_scaler.model.slices import SliceState
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.slicemap import SliceTimeouts, build_slice_map
+from kuberay_scaler.core.liveness import HostClock, LivenessTracker
+from kuberay_scaler.core.model.hosts import Host
+from kuberay_scaler.core.model.ray import RayNode
+from kuberay_scaler.core.model.slices import SliceState
+from kuberay_scaler.core.parse.pods import parse_pods
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.slicemap import SliceTimeouts, build_slice_map
 from tests.factories import NOW, cluster, group, slice_pods, state, tpu_slice_nodes
 
 GRACE = 180.0

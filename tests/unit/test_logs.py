@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import structlog
 
-from kuberay_scaler import logs
-from kuberay_scaler.logs import MASK, configure_logging, register_secret
+from kuberay_scaler.runtime import logs
+from kuberay_scaler.runtime.logs import MASK, configure_logging, register_secret
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.secret-part"
 

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 import kuberay_scaler.app  # noqa: F401  (registers every metric the daemon has)
-from kuberay_scaler.web.server import Probes, make_app
+from kuberay_scaler.adapters.web.server import Probes, make_app
 from tests.kustomize import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ async def _served() -> dict[str, set[str]]:
 
 
 def _declared_labels() -> dict[str, set[str]]:
-    from kuberay_scaler.metrics import REGISTRY
+    from kuberay_scaler.runtime.metrics import REGISTRY
 
     declared: dict[str, set[str]] = {}
     for collector in list(REGISTRY._collector_to_names):  # labelled metrics may have no samples

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.cluster import MAX_GROUP_HOSTS, MAX_HOSTS_PER_SLICE, MAX_RESOURCE
-from kuberay_scaler.model.reasons import ProblemKind
-from kuberay_scaler.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS, MAX_HOSTS_PER_SLICE, MAX_RESOURCE
+from kuberay_scaler.core.model.reasons import ProblemKind
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from tests.factories import cluster, group, head_node, plan_of, state, tasks
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.cluster import ClusterSpec
-from kuberay_scaler.model.hosts import Host, HostPhase
-from kuberay_scaler.parse.pods import parse_pod, parse_pods, pod_items
-from kuberay_scaler.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.model.cluster import ClusterSpec
+from kuberay_scaler.core.model.hosts import Host, HostPhase
+from kuberay_scaler.core.parse.pods import parse_pod, parse_pods, pod_items
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from tests.factories import NOW, cluster, group, pod
 
 SPEC: ClusterSpec = parse_raycluster(cluster(group("cpu"), group("tpu", hosts=4), name="rc"))

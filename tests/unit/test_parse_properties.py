@@ -16,12 +16,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kuberay_scaler.model.cluster import INT32_MAX, ClusterSpec
-from kuberay_scaler.model.ray import RayState
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.ray_state import RayStateError, parse_ray_state
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.slicemap import build_slice_map
+from kuberay_scaler.core.model.cluster import INT32_MAX, ClusterSpec
+from kuberay_scaler.core.model.ray import RayState
+from kuberay_scaler.core.parse.pods import parse_pods
+from kuberay_scaler.core.parse.ray_state import RayStateError, parse_ray_state
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.slicemap import build_slice_map
 from tests.factories import NOW, SAMPLES, cluster, group, pod, slice_pods
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"

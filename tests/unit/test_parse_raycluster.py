@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kuberay_scaler.model.cluster import INT32_MAX, UpscalingMode
-from kuberay_scaler.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.model.cluster import INT32_MAX, UpscalingMode
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from tests.factories import SAMPLES, cluster, deep, group
 
 

@@ -7,9 +7,9 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from kuberay_scaler.model.plan import Plan
-from kuberay_scaler.model.reasons import Keep, KeepKind
-from kuberay_scaler.patch.ops import PatchError, build_patch, drop_deletions
+from kuberay_scaler.core.model.plan import Plan
+from kuberay_scaler.core.model.reasons import Keep, KeepKind
+from kuberay_scaler.core.patch.ops import PatchError, build_patch, drop_deletions
 from tests.factories import (
     cluster,
     cpu_nodes,

@@ -13,7 +13,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from kuberay_scaler.cli import main
+from kuberay_scaler.cli.main import main
 from tests.factories import FIXTURES, SAMPLES, slice_pods
 
 ROOT = Path(__file__).resolve().parents[2]

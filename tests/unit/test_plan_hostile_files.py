@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kuberay_scaler import offline
-from kuberay_scaler.capture import PODS_FILE, RAY_STATE_FILE, RAYCLUSTER_FILE
-from kuberay_scaler.cli import main
+from kuberay_scaler.cli import offline
+from kuberay_scaler.cli.capture import PODS_FILE, RAY_STATE_FILE, RAYCLUSTER_FILE
+from kuberay_scaler.cli.main import main
 from tests.factories import SAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ def test_an_empty_standard_input_is_one_line() -> None:
 def test_standard_input_closed_at_the_descriptor_is_one_line() -> None:
     script = (
         "import os, sys; os.close(0); sys.stdin = None;"
-        "from kuberay_scaler.cli import main; sys.exit(main(['plan', '--raycluster', '-']))"
+        "from kuberay_scaler.cli.main import main; sys.exit(main(['plan', '--raycluster', '-']))"
     )
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
@@ -225,7 +225,7 @@ def test_a_closed_standard_output_is_one_line_and_not_success() -> None:
     """With `>&-` Python sets sys.stdout to None and print() drops the plan: exit 0, nothing."""
     script = (
         "import os, sys; os.close(1); sys.stdout = None;"
-        "from kuberay_scaler.cli import main;"
+        "from kuberay_scaler.cli.main import main;"
         f"sys.exit(main(['plan', '--raycluster', {str(GOOD_RC)!r}]))"
     )
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}

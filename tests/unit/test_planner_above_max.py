@@ -11,11 +11,11 @@ from datetime import timedelta
 
 from ray.core.generated import instance_manager_pb2
 
-from kuberay_scaler.defaults import PREEMPT_DEADLINE_S, RAYCLUSTER_POLL_INTERVAL_S
-from kuberay_scaler.model.plan import DeleteKind, Memory, Plan
-from kuberay_scaler.model.ray import NodeStatus
-from kuberay_scaler.model.reasons import ScaleDownKind
-from kuberay_scaler.patch.ops import build_patch
+from kuberay_scaler.core.defaults import PREEMPT_DEADLINE_S, RAYCLUSTER_POLL_INTERVAL_S
+from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan
+from kuberay_scaler.core.model.ray import NodeStatus
+from kuberay_scaler.core.model.reasons import ScaleDownKind
+from kuberay_scaler.core.patch.ops import build_patch
 from tests.factories import (
     NOW,
     cluster,
@@ -226,8 +226,8 @@ def test_within_max_replicas_nothing_changes() -> None:
 
 
 def test_preempt_deadline_comes_from_settings() -> None:
-    from kuberay_scaler.policy import policy_from_settings
-    from kuberay_scaler.settings import load_settings
+    from kuberay_scaler.runtime.policy import policy_from_settings
+    from kuberay_scaler.runtime.settings import load_settings
 
     policy = policy_from_settings(load_settings({"KUBERAY_SCALER_PREEMPT_DEADLINE_S": "120"}))
     rc = cluster(group("cpu", replicas=2, max_replicas=1))

@@ -15,8 +15,8 @@ from ray.autoscaler._private.kuberay.autoscaling_config import (
     _get_ray_resources_from_group_spec,
 )
 
-from kuberay_scaler.parse.raycluster import parse_group
-from kuberay_scaler.planner.shapes import slice_shape
+from kuberay_scaler.core.parse.raycluster import parse_group
+from kuberay_scaler.core.planner.shapes import slice_shape
 from tests.factories import (
     cluster,
     group,

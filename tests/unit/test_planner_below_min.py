@@ -3,7 +3,7 @@ lower, so the plan starts from what runs, writes it, and says so (RunsMinReplica
 
 from __future__ import annotations
 
-from kuberay_scaler.model.reasons import RunsMinReplicas, ScaleDown
+from kuberay_scaler.core.model.reasons import RunsMinReplicas, ScaleDown
 from tests.factories import (
     cluster,
     cpu_nodes,

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.cluster import MAX_GROUP_HOSTS
-from kuberay_scaler.model.ray import Bundle, GangStrategy
-from kuberay_scaler.model.reasons import HoldKind, ProblemKind, Waiting
-from kuberay_scaler.planner import bins, core, pool, scale_up
+from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS
+from kuberay_scaler.core.model.ray import Bundle, GangStrategy
+from kuberay_scaler.core.model.reasons import HoldKind, ProblemKind, Waiting
+from kuberay_scaler.core.planner import bins, core, pool, scale_up
 from tests.factories import (
     bundle,
     cluster,

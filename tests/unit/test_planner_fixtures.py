@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.ray import RayState
-from kuberay_scaler.model.reasons import InfeasibleKind, ProblemKind
-from kuberay_scaler.parse.ray_state import parse_ray_state
-from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.core.model.ray import RayState
+from kuberay_scaler.core.model.reasons import InfeasibleKind, ProblemKind
+from kuberay_scaler.core.parse.ray_state import parse_ray_state
+from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     FIXTURES,
     cluster,

@@ -13,9 +13,9 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kuberay_scaler import slicemap
-from kuberay_scaler.model.plan import DeleteKind, Memory, Plan, ReplaceBackoff
-from kuberay_scaler.model.ray import (
+from kuberay_scaler.core import slicemap
+from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan, ReplaceBackoff
+from kuberay_scaler.core.model.ray import (
     Bundle,
     GangDemand,
     GangStrategy,
@@ -23,11 +23,11 @@ from kuberay_scaler.model.ray import (
     RayNode,
     TaskDemand,
 )
-from kuberay_scaler.patch.ops import build_patch
-from kuberay_scaler.planner import core
-from kuberay_scaler.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.planner.pool import Pool
+from kuberay_scaler.core.patch.ops import build_patch
+from kuberay_scaler.core.planner import core
+from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.pool import Pool
 from tests.factories import (
     NOW,
     bundle,

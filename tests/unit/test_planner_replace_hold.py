@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.plan import DeleteKind, Memory, ReplaceBackoff
-from kuberay_scaler.model.reasons import (
+from kuberay_scaler.core.model.plan import DeleteKind, Memory, ReplaceBackoff
+from kuberay_scaler.core.model.reasons import (
     Hold,
     HoldKind,
     Keep,
@@ -17,8 +17,8 @@ from kuberay_scaler.model.reasons import (
     Replace,
     SliceFault,
 )
-from kuberay_scaler.planner.core import Policy
-from kuberay_scaler.slicemap import SliceTimeouts
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.slicemap import SliceTimeouts
 from tests.factories import (
     NOW,
     cluster,

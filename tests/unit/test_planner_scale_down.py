@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.plan import DeleteKind
-from kuberay_scaler.model.ray import NodeStatus, RayNode
-from kuberay_scaler.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
-from kuberay_scaler.planner.core import Policy
+from kuberay_scaler.core.model.plan import DeleteKind
+from kuberay_scaler.core.model.ray import NodeStatus, RayNode
+from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
+from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     cluster,
     cpu_nodes,

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.model.plan import Memory, ReplaceBackoff
-from kuberay_scaler.model.ray import GangStrategy, TaskDemand
-from kuberay_scaler.model.reasons import (
+from kuberay_scaler.core.model.plan import Memory, ReplaceBackoff
+from kuberay_scaler.core.model.ray import GangStrategy, TaskDemand
+from kuberay_scaler.core.model.reasons import (
     Demand,
     DemandKind,
     Hold,

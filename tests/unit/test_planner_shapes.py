@@ -10,8 +10,8 @@ from ray.autoscaler._private.kuberay.autoscaling_config import (
     _get_ray_resources_from_group_spec,
 )
 
-from kuberay_scaler.parse.raycluster import parse_group
-from kuberay_scaler.planner.shapes import ShapeError, slice_shape, tpu_pod_type
+from kuberay_scaler.core.parse.raycluster import parse_group
+from kuberay_scaler.core.planner.shapes import ShapeError, slice_shape, tpu_pod_type
 from tests.factories import group, sample, tpu_group
 
 GiB = 2**30

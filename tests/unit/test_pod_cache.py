@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.parse.pod_cache import PodCache
-from kuberay_scaler.parse.pods import parse_pod, parse_pods, slim_pod
-from kuberay_scaler.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.parse.pod_cache import PodCache
+from kuberay_scaler.core.parse.pods import parse_pod, parse_pods, slim_pod
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from tests.factories import cluster, group, pod, slice_pods, tpu_group
 
 RC = cluster(group("cpu", replicas=2), tpu_group("tpu", replicas=1))

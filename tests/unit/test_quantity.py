@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kuberay_scaler.parse.quantity import parse_quantity
+from kuberay_scaler.core.parse.quantity import parse_quantity
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kuberay_scaler.ray_shim import UsageError, translate
+from kuberay_scaler.cli.ray_shim import UsageError, translate
 
 SHIM = Path(sys.executable).parent / "kuberay-scaler-ray"
 # What KubeRay's BuildAutoscalerContainer renders, after the kubelet expanded $(VAR).

@@ -1,4 +1,5 @@
-"""The poll-mode RayCluster GET schedule (kube/raycluster.py::PollCadence), on a fake clock.
+"""The poll-mode RayCluster GET schedule (adapters/kube/raycluster.py::PollCadence), on a fake
+clock.
 
 Under KubeRay's Role (get/patch on rayclusters, no watch) a user's spec edit is seen only by a
 GET. Issue 22: edits acted on within p50 <= 2 s, p99 <= 5 s, with no more API requests than Ray's
@@ -12,8 +13,8 @@ import statistics
 
 import pytest
 
-from kuberay_scaler import defaults as D
-from kuberay_scaler.kube.raycluster import PollCadence
+from kuberay_scaler.adapters.kube.raycluster import PollCadence
+from kuberay_scaler.core import defaults as D
 
 # Time from the GET that brings an edit to the patch acting on it, allowed for in the budget:
 # the loop's debounce plus a generous plan-and-patch (measured ~0.05 s; bench_spec_edit.py).

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kuberay_scaler.model.plan import DeleteKind
-from kuberay_scaler.model.reasons import (
+from kuberay_scaler.core.model.plan import DeleteKind
+from kuberay_scaler.core.model.reasons import (
     Action,
     DemandKind,
     Hold,

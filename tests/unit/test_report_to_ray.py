@@ -5,9 +5,9 @@ Issue 12 items 5 and 6. The plans come from the real planner on API-shaped input
 
 from __future__ import annotations
 
-from kuberay_scaler.control.report import report_from_plan
-from kuberay_scaler.model.ray import GangStrategy, TaskDemand
-from kuberay_scaler.ray_gcs.report import build_autoscaling_state
+from kuberay_scaler.adapters.ray_gcs.report import build_autoscaling_state
+from kuberay_scaler.core.model.ray import GangStrategy, TaskDemand
+from kuberay_scaler.loop.report import report_from_plan
 from tests.factories import (
     NOW,
     bundle,

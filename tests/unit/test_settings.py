@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import AliasChoices
 
-from kuberay_scaler.settings import PREFIX, ConfigError, Settings, load_settings
+from kuberay_scaler.runtime.settings import PREFIX, ConfigError, Settings, load_settings
 
 # What KubeRay v1.7 injects into the autoscaler container (common/pod.go), token auth and TLS on.
 KUBERAY_ENV = {
@@ -262,7 +262,7 @@ def test_every_number_has_an_upper_bound_far_from_overflow(field: str, raw: str)
 
 @pytest.mark.parametrize("field", _numeric_fields())
 def test_the_documented_maximum_is_accepted_and_fits_int64_milliseconds(field: str) -> None:
-    from kuberay_scaler.settings import upper_bound
+    from kuberay_scaler.runtime.settings import upper_bound
 
     maximum = upper_bound(field)
     settings = load_settings({_env_name(field): str(maximum)})
@@ -273,7 +273,7 @@ def test_the_documented_maximum_is_accepted_and_fits_int64_milliseconds(field: s
 
 @pytest.mark.parametrize("field", _numeric_fields())
 def test_readme_states_each_numbers_range(field: str) -> None:
-    from kuberay_scaler.settings import range_text
+    from kuberay_scaler.runtime.settings import range_text
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith(f"| `{_env_name(field)}`"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kuberay_scaler.model.ray import RayNode
-from kuberay_scaler.slicemap import build_slice_map
+from kuberay_scaler.core.model.ray import RayNode
+from kuberay_scaler.core.slicemap import build_slice_map
 from tests.factories import NOW, slice_pods, state, tpu_slice_nodes
 from tests.unit.test_slicemap import TIMEOUTS, TPU_SPEC, hosts_of
 

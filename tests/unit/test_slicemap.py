@@ -10,14 +10,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kuberay_scaler.model.cluster import ClusterSpec
-from kuberay_scaler.model.hosts import Host
-from kuberay_scaler.model.ray import RayNode, RayState
-from kuberay_scaler.model.slices import Slice, SliceMap, SliceState
-from kuberay_scaler.parse.pods import parse_pods
-from kuberay_scaler.parse.ray_state import parse_ray_state
-from kuberay_scaler.parse.raycluster import parse_raycluster
-from kuberay_scaler.slicemap import SliceTimeouts, build_slice_map
+from kuberay_scaler.core.model.cluster import ClusterSpec
+from kuberay_scaler.core.model.hosts import Host
+from kuberay_scaler.core.model.ray import RayNode, RayState
+from kuberay_scaler.core.model.slices import Slice, SliceMap, SliceState
+from kuberay_scaler.core.parse.pods import parse_pods
+from kuberay_scaler.core.parse.ray_state import parse_ray_state
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.slicemap import SliceTimeouts, build_slice_map
 from tests.factories import NOW, cluster, group, node, pod, slice_pods, state, tpu_slice_nodes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"

@@ -1,0 +1,195 @@
+"""Poll `GetClusterResourceState` and publish what the GCS said, parsed, or that we do not know.
+
+Every poll becomes one `RayObservation` (core/model/ray.py): the reply parsed here, once, so nothing
+past this adapter reads protobuf. `state=None` means "unknown": unreachable, restarted, replaced,
+refused, or a reply we cannot read. The planner must hold on unknown, never read it as "no
+demand". `epoch` counts the GCS incarnations we have seen: it grows when the cluster id changes
+(a new GCS) or when the `cluster_resource_state_version` counter, which only ever grows inside
+one GCS process, goes back (a GCS restarted with fault tolerance keeps its cluster id but loses
+that counter). Every report the loop sends is a full one, so a GCS that forgot the last one is
+told again at the next reconcile.
+
+Change detection compares parsed values (`RayObservation.content`: versions and idle clocks
+left out), never protobuf bytes, and never touches the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
+from kuberay_scaler.adapters.ray_gcs.errors import GcsError
+from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.parse.ray_state import RayStateError, parse_ray_state
+from kuberay_scaler.runtime.metrics import GCS_CONNECTED
+
+log = structlog.get_logger(__name__)
+
+
+class StateSource(Protocol):
+    """What the poller needs from `GcsClient`."""
+
+    @property
+    def cluster_id(self) -> str | None: ...
+
+    async def get_cluster_resource_state(self) -> Any: ...
+
+
+def observation_of(
+    reply: Any, *, observed_at: float, cluster_id: str | None, epoch: int
+) -> RayObservation:
+    """One reply, parsed; an unusable one is an unknown observation that says why."""
+    version = _version(reply)
+    try:
+        state = parse_ray_state(reply)
+    except RayStateError as err:
+        return RayObservation(
+            None, observed_at, cluster_id, epoch, version, f"unusable GCS reply: {err}", True
+        )
+    return RayObservation(state, observed_at, cluster_id, epoch, version)
+
+
+class GcsPoller:
+    """Polls at most `interval_s` apart, sooner while polls are cheap or the state moves (see
+    `cadence`); `on_observation` gets every observation, `on_change` each one whose content
+    changed (to wake the loop)."""
+
+    def __init__(
+        self,
+        client: StateSource,
+        *,
+        interval_s: float,
+        on_change: Callable[[RayObservation], None] | None = None,
+        on_observation: Callable[[RayObservation], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"poll interval must be positive, got {interval_s}")
+        self._client = client
+        self._interval_s = interval_s
+        self._on_change = on_change
+        self._on_observation = on_observation
+        self._monotonic = monotonic
+        self._epoch = 0
+        self._cluster_id: str | None = None
+        self._last_version = -1
+        self._content: object = None
+        self._cadence = Cadence(ceiling_s=interval_s)
+        self._last_cost_s = 0.0
+        self._last_change = monotonic()
+        self.content_version = 0  # rises whenever the content (not the version) changed
+        self._wake = asyncio.Event()
+        self._unknown_kind: str | None = None  # the kind of failure last logged
+        self.latest = RayObservation(None, monotonic(), error="not polled yet")
+
+    @property
+    def gcs_epoch(self) -> int:
+        return self._epoch
+
+    def poll_soon(self) -> None:
+        """Cut the current wait short (e.g. right after a drain or a patch)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        while True:
+            await self.poll_once()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.next_interval()):
+                    await self._wake.wait()
+
+    def next_interval(self) -> float:
+        return self._cadence.next_interval(
+            cost_s=self._last_cost_s,
+            demand_pending=self.latest.demand_pending,
+            last_change=self._last_change,
+            now=self._monotonic(),
+        )
+
+    async def poll_once(self) -> RayObservation:
+        cpu = time.process_time()
+        try:
+            try:
+                reply = await self._client.get_cluster_resource_state()
+            except GcsError as err:
+                return self._publish(self._unknown(err))
+            return self._publish(self._known(reply))
+        finally:
+            self._last_cost_s = time.process_time() - cpu
+
+    async def read_now(self) -> RayObservation:
+        """A read of its own (say right before draining), parsed like a poll but neither
+        published nor counted toward epochs: two reads in flight cannot look like a restart."""
+        try:
+            reply = await self._client.get_cluster_resource_state()
+        except GcsError as err:
+            return RayObservation(
+                None, self._monotonic(), self._client.cluster_id, self._epoch, error=str(err)
+            )
+        return observation_of(
+            reply,
+            observed_at=self._monotonic(),
+            cluster_id=self._client.cluster_id,
+            epoch=self._epoch,
+        )
+
+    def _unknown(self, err: GcsError) -> RayObservation:
+        error = str(err)
+        # Once per state change: the message itself changes on every poll during a backoff.
+        kind = type(err).__name__
+        if self.latest.known or self._unknown_kind != kind:
+            log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
+        self._unknown_kind = kind
+        GCS_CONNECTED.set(0)
+        return RayObservation(None, self._monotonic(), self._cluster_id, self._epoch, error=error)
+
+    def _known(self, reply: Any) -> RayObservation:
+        cluster_id = self._client.cluster_id
+        version = _version(reply)
+        replaced = self._cluster_id is not None and cluster_id != self._cluster_id
+        restarted = not replaced and version <= self._last_version
+        if replaced or restarted:
+            self._epoch += 1
+            log.warning(
+                "gcs_new_epoch",
+                gcs_epoch=self._epoch,
+                cause="replaced" if replaced else "restarted",
+                cluster_id=cluster_id,
+            )
+        elif not self.latest.known:
+            log.info("gcs_state_known", gcs_epoch=self._epoch, cluster_id=cluster_id)
+        self._unknown_kind = None
+        GCS_CONNECTED.set(1)
+        self._cluster_id = cluster_id
+        self._last_version = version
+        observation = observation_of(
+            reply, observed_at=self._monotonic(), cluster_id=cluster_id, epoch=self._epoch
+        )
+        if observation.unusable:
+            log.warning("gcs_reply_unusable", error=observation.error, gcs_epoch=self._epoch)
+        return observation
+
+    def _publish(self, observation: RayObservation) -> RayObservation:
+        self.latest = observation
+        if self._on_observation is not None:
+            self._on_observation(observation)
+        content = observation.content()
+        if content != self._content:
+            self._content = content
+            self.content_version += 1
+            self._last_change = self._monotonic()
+            if self._on_change is not None:
+                self._on_change(observation)
+        return observation
+
+
+def _version(reply: Any) -> int:
+    state = getattr(reply, "cluster_resource_state", None)
+    return int(getattr(state, "cluster_resource_state_version", 0) or 0)

@@ -1,0 +1,1 @@
+"""The pure core: decisions without I/O."""

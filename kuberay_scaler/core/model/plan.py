@@ -1,0 +1,307 @@
+"""What the planner decided, with a typed reason (core/model/reasons.py) for every decision."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+from kuberay_scaler.core.model.cluster import ClusterSpec, Problem
+from kuberay_scaler.core.model.hosts import Host, HostClock
+from kuberay_scaler.core.model.ray import GangDemand, TaskDemand
+from kuberay_scaler.core.model.reasons import (
+    Action,
+    Demand,
+    Hold,
+    InfeasibleKind,
+    PlanProblem,
+    Reason,
+    Replace,
+    ScaleDown,
+    ScaleUp,
+    Unchanged,
+    UnchangedKind,
+)
+from kuberay_scaler.core.model.slices import Slice, SliceMap
+
+
+class DeleteKind(StrEnum):
+    """How a slice leaves; IDLE and SURPLUS deletions go only if every drain is accepted."""
+
+    IDLE = "idle"  # drain every host first; delete only if every drain is accepted
+    REPLACE = "replace"  # broken: delete as a unit, KubeRay creates a fresh replica
+    PREEMPT = "preempt"  # busy, above maxReplicas: drain (preemption, deadline), delete later
+    # Above maxReplicas with no work: hosts that joined Ray are idle and drained first (none for
+    # a slice still coming up or one already drained for preemption).
+    SURPLUS = "surplus"
+
+
+@dataclass(frozen=True)
+class SliceDeletion:
+    slice_key: str
+    pods: tuple[str, ...]
+    node_ids: tuple[str, ...]  # Ray nodes to drain (hex ids)
+    kind: DeleteKind
+    reason: ScaleDown | Replace
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    group: str
+    index: int
+    num_of_hosts: int
+    current: int  # replicas as stored in the spec
+    target: int
+    deletions: tuple[SliceDeletion, ...] = ()
+    clear_workers_to_delete: bool = False
+    held: Hold | None = None  # why nothing (or only part) was decided for this group
+    reasons: tuple[Reason, ...] = ()
+    launching_hosts: int = 0  # hosts asked for and not yet in Ray, for the report to Ray
+    new_hosts: int = 0  # of those, the hosts of slices this very plan adds (not yet written)
+    # Busy slices above maxReplicas to drain with reason preemption now; deleted in a later plan
+    # once drained or past their deadline (never in this one).
+    preempt: tuple[SliceDeletion, ...] = ()
+
+    @property
+    def changes(self) -> bool:
+        return self.spec_changes or bool(self.preempt)
+
+    @property
+    def spec_changes(self) -> bool:
+        """Whether the RayCluster's group changes (preemption drains alone do not patch)."""
+        return self.target != self.current or bool(self.deletions) or self.clear_workers_to_delete
+
+    @property
+    def action(self) -> Action:
+        if self.target > self.current:
+            return Action.SCALE_UP
+        if any(x.kind is DeleteKind.REPLACE for x in self.deletions):
+            return Action.REPLACE
+        if self.target < self.current or self.deletions or self.preempt:
+            return Action.SCALE_DOWN
+        if self.clear_workers_to_delete:
+            return Action.CLEAR_WORKERS_TO_DELETE
+        return Action.NONE
+
+    @property
+    def reason_code(self) -> str:
+        """The kind of the reason behind `action`: a metrics label from a small, fixed set."""
+        action = self.action
+        if action is Action.SCALE_UP:
+            ups = [r for r in self.reasons if isinstance(r, ScaleUp)]
+            return ups[0].kind.value if ups else "replicas_below_min"
+        if action is Action.REPLACE:
+            faults = [x.reason.kind for x in self.deletions if x.kind is DeleteKind.REPLACE]
+            return str(faults[0] or "broken")
+        if action is Action.SCALE_DOWN:
+            first = (*self.deletions, *self.preempt)
+            return str(first[0].reason.kind) if first else "replicas_above_max"
+        if action is Action.CLEAR_WORKERS_TO_DELETE:
+            return "workers_deleted"
+        return "none"
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    demand: Demand
+    kind: InfeasibleKind
+    missing: str = ""  # the bundle no host offers (placement groups)
+    count: int = 1
+    certain: bool = True  # no group of this cluster can ever serve it, whatever the replicas
+    # What Ray asked for, so the report can name it back (ReportAutoscalingState).
+    request: TaskDemand | GangDemand | None = None
+
+    @property
+    def reason(self) -> str:
+        """The sentence for logs and the report to Ray."""
+        if self.kind is InfeasibleKind.NO_GROUP_OFFERS_PACKED:
+            return f"no worker group's host offers all bundles together {self.missing}"
+        if self.kind is InfeasibleKind.NO_GROUP_OFFERS_BUNDLE:
+            return f"no worker group's host offers bundle {self.missing}"
+        return "no worker group's host offers this"
+
+
+@dataclass(frozen=True)
+class ReplaceBackoff:
+    """A group that replaced broken slices recently: the next replacement waits until `until`."""
+
+    until: datetime
+    failures: int  # consecutive replacements; the next delay grows with it
+    replaced: int  # slices replaced the last time
+
+
+@dataclass(frozen=True)
+class RefusedDrain:
+    """A slice whose drain every host refused (or failed): retried only once its Ray idle state
+    changes (a host's idle duration went back: it was busy and is idle again; or its nodes
+    differ) or at `until`, whichever comes first."""
+
+    until: datetime
+    idle_ms: Mapping[str, int]  # node id → Ray's idle duration when the drain was refused
+    failures: int  # consecutive refused rounds; the wait doubles with each
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the planner carries between loops. The loop keeps it; the planner returns a new one."""
+
+    backoff: Mapping[str, ReplaceBackoff] = field(default_factory=lambda: MappingProxyType({}))
+    # Groups the loop holds (plan nothing for them): our write not yet observed (a text, or
+    # Hold(AWAITING_WRITE)), or another writer's override (Hold(OVERRIDDEN)).
+    awaiting_write: Mapping[str, str | Hold] = field(default_factory=lambda: MappingProxyType({}))
+    # Slices recorded on the RayCluster as being drained (group → slice keys): a restart in the
+    # middle of a scale-down finishes it instead of forgetting it.
+    draining: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # Busy slices above maxReplicas drained for preemption: slice key → when the drain's time is
+    # up (kept by the planner; a restart forgets it and drains again, so the wait only grows).
+    preempting: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+    # Slices whose drain was refused lately (slice key → when to retry at the latest).
+    refused: Mapping[str, RefusedDrain] = field(default_factory=lambda: MappingProxyType({}))
+    # Broken slices kept because a host is busy: slice key → since when (bounded, see
+    # KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
+    broken_busy_since: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster as the Kubernetes side sees it right now."""
+
+    spec: ClusterSpec
+    hosts: tuple[Host, ...]
+    synced: bool = True  # False while the pod cache or the RayCluster view is not trustworthy
+    problems: tuple[Problem, ...] = ()  # pods that cannot be used
+    clock: HostClock | None = None  # the daemon's liveness memory; None: the pods' timestamps
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: str
+    uid: str
+    resource_version: str
+    groups: tuple[GroupDecision, ...]
+    infeasible: tuple[Infeasible, ...]
+    problems: tuple[PlanProblem, ...]
+    slice_map: SliceMap | None
+    memory: Memory
+    held: Hold | None = None  # the whole plan held (unsynced view, unknown demand)
+
+    @property
+    def changes(self) -> bool:
+        return any(g.changes for g in self.groups)
+
+    def group(self, name: str) -> GroupDecision | None:
+        return next((g for g in self.groups if g.group == name), None)
+
+    @property
+    def next_idle_expiry_s(self) -> float | None:
+        """Seconds from this plan's observation until the first idle slice that stays reaches
+        its idle timeout; None when no slice is idle below its timeout. Idle clocks move with
+        time alone, so the loop plans again then instead of waiting for its resync timer."""
+        waits = [
+            r.timeout_s - r.idle_s
+            for g in self.groups
+            for r in g.reasons
+            if isinstance(r, Unchanged) and r.kind is UnchangedKind.IDLE_BELOW_TIMEOUT
+        ]
+        return max(0.0, min(waits)) if waits else None
+
+    def _slices_doc(self, group: str) -> list[dict[str, Any]]:
+        gs = self.slice_map.groups.get(group) if self.slice_map else None
+        return [slice_doc(sl) for sl in gs.slices] if gs else []
+
+    def summary(self) -> dict[str, Any]:
+        """The plan as the `plan` command and /debug/plan print it (without the patch)."""
+        return {
+            "cluster": self.cluster,
+            "held": _hold_doc(self.held),
+            "groups": [
+                {
+                    "name": g.group,
+                    "num_of_hosts": g.num_of_hosts,
+                    "replicas": {"current": g.current, "target": g.target},
+                    "delete": [
+                        {
+                            "slice": d.slice_key,
+                            "pods": list(d.pods),
+                            "kind": d.kind.value,
+                            "reason": _reason_doc(d.reason),
+                        }
+                        for d in g.deletions
+                    ],
+                    "drain": [n for d in g.deletions for n in d.node_ids],
+                    "clear_workers_to_delete": g.clear_workers_to_delete,
+                    "preempt": [
+                        {
+                            "slice": d.slice_key,
+                            "pods": list(d.pods),
+                            "reason": _reason_doc(d.reason),
+                        }
+                        for d in g.preempt
+                    ],
+                    "held": _hold_doc(g.held),
+                    "reasons": [_reason_doc(r) for r in g.reasons],
+                    "slices": self._slices_doc(g.group),
+                }
+                for g in self.groups
+            ],
+            "infeasible": [
+                {
+                    "demand": str(i.demand),
+                    "count": i.count,
+                    "kind": i.kind.value,
+                    "reason": i.reason,
+                    "certain": i.certain,
+                }
+                for i in self.infeasible
+            ],
+            "problems": [
+                {"kind": p.kind.value, "group": p.group, "text": str(p)} for p in self.problems
+            ],
+        }
+
+
+def slice_doc(sl: Slice) -> dict[str, Any]:
+    """One slice as people read it: state and why, and each host with its Ray node."""
+    idle_ms = sl.idle_ms()
+    return {
+        "slice": sl.key,
+        "state": sl.state.value,
+        "reason": sl.reason,
+        "idle_s": None if idle_ms is None else round(idle_ms / 1000, 1),
+        "hosts": [
+            {
+                "pod": h.pod_name,
+                "host_index": h.host_index,
+                "phase": h.phase.value,
+                "detail": h.detail,
+                "ray_node": sl.nodes[h.pod_name].node_id if h.pod_name in sl.nodes else None,
+                "ray_status": sl.nodes[h.pod_name].status.value if h.pod_name in sl.nodes else None,
+                "idle_s": (
+                    round(sl.nodes[h.pod_name].idle_ms / 1000, 1)
+                    if h.pod_name in sl.nodes and sl.nodes[h.pod_name].idle
+                    else None
+                ),
+            }
+            for h in sl.hosts
+        ],
+    }
+
+
+def _hold_doc(hold: Hold | None) -> dict[str, Any] | None:
+    return None if hold is None else {"kind": hold.kind.value, "text": str(hold)}
+
+
+def _reason_doc(reason: Reason) -> dict[str, Any]:
+    """A reason for the documents people read: its kind, its sentence and its slice if any."""
+    doc: dict[str, Any] = {"type": type(reason).__name__, "kind": str(reason.kind)}
+    slice_key = getattr(reason, "slice", None)
+    if slice_key is not None:
+        doc["slice"] = slice_key
+    count = getattr(reason, "count", None)
+    if count:
+        doc["count"] = count
+    doc["text"] = str(reason)
+    return doc

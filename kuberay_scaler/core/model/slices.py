@@ -1,0 +1,88 @@
+"""The slice map: worker group → slices → hosts, each slice with a state and a reason."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from kuberay_scaler.core.model.cluster import Problem, WorkerGroup
+from kuberay_scaler.core.model.hosts import Host
+from kuberay_scaler.core.model.ray import RayNode
+from kuberay_scaler.core.model.reasons import SliceFault
+
+
+class SliceState(StrEnum):
+    COMPLETE = "complete"  # every host Running and joined to Ray
+    PENDING = "pending"  # coming up: pods not all Running or not all in Ray yet
+    PARTIAL = "partial"  # fewer pods than numOfHosts exist (being created or half deleted)
+    BROKEN = "broken"  # will not become useful on its own: replace it
+    TERMINATING = "terminating"  # being deleted (a pod terminating or named in workersToDelete)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One replica of a worker group: `expected_hosts` pods created and deleted together."""
+
+    key: str
+    group: str
+    expected_hosts: int
+    hosts: tuple[Host, ...]  # ordered by host index, then pod name
+    nodes: Mapping[str, RayNode]  # pod name → live Ray node, for hosts that joined
+    state: SliceState
+    reason: str
+    fault: SliceFault | None  # why it is broken (BROKEN only)
+    created_at: datetime | None
+    marked_for_deletion: bool
+
+    @property
+    def pod_names(self) -> tuple[str, ...]:
+        return tuple(h.pod_name for h in self.hosts)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(self.nodes[h.pod_name].node_id for h in self.hosts if h.pod_name in self.nodes)
+
+    @property
+    def working_hosts(self) -> tuple[str, ...]:
+        """Pods whose live Ray node is not idle (running work, draining, or of unknown status)."""
+        return tuple(
+            h.pod_name
+            for h in self.hosts
+            if h.pod_name in self.nodes and not self.nodes[h.pod_name].idle
+        )
+
+    def idle_ms(self) -> int | None:
+        """How long every host has been idle: the minimum, or None if any host is busy/absent."""
+        if self.state is not SliceState.COMPLETE:
+            return None
+        durations = []
+        for host in self.hosts:
+            node = self.nodes.get(host.pod_name)
+            if node is None or not node.idle:
+                return None
+            durations.append(node.idle_ms)
+        return min(durations) if durations else None
+
+    @property
+    def counts_as_capacity(self) -> bool:
+        """Complete and pending slices will serve work; the others never count."""
+        return self.state in (SliceState.COMPLETE, SliceState.PENDING)
+
+
+@dataclass(frozen=True)
+class GroupSlices:
+    group: WorkerGroup
+    slices: tuple[Slice, ...]
+
+    def by_state(self, state: SliceState) -> tuple[Slice, ...]:
+        return tuple(s for s in self.slices if s.state is state)
+
+
+@dataclass(frozen=True)
+class SliceMap:
+    groups: Mapping[str, GroupSlices]
+    head: tuple[Host, ...]
+    orphans: tuple[Host, ...]  # pods of groups that are not (or no longer) in the spec
+    problems: tuple[Problem, ...]

@@ -1,0 +1,186 @@
+"""Turn the slice map and Ray's nodes into bins: the capacity demand can use right now."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from kuberay_scaler.core.model.hosts import Host, HostPhase
+from kuberay_scaler.core.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
+from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayState
+from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
+from kuberay_scaler.core.planner.bins import Bin, accelerators_of, bins_for_new_slice
+from kuberay_scaler.core.planner.shapes import SliceShape
+
+COUNTED = (SliceState.COMPLETE, SliceState.PENDING, SliceState.PARTIAL, SliceState.BROKEN)
+
+
+@dataclass
+class Capacity:
+    available: list[Bin] = field(default_factory=list)  # free resources now
+    total: list[Bin] = field(default_factory=list)  # whole hosts, for the request_resources floor
+    virtual: dict[str, int] = field(default_factory=dict)  # group → replicas without pods yet
+    # Whole hosts are only needed when Ray has a request_resources floor: without one, `total`
+    # stays empty (half the bins of a 100k-host frame).
+    with_total: bool = True
+
+    def lists(self) -> tuple[list[Bin], ...]:
+        return (self.available, self.total) if self.with_total else (self.available,)
+
+
+def build_capacity(
+    slice_map: SliceMap,
+    ray: RayState,
+    shapes: Mapping[str, SliceShape],
+    replacing: Collection[str] = (),
+    with_total: bool = True,
+    bins: bool = True,
+) -> Capacity:
+    """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
+
+    `replacing` names the groups whose broken slices this plan replaces: KubeRay brings up a
+    fresh replica for each, so they count as launching capacity rather than nothing.
+    `bins` False (no demand to place): only `virtual` is counted; no bin would be looked at.
+    """
+    cap = Capacity(with_total=with_total)
+    unidentified = _unidentified_pods(slice_map)
+    if not bins:
+        _count_virtual(cap, slice_map, shapes, unidentified)
+        return cap
+    owner = _slice_of_pod(slice_map)
+    for node in ray.nodes:
+        if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
+            continue
+        group, key, state = owner.get(node.instance_id, (None, None, None))
+        usable = state in (None, SliceState.COMPLETE, SliceState.PENDING)
+        if not usable and node.instance_id not in unidentified:
+            continue  # broken, partial and terminating slices are never capacity as they are
+        accelerators = accelerators_of(node.total)
+        cap.available.append(_node_bin(node, group, key, node.available, accelerators))
+        if with_total:
+            cap.total.append(_node_bin(node, group, key, node.total, accelerators))
+    for name, gs in slice_map.groups.items():
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        for sl in gs.slices:
+            if sl.hosts and sl.hosts[0].pod_name in unidentified:
+                # No replica label: siblings unknown. Count only what each pod really is (its
+                # Ray node, or one launching host), never a whole fresh slice per pod.
+                _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
+            elif sl.state is SliceState.PENDING:
+                _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
+            elif sl.state is SliceState.PARTIAL or (
+                sl.state is SliceState.BROKEN and name in replacing and not sl.working_hosts
+            ):
+                # (A broken slice with busy hosts is kept, not replaced: see planner/replace.py.)
+                # KubeRay deletes a replica missing pods and recreates it whole; a replaced
+                # one is recreated too. Either way a complete fresh slice is on its way.
+                _add_fresh_slice(cap, name, sl.key, shape)
+        virtual = cap.virtual[name] = _virtual(gs, unidentified)
+        for i in range(virtual):
+            _add_fresh_slice(cap, name, f"launching:{name}:{i}", shape)
+    return cap
+
+
+def _count_virtual(
+    cap: Capacity, slice_map: SliceMap, shapes: Mapping[str, SliceShape], unidentified: set[str]
+) -> None:
+    for name, gs in slice_map.groups.items():
+        if name in shapes:
+            cap.virtual[name] = _virtual(gs, unidentified)
+
+
+def _virtual(gs: GroupSlices, unidentified: set[str]) -> int:
+    """Replicas asked for that have no pods yet."""
+    loose = sum(len(s.hosts) for s in gs.slices if s.hosts[0].pod_name in unidentified)
+    counted = sum(
+        1 for s in gs.slices if s.state in COUNTED and s.hosts[0].pod_name not in unidentified
+    )
+    counted += -(-loose // gs.group.num_of_hosts)  # replicas those pods may belong to
+    return max(0, gs.group.effective_replicas - counted)
+
+
+def _add_fresh_slice(cap: Capacity, group: str, key: str, shape: SliceShape) -> None:
+    for bins in cap.lists():
+        bins.extend(_as_launching(bins_for_new_slice(group, key, shape.hosts)))
+
+
+def _unidentified_pods(slice_map: SliceMap) -> set[str]:
+    """Live pods of multi-host groups without a replica label (their slice cannot be known)."""
+    return {
+        host.pod_name
+        for gs in slice_map.groups.values()
+        if gs.group.is_multi_host
+        for sl in gs.slices
+        if sl.state is SliceState.PARTIAL
+        for host in sl.hosts
+        if not (LABEL_REPLICA_NAME in host.labels or LABEL_LEGACY_REPLICA in host.labels)
+    }
+
+
+def _slice_of_pod(slice_map: SliceMap) -> dict[str, tuple[str, str, SliceState]]:
+    return {
+        host.pod_name: (name, sl.key, sl.state)
+        for name, gs in slice_map.groups.items()
+        for sl in gs.slices
+        for host in sl.hosts
+    }
+
+
+def _node_bin(
+    node: RayNode,
+    group: str | None,
+    key: str | None,
+    resources: Mapping[str, float],
+    accelerators: frozenset[str],
+) -> Bin:
+    return Bin(
+        name=node.instance_id or node.node_id,
+        group=group,
+        slice_key=key,
+        free=dict(resources),
+        labels=node.labels,
+        accelerators=accelerators,
+        idle_ms=node.idle_ms if node.status is NodeStatus.IDLE else None,
+    )
+
+
+def _launching_hosts(
+    cap: Capacity,
+    key: str,
+    group: str,
+    shape: SliceShape,
+    joined: Mapping[str, RayNode],
+    hosts: list[Host],
+) -> None:
+    """Hosts of a slice still coming up count at full size until their Ray node joins."""
+    for position, host in enumerate(hosts):
+        if host.pod_name in joined or host.phase is HostPhase.TERMINATING:
+            continue
+        index = host.host_index if host.host_index is not None else position
+        _add_launching(cap, f"{key}/{host.pod_name}", group, key, shape, index)
+
+
+def _add_launching(
+    cap: Capacity, name: str, group: str, key: str, shape: SliceShape, index: int
+) -> None:
+    host = shape.hosts[min(index, len(shape.hosts) - 1)]
+    for bins in cap.lists():
+        bins.append(
+            Bin(
+                name=name,
+                group=group,
+                slice_key=key,
+                free=dict(host.resources),
+                labels=host.labels,
+                accelerators=host.accelerators,
+                launching=True,
+            )
+        )
+
+
+def _as_launching(bins: list[Bin]) -> list[Bin]:
+    for bin_ in bins:
+        bin_.planned, bin_.launching = False, True
+    return bins

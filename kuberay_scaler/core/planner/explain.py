@@ -1,0 +1,59 @@
+"""Why a group is left as it is: one typed reason per kind of slice that stays. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kuberay_scaler.core.model.reasons import Unchanged, UnchangedKind
+from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceState
+
+SliceRef = tuple[str | None, str | None]
+
+_STATE_KINDS = {
+    SliceState.PENDING: UnchangedKind.PENDING,
+    SliceState.PARTIAL: UnchangedKind.PARTIAL,
+    SliceState.BROKEN: UnchangedKind.BROKEN,
+    SliceState.TERMINATING: UnchangedKind.TERMINATING,
+}
+
+
+def why_unchanged(
+    slices: GroupSlices, needed: set[SliceRef], timeout_s: float, leaving: Sequence[str] = ()
+) -> list[Unchanged]:
+    """The slices that stay (not in `leaving`), grouped by why they stay."""
+    staying = [s for s in slices.slices if s.key not in leaving]
+    if not staying:
+        return [Unchanged(UnchangedKind.NO_SLICES)] if not leaving else []
+    buckets: dict[UnchangedKind, list[Slice]] = {}
+    for sl in staying:
+        buckets.setdefault(_kind(sl, slices.group.name, needed, timeout_s), []).append(sl)
+    return [_reason(kind, members, timeout_s) for kind, members in buckets.items()]
+
+
+def _kind(sl: Slice, group: str, needed: set[SliceRef], timeout_s: float) -> UnchangedKind:
+    if sl.state is not SliceState.COMPLETE:
+        return _STATE_KINDS[sl.state]
+    idle_ms = sl.idle_ms()
+    if idle_ms is None:
+        return UnchangedKind.BUSY
+    if (group, sl.key) in needed:
+        return UnchangedKind.NEEDED
+    return UnchangedKind.IDLE_BELOW_TIMEOUT if idle_ms < timeout_s * 1000 else UnchangedKind.KEPT
+
+
+def _reason(kind: UnchangedKind, members: list[Slice], timeout_s: float) -> Unchanged:
+    first = members[0]
+    if kind is UnchangedKind.IDLE_BELOW_TIMEOUT:
+        longest = max((s.idle_ms() or 0) for s in members) / 1000
+        return Unchanged(kind, len(members), first.key, idle_s=longest, timeout_s=timeout_s)
+    detail = first.reason if kind in _STATE_KINDS.values() else ""
+    if kind is UnchangedKind.BUSY:
+        detail = _busy_detail(first)
+    return Unchanged(kind, len(members), first.key, detail=detail)
+
+
+def _busy_detail(sl: Slice) -> str:
+    busy = [
+        h.pod_name for h in sl.hosts if h.pod_name in sl.nodes and not sl.nodes[h.pod_name].idle
+    ]
+    return f"{len(busy)} of {len(sl.hosts)} hosts running work"

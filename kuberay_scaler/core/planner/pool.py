@@ -1,0 +1,306 @@
+"""First fit over thousands of bins without rescanning them for every bundle.
+
+The decisions are those of a plain scan in preference order (tests hold it to that); only the
+bins that provably cannot fit are passed over faster:
+
+- a bundle with label selectors only looks at the bins whose labels match (labels never change);
+- per resource, a max-tree over positions finds the next bin with enough of it left in
+  O(log bins), so a shape never walks the bins that are too full for it (without it, each of
+  1,000 shapes walked 100,000 half-full bins);
+- a cursor per bundle shape remembers the first bin that may still fit that shape.
+
+Free resources only shrink while demand is placed, which keeps trees (upper bounds, lowered when
+a bin is seen) and cursors true. Giving resources back (an abandoned gang trial) must be followed
+by `released(those bins)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+
+from kuberay_scaler.core.model.ray import Bundle, LabelSelector, selectors_match
+from kuberay_scaler.core.planner.bins import (
+    EPSILON,
+    Bin,
+    copies_that_fit,
+    free_amount,
+    needs_accelerator,
+    preference,
+    signature,
+    take,
+)
+
+_OrderKey = tuple[bool, bool]
+_NOTHING = float("-inf")  # (demand wants an accelerator, spare new accelerator hosts)
+
+
+class Pool:
+    """The bins demand may use, kept in preference order per kind of demand."""
+
+    def __init__(self, bins: Iterable[Bin]) -> None:
+        self.bins: list[Bin] = list(bins)
+        self._orders: dict[_OrderKey, list[Bin]] = {}
+        self._views: dict[tuple[_OrderKey, tuple[LabelSelector, ...]], _View] = {}
+        self._cursors: dict[tuple[_OrderKey, str], int] = {}
+
+    def add(self, bins: Sequence[Bin]) -> None:
+        self.bins.extend(bins)
+        for (_, spare), order in self._orders.items():
+            # Planned bins sort last anyway, so appending keeps each order sorted.
+            order.extend(b for b in bins if not (spare and new_accelerator(b)))
+
+    def ordered(self, wants_accelerator: bool, spare_new_accelerators: bool = False) -> list[Bin]:
+        """Bins in preference order; optionally without accelerator hosts this plan adds."""
+        key = (wants_accelerator, spare_new_accelerators)
+        if key not in self._orders:
+            usable = (
+                [b for b in self.bins if not new_accelerator(b)]
+                if spare_new_accelerators
+                else self.bins
+            )
+            self._orders[key] = sorted(usable, key=preference(wants_accelerator))
+        return self._orders[key]
+
+    def place(self, bundle: Bundle, count: int, spare_new_accelerators: bool) -> int:
+        """Place up to `count` copies, first fit; returns how many were placed."""
+        view, key = self._view_of(bundle, spare_new_accelerators)
+        needs = view.needs(bundle)
+        index, left = self._cursors.get(key, 0), count
+        while left:
+            index = view.next_candidate(index, needs)
+            if index >= len(view.bins):
+                break
+            bin_ = view.bins[index]
+            fits = copies_that_fit(bundle, bin_.free, bin_.labels)
+            if fits:
+                placed = min(fits, left)
+                take(bin_, bundle, placed)
+                left -= placed
+            view.seen(index, needs)
+            if left == 0:
+                break  # this bin may still fit more: the cursor stays on it
+            index += 1
+        self._cursors[key] = index
+        return count - left
+
+    def first_fit(
+        self, unit: Bundle, spare_new_accelerators: bool, exclude: Collection[int] = ()
+    ) -> Bin | None:
+        """The first bin that fits `unit` and whose id is not in `exclude`."""
+        view, key = self._view_of(unit, spare_new_accelerators)
+        needs = view.needs(unit)
+        index = start = self._cursors.get(key, 0)
+        advancing = True
+        while True:
+            index = view.next_candidate(index, needs)
+            if index >= len(view.bins):
+                break
+            bin_ = view.bins[index]
+            if copies_that_fit(unit, bin_.free, bin_.labels):
+                if id(bin_) not in exclude:
+                    if advancing:
+                        self._cursors[key] = index
+                    return bin_
+                advancing = False  # a fitting bin held back: the cursor must not pass it
+            else:
+                view.seen(index, needs)
+            if advancing:
+                start = index + 1
+            index += 1
+        self._cursors[key] = start
+        return None
+
+    def released(self, given_back: Iterable[Bin]) -> None:
+        """Resources of `given_back` went back: raise their bounds; remembered positions reset."""
+        self._cursors.clear()
+        back = list(given_back)
+        for view in self._views.values():
+            view.raised(back)
+
+    def _view_of(self, bundle: Bundle, spare: bool) -> tuple[_View, tuple[_OrderKey, str]]:
+        order_key = (needs_accelerator(bundle), spare)
+        view_key = (order_key, bundle.selectors)
+        view = self._views.get(view_key)
+        if view is None:
+            order = self.ordered(*order_key)
+            view = self._views[view_key] = _View(order, bundle.selectors)
+        view.sync()
+        return view, (order_key, signature(bundle))
+
+
+def new_accelerator(bin_: Bin) -> bool:
+    """An accelerator host this plan adds."""
+    return bin_.planned and bool(bin_.accelerators)
+
+
+def _required_label(selectors: tuple[LabelSelector, ...]) -> tuple[str, frozenset[str]] | None:
+    """A label every matching host must carry with one of some values, if there is one."""
+    if len(selectors) != 1:
+        return None  # alternatives: no single label is required
+    return next(((c.key, c.values) for c in selectors[0].constraints if not c.negated), None)
+
+
+_Needs = list[tuple["_MaxTree", float]]
+
+
+class _View:
+    """The bins of one order whose labels match some selectors, with a max-tree per resource."""
+
+    def __init__(self, order: list[Bin], selectors: tuple[LabelSelector, ...]) -> None:
+        self._order = order
+        self._selectors = selectors
+        self._seen = 0  # how much of `order` has been filtered into `bins`
+        self.bins: list[Bin] = []
+        self._trees: dict[str, _MaxTree] = {}
+        self._positions: dict[int, int] = {}  # id(bin) → index in `bins`, built when needed
+
+    def sync(self) -> None:
+        """Take in bins appended to the order since the last call."""
+        new = self._order[self._seen :]
+        self._seen = len(self._order)
+        if not new:
+            return
+        if self._selectors:
+            quick = _required_label(self._selectors)
+            if quick is not None:  # a cheap look at one label rules most bins out
+                key, values = quick
+                new = [b for b in new if b.labels.get(key) in values]
+            new = [b for b in new if selectors_match(self._selectors, b.labels)]
+        self.bins.extend(new)
+        for resource, tree in self._trees.items():
+            tree.extend([_left_of(b, resource) for b in new])
+
+    def raised(self, bins: Iterable[Bin]) -> None:
+        """Set the bounds of `bins` (those in this view) to what they have left now."""
+        if not self._trees:
+            return
+        for i in range(len(self._positions), len(self.bins)):  # bins are only ever appended
+            self._positions[id(self.bins[i])] = i
+        for bin_ in bins:
+            position = self._positions.get(id(bin_))
+            if position is not None:
+                for resource, tree in self._trees.items():
+                    tree.set(position, _left_of(bin_, resource))
+
+    def needs(self, bundle: Bundle) -> _Needs:
+        """Per resource the bundle asks for: its tree and the least amount a fitting bin has."""
+        out: _Needs = []
+        for resource, need in bundle.resources.items():
+            if need <= 0:
+                continue
+            tree = self._trees.get(resource)
+            if tree is None:
+                values = [_left_of(b, resource) for b in self.bins]
+                tree = self._trees[resource] = _MaxTree(resource, values)
+            # Never above what copies_that_fit accepts (it adds EPSILON before dividing).
+            out.append((tree, need - EPSILON - abs(need) * 1e-12))
+        return out
+
+    def next_candidate(self, index: int, needs: _Needs) -> int:
+        """The first position at or after `index` whose bin may have enough of each resource."""
+        end = len(self.bins)
+        moved = True
+        while moved and index < end:
+            moved = False
+            for tree, least in needs:
+                found = tree.find(index, least)
+                if found != index:
+                    index, moved = found, True
+                    if index >= end:
+                        return end
+        return index
+
+    def seen(self, index: int, needs: _Needs) -> None:
+        """Lower the trees to what the bin at `index` really has left (it may have been taken)."""
+        bin_ = self.bins[index]
+        for tree, _ in needs:
+            tree.lower(index, _left_of(bin_, tree.resource))
+
+
+def _left_of(bin_: Bin, resource: str) -> float:
+    # As copies_that_fit reads it: an implicit resource Ray never reports is there at 1.
+    return free_amount(bin_.free, resource)
+
+
+class _MaxTree:
+    """Upper bounds of one resource's free amount per position, and the first position >= some.
+
+    A binary tree over a power-of-two number of leaves (unused ones at -inf); each node holds
+    the max of its children. Bounds may be too high (a bin was taken from since), never too low.
+    """
+
+    def __init__(self, resource: str, values: list[float]) -> None:
+        self.resource = resource
+        self._size = 0
+        self._capacity = 1
+        self._nodes: list[float] = [_NOTHING, _NOTHING]
+        self.extend(values)
+
+    def extend(self, values: list[float]) -> None:
+        if not values:
+            return
+        if self._size + len(values) > self._capacity:
+            leaves = self._nodes[self._capacity : self._capacity + self._size] + values
+            self._rebuild(leaves)
+            return
+        low = self._capacity + self._size
+        high = low + len(values) - 1
+        self._nodes[low : high + 1] = values
+        self._size += len(values)
+        while low > 1:  # only the ancestors of the new leaves change, level by level
+            low, high = low >> 1, high >> 1
+            self._recompute(low, high)
+
+    def _rebuild(self, leaves: list[float]) -> None:
+        capacity = 1
+        while capacity < len(leaves):
+            capacity *= 2
+        self._nodes = [_NOTHING] * capacity + leaves + [_NOTHING] * (capacity - len(leaves))
+        self._capacity, self._size = capacity, len(leaves)
+        low, high = capacity, 2 * capacity - 1
+        while low > 1:
+            low, high = low >> 1, high >> 1
+            self._recompute(low, high)
+
+    def _recompute(self, low: int, high: int) -> None:
+        nodes = self._nodes
+        for i in range(low, high + 1):
+            left, right = nodes[2 * i], nodes[2 * i + 1]
+            nodes[i] = left if left >= right else right
+
+    def set(self, position: int, value: float) -> None:
+        nodes = self._nodes
+        i = position + self._capacity
+        nodes[i] = value
+        i >>= 1
+        while i:
+            left, right = nodes[2 * i], nodes[2 * i + 1]
+            top = left if left >= right else right
+            if nodes[i] == top:
+                break
+            nodes[i] = top
+            i >>= 1
+
+    def lower(self, position: int, value: float) -> None:
+        if value < self._nodes[position + self._capacity]:
+            self.set(position, value)
+
+    def find(self, start: int, least: float) -> int:
+        """The first position >= `start` whose bound is >= `least`, else the size."""
+        if start >= self._size:
+            return self._size
+        nodes, i = self._nodes, start + self._capacity
+        if nodes[i] >= least:
+            return start
+        while True:  # climb until a right sibling holds something big enough
+            if not i & 1 and nodes[i + 1] >= least:
+                i += 1
+                break
+            i >>= 1
+            if i <= 1:
+                return self._size
+        while i < self._capacity:  # then descend to its leftmost such leaf
+            i *= 2
+            if nodes[i] < least:
+                i += 1
+        return min(i - self._capacity, self._size)

@@ -1,0 +1,140 @@
+"""Replacement of broken slices: deleted as a unit, at most once per backoff period per group."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from kuberay_scaler.core.backoff import exponential_delay
+from kuberay_scaler.core.model.plan import DeleteKind, ReplaceBackoff, SliceDeletion
+from kuberay_scaler.core.model.reasons import Keep, KeepKind, Reason, Replace
+from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceState
+from kuberay_scaler.core.planner.gate import Evidence, gone_from_ray
+from kuberay_scaler.core.planner.scale_down import deletion
+
+
+def backing_off(backoff: Mapping[str, ReplaceBackoff], group: str, now: datetime) -> bool:
+    current = backoff.get(group)
+    return current is not None and current.until > now
+
+
+@dataclass
+class BrokenBusy:
+    """Broken slices kept because a host is busy: bounded (issue 20, "broken but busy").
+
+    Each is kept at most `max_s` (KUBERAY_SCALER_BROKEN_BUSY_MAX_S) from when a plan first
+    kept it; then its live hosts are drained for preemption with `deadline_s` (PREEMPT_DEADLINE_S)
+    so Ray moves the work, and once that deadline passes the slice is replaced whole (the
+    gate's (d)). On KubeRay < 1.6, which does not replace a multi-host replica itself, this is
+    what frees the accelerators of a slice that can never be whole again.
+    """
+
+    max_s: float
+    deadline_s: float
+    since: Mapping[str, datetime] = field(default_factory=dict)  # from the last plan
+    preempting: Mapping[str, datetime] = field(default_factory=dict)  # deadlines known
+    since_out: dict[str, datetime] = field(default_factory=dict)
+    preempting_out: dict[str, datetime] = field(default_factory=dict)
+    preempt: list[SliceDeletion] = field(default_factory=list)  # drain now, replace later
+
+
+def replacements(
+    slices: GroupSlices,
+    backoff: dict[str, ReplaceBackoff],
+    initial_s: float,
+    cap_s: float,
+    now: datetime,
+    reasons: list[Reason],
+    busy: BrokenBusy | None = None,
+    ev: Evidence | None = None,
+) -> list[SliceDeletion]:
+    """Delete every broken slice of the group unless it replaced some too recently.
+
+    Each replacement round doubles the group's next wait (`initial_s`, capped at `cap_s`), so a
+    slice that breaks again and again (a bad node pool, a crashing image) is not churned.
+
+    The first promise holds here too (docs/reliability.md, "Broken slices"): a broken slice any
+    of whose hosts' Ray nodes is alive and not idle in this (fresh) GCS reply is kept
+    (`KeepKind.BROKEN_BUT_BUSY`), for at most `BrokenBusy.max_s` (then drained for preemption
+    and replaced once the deadline passes); one with a host whose Ray node is merely absent
+    from the reply, not yet for the whole grace, is kept too (`KeepKind.ABSENT_FROM_RAY`). A
+    replaced slice's hosts whose Ray nodes are alive (hence idle) keep their `node_ids` and are
+    drained before the patch (decision.py); hosts without a Ray node need no drain.
+    """
+    busy = busy or BrokenBusy(max_s=float("inf"), deadline_s=0.0)
+    broken = []
+    for sl in slices.by_state(SliceState.BROKEN):
+        deadline = busy.preempting.get(sl.key)
+        if deadline is not None and deadline <= now:
+            broken.append(replace(sl, nodes={}))  # drained for preemption, time up: no drain
+        elif not _kept_busy(sl, busy, deadline, now, reasons) and not _absent(sl, ev, reasons):
+            broken.append(sl)
+    if not broken:
+        return []
+    name = slices.group.name
+    current = backoff.get(name)
+    if current is not None and backing_off(backoff, name, now):
+        detail = f"replaced {current.replaced} broken slice(s)"
+        reasons.append(Keep(KeepKind.REPLACE_BACKING_OFF, len(broken), detail=detail))
+        return []
+    failures = (current.failures if current else 0) + 1
+    delay = exponential_delay(failures - 1, initial_s, cap_s)
+    backoff[name] = ReplaceBackoff(
+        until=now + timedelta(seconds=delay), failures=failures, replaced=len(broken)
+    )
+    out = []
+    for sl in broken:
+        why = Replace(sl.key, sl.fault, sl.reason)
+        reasons.append(why)
+        out.append(deletion(sl, DeleteKind.REPLACE, why))
+    return out
+
+
+def _kept_busy(
+    sl: Slice, busy: BrokenBusy, deadline: datetime | None, now: datetime, reasons: list[Reason]
+) -> bool:
+    working = sl.working_hosts
+    if not working:
+        return False
+    share = f"{len(working)} of {len(sl.hosts)} hosts not idle in Ray; {sl.reason}"
+    if deadline is not None:  # drained for preemption already: wait for its deadline
+        busy.preempting_out[sl.key] = deadline
+        detail = f"{share}; drained for preemption until {deadline.isoformat()}, then replaced"
+        reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail))
+        return True
+    since = busy.since.get(sl.key, now)
+    held_s = (now - since).total_seconds()
+    if held_s < busy.max_s:
+        busy.since_out[sl.key] = since
+        detail = f"{share}; kept {held_s:.0f} s of at most {busy.max_s:.0f} s"
+        reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail))
+        return True
+    deadline = now + timedelta(seconds=busy.deadline_s)
+    busy.preempting_out[sl.key] = deadline
+    cause = (
+        f"{sl.reason}; busy for {held_s:.0f} s, the most a broken slice is kept"
+        f" ({busy.max_s:.0f} s): live hosts drained for preemption until"
+        f" {deadline.isoformat()}, then replaced whole"
+    )
+    busy.preempt.append(deletion(sl, DeleteKind.PREEMPT, Replace(sl.key, sl.fault, cause)))
+    reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=cause))
+    return True
+
+
+def _absent(sl: Slice, ev: Evidence | None, reasons: list[Reason]) -> bool:
+    """A host has no live Ray node yet needs one judged (`gone_from_ray` says no): keep."""
+    if ev is None:
+        return False
+    waiting = [
+        h.pod_name for h in sl.hosts if h.pod_name not in sl.nodes and not gone_from_ray(h, ev)
+    ]
+    if waiting:
+        detail = f"{', '.join(waiting)}: Ray node absent, not yet for the whole grace"
+        reasons.append(Keep(KeepKind.ABSENT_FROM_RAY, slice=sl.key, detail=detail))
+    return bool(waiting)
+
+
+def live_backoff(backoff: Mapping[str, ReplaceBackoff], now: datetime) -> dict[str, ReplaceBackoff]:
+    # Keep expired entries for a while: the failure count decides the next delay.
+    return {k: v for k, v in backoff.items() if v.until + timedelta(hours=1) > now}

@@ -1,0 +1,350 @@
+"""Scale-down: idle slices leave (longest idle first, never below minReplicas), and drains a
+previous run recorded are finished."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from kuberay_scaler.core.model.cluster import DEFAULT_IDLE_TIMEOUT_S, ClusterSpec, WorkerGroup
+from kuberay_scaler.core.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
+from kuberay_scaler.core.model.plan import (
+    DeleteKind,
+    GroupDecision,
+    Plan,
+    RefusedDrain,
+    SliceDeletion,
+)
+from kuberay_scaler.core.model.ray import NodeStatus, RayNode
+from kuberay_scaler.core.model.reasons import (
+    Keep,
+    KeepKind,
+    Reason,
+    Replace,
+    ScaleDown,
+    ScaleDownKind,
+)
+from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceState
+from kuberay_scaler.core.planner.gate import Evidence, gone_from_ray, quiet
+
+SliceRef = tuple[str | None, str | None]  # (group, slice key) of a bin demand uses
+
+
+def idle_deletions(
+    slices: GroupSlices,
+    keep_at_least: int,
+    needed: set[SliceRef],
+    timeout_s: float,
+    reasons: list[Reason],
+    refused: Mapping[str, RefusedDrain] | None = None,
+    now: datetime | None = None,
+) -> list[SliceDeletion]:
+    """Idle slices past `timeout_s` that demand does not use, while more than `keep_at_least`
+    replicas (after this plan's additions) stay. A slice whose drain was refused lately waits
+    (`drain_backing_off`)."""
+    group = slices.group
+    idle: list[tuple[int, Slice]] = []
+    for sl in slices.by_state(SliceState.COMPLETE):
+        idle_ms = sl.idle_ms()
+        if idle_ms is None or idle_ms < timeout_s * 1000 or (group.name, sl.key) in needed:
+            continue
+        if now is not None and drain_backing_off(sl, refused or {}, now, reasons):
+            continue
+        idle.append((idle_ms, sl))
+    idle.sort(key=lambda pair: (-pair[0], pair[1].key))  # longest idle first
+    chosen = idle[: max(0, keep_at_least)]
+    if len(chosen) < len(idle):
+        reasons.append(
+            Keep(KeepKind.MIN_REPLICAS, len(idle) - len(chosen), min_replicas=group.min_replicas)
+        )
+    out = []
+    for idle_ms, sl in chosen:
+        why = ScaleDown(ScaleDownKind.IDLE, sl.key, len(sl.hosts), idle_ms / 1000, timeout_s)
+        reasons.append(why)
+        out.append(deletion(sl, DeleteKind.IDLE, why))
+    return out
+
+
+def drain_backing_off(
+    sl: Slice, refused: Mapping[str, RefusedDrain], now: datetime, reasons: list[Reason]
+) -> bool:
+    """The slice's drain was refused lately and nothing about its idleness changed since: wait
+    (Keep(DRAIN_BACKING_OFF)) instead of draining it again every round."""
+    entry = refused.get(sl.key)
+    if entry is None or entry.until <= now:
+        return False
+    idle_ms = {n.node_id: n.idle_ms for n in sl.nodes.values()}
+    if set(idle_ms) != set(entry.idle_ms):
+        return False  # other raylets now: a new situation
+    if any(idle_ms[n] < entry.idle_ms[n] for n in idle_ms):
+        return False  # an idle clock went back: the host was busy since, and is idle again
+    detail = f"{entry.failures} refused round(s); next try by {entry.until.isoformat()}"
+    reasons.append(Keep(KeepKind.DRAIN_BACKING_OFF, slice=sl.key, detail=detail))
+    return True
+
+
+def idle_timeout(group: WorkerGroup, spec: ClusterSpec, override_s: float | None) -> float:
+    """The daemon's override, else the group's, else the cluster's, else KubeRay's default."""
+    for candidate in (override_s, group.idle_timeout_s, spec.autoscaler.idle_timeout_s):
+        if candidate is not None:
+            return candidate
+    return DEFAULT_IDLE_TIMEOUT_S
+
+
+def deletion(sl: Slice, kind: DeleteKind, why: ScaleDown | Replace) -> SliceDeletion:
+    return SliceDeletion(
+        slice_key=sl.key, pods=sl.pod_names, node_ids=sl.node_ids, kind=kind, reason=why
+    )
+
+
+def finish_recorded_drains(
+    result: Plan,
+    draining: Mapping[str, tuple[str, ...]],
+    ev: Evidence | None = None,
+    now: datetime | None = None,
+) -> Plan:
+    """Add a deletion for every recorded slice that still exists, is not yet being deleted and
+    whose every host is idle in Ray or gone from it (`gone_from_ray`): a host that turned busy,
+    or that is merely absent from a reply (a GCS restart, a partial reply), keeps the slice."""
+    if not draining or result.slice_map is None or result.held:
+        return result
+    groups = tuple(_finish(d, result, draining.get(d.group, ()), ev, now) for d in result.groups)
+    return replace(result, groups=groups)
+
+
+def _finish(
+    d: GroupDecision,
+    result: Plan,
+    keys: tuple[str, ...],
+    ev: Evidence | None,
+    now: datetime | None,
+) -> GroupDecision:
+    assert result.slice_map is not None
+    gs = result.slice_map.groups.get(d.group)
+    if not keys or gs is None or d.held:
+        return d
+    d = _replaced_as_recorded(d, keys, gs.group.min_replicas)
+    planned = {x.slice_key for x in (*d.deletions, *d.preempt)}
+    said: list[Reason] = []
+    extra = [
+        deletion(sl, DeleteKind.IDLE, ScaleDown(ScaleDownKind.RECORDED_DRAIN, sl.key))
+        for sl in gs.slices
+        if sl.key in keys
+        and sl.key not in planned
+        and sl.state is not SliceState.TERMINATING
+        and _idle_or_gone(sl, ev)
+        and not (now and drain_backing_off(sl, result.memory.refused, now, said))
+    ]
+    if not extra:
+        return d
+    floor = gs.group.min_replicas
+    base = d.target if d.target != d.current or d.deletions else gs.group.effective_replicas
+    return replace(
+        d,
+        deletions=(*d.deletions, *extra),
+        target=max(floor, base - len(extra)),
+        reasons=(*d.reasons, *(x.reason for x in extra)),
+    )
+
+
+def _replaced_as_recorded(d: GroupDecision, keys: tuple[str, ...], floor: int) -> GroupDecision:
+    """A recorded slice that turned broken is finished as the scale-down it was (replicas go
+    down), not replaced (which would have KubeRay create it again)."""
+    turned = [x for x in d.deletions if x.kind is DeleteKind.REPLACE and x.slice_key in keys]
+    if not turned:
+        return d
+    finished = tuple(
+        replace(
+            x, kind=DeleteKind.IDLE, reason=ScaleDown(ScaleDownKind.RECORDED_DRAIN, x.slice_key)
+        )
+        if x in turned
+        else x
+        for x in d.deletions
+    )
+    base = d.target if d.target != d.current or d.deletions else d.current
+    return replace(
+        d,
+        deletions=finished,
+        target=max(floor, base - len(turned)),
+        reasons=(
+            *d.reasons,
+            *(ScaleDown(ScaleDownKind.RECORDED_DRAIN, x.slice_key) for x in turned),
+        ),
+    )
+
+
+def _idle_or_gone(sl: Slice, ev: Evidence | None) -> bool:
+    """Every host's Ray node is idle, or it has none and needs no drain (the gate's (b)/(c)):
+    a record never finishes a deletion over running work nor over a node merely not seen."""
+    for host in sl.hosts:
+        node = sl.nodes.get(host.pod_name)
+        if node is not None:
+            if not node.idle:
+                return False
+        elif ev is None or not gone_from_ray(host, ev):
+            return False
+    return True
+
+
+@dataclass
+class Surplus:
+    """What leaves a group that runs more slices than maxReplicas (see `surplus_removals`)."""
+
+    deletions: list[SliceDeletion] = field(default_factory=list)
+    preempt: list[SliceDeletion] = field(default_factory=list)  # drain now, delete later
+    preempting: dict[str, datetime] = field(default_factory=dict)  # slice key → deadline
+    still_draining: list[ScaleDown] = field(default_factory=list)  # preempted, not done yet
+    waiting: list[Keep] = field(default_factory=list)  # hosts absent from Ray, not long enough
+    running: int = 0  # slices the group runs
+
+    @property
+    def leaving(self) -> int:
+        return len(self.deletions) + len(self.preempt) + len(self.still_draining)
+
+
+def surplus_removals(
+    slices: GroupSlices,
+    preempting: Mapping[str, datetime],
+    deadline_s: float,
+    now: datetime,
+    reasons: list[Reason],
+    ev: Evidence | None = None,
+) -> Surplus:
+    """Whole slices out of a group above maxReplicas (a user lowered it, or set it to 0).
+
+    KubeRay with autoscaling on never deletes surplus pods itself, so we name them. The rule,
+    in order, until the group is back at maxReplicas:
+
+    1. slices with no work: every host idle in Ray or gone from it (`gone_from_ray`: DEAD,
+       absent for the whole liveness grace, or never had a node and not Running), longest idle
+       first (no idle timeout: they are over the limit). A host merely absent from this reply
+       (a partial reply, a GCS restart) is not "no work": its slice waits (Keep(ABSENT));
+    2. busy slices already drained for preemption, once every host is drained (drained again
+       for idle termination, so the gate's (a) holds) or their deadline has passed (its (d));
+    3. other busy slices, least used first (Ray's order): drained with reason preemption and
+       a deadline so Ray moves their work; they are deleted by a later plan (step 2).
+
+    Slices being deleted already (terminating) are not counted; pods without a replica label
+    in a multi-host group cannot be told apart and are never chosen.
+    """
+    group = slices.group
+    live = [
+        s for s in slices.slices if s.state is not SliceState.TERMINATING and _identified(s, group)
+    ]
+    out = Surplus(running=len(live))
+    surplus = len(live) - group.max_replicas
+    if surplus <= 0:
+        return out
+    for sl in _surplus_order(live, preempting, now, ev):
+        if out.leaving >= surplus:
+            break
+        _remove_one(sl, group.max_replicas, preempting, deadline_s, now, out, ev)
+    reasons.extend(x.reason for x in (*out.deletions, *out.preempt))
+    reasons.extend(out.still_draining)
+    reasons.extend(out.waiting)
+    return out
+
+
+def _remove_one(
+    sl: Slice,
+    limit: int,
+    preempting: Mapping[str, datetime],
+    deadline_s: float,
+    now: datetime,
+    out: Surplus,
+    ev: Evidence | None = None,
+) -> None:
+    def why(kind: ScaleDownKind, deadline: datetime | None = None) -> ScaleDown:
+        return ScaleDown(
+            kind, sl.key, len(sl.hosts), running=out.running, limit=limit, deadline=deadline
+        )
+
+    deadline = preempting.get(sl.key)
+    if deadline is not None and deadline <= now:
+        # Drained for preemption and its time is up (the gate's (d)): no second drain.
+        gone = deletion(sl, DeleteKind.SURPLUS, why(ScaleDownKind.PREEMPTED, deadline))
+        out.deletions.append(replace(gone, node_ids=()))
+    elif _no_work(sl, ev):
+        kind = DeleteKind.IDLE if sl.idle_ms() is not None else DeleteKind.SURPLUS
+        out.deletions.append(deletion(sl, kind, why(ScaleDownKind.ABOVE_MAX)))
+    elif deadline is not None and _drained(sl, ev):
+        # Drained for preemption, nothing left running: drained again (idle termination,
+        # accepted for a node with no work) and deleted in the same patch.
+        out.deletions.append(
+            deletion(sl, DeleteKind.SURPLUS, why(ScaleDownKind.PREEMPTED, deadline))
+        )
+    elif any(not _idle_or_none(sl, h.pod_name, ev) for h in sl.hosts if h.pod_name not in sl.nodes):
+        # Hosts absent from this reply, not yet for the grace: they cannot be drained, and no
+        # preemption deadline is started for work Ray was never told to move.
+        detail = "Ray nodes absent from the latest replies, not yet for the whole grace"
+        out.waiting.append(Keep(KeepKind.ABSENT_FROM_RAY, slice=sl.key, detail=detail))
+    else:
+        deadline = deadline or now + timedelta(seconds=deadline_s)
+        out.preempting[sl.key] = deadline
+        reason = why(ScaleDownKind.PREEMPT, deadline)
+        if sl.key not in preempting:
+            out.preempt.append(deletion(sl, DeleteKind.PREEMPT, reason))
+        else:
+            out.still_draining.append(reason)
+
+
+def _surplus_order(
+    live: list[Slice], preempting: Mapping[str, datetime], now: datetime, ev: Evidence | None
+) -> list[Slice]:
+    def key(sl: Slice) -> tuple[int, float, str]:
+        if not sl.nodes and _no_work(sl, ev):
+            return (0, 0.0, sl.key)  # nothing joined Ray, none due: no work can be on it
+        if sl.nodes and _no_work(sl, ev):  # longest idle first
+            return (1, -float(min(n.idle_ms for n in sl.nodes.values())), sl.key)
+        if sl.key in preempting:
+            return (2, 0.0, sl.key)
+        return (3, _utilisation(sl), sl.key)  # least used first, as Ray's scheduler orders
+
+    return sorted(live, key=key)
+
+
+def _utilisation(sl: Slice) -> float:
+    """Mean share in use over every resource of every host (Ray's termination order)."""
+    shares = [
+        (total - node.available.get(resource, 0.0)) / total
+        for node in sl.nodes.values()
+        for resource, total in node.total.items()
+        if total > 0
+    ]
+    return sum(shares) / len(shares) if shares else 0.0
+
+
+def _no_work(sl: Slice, ev: Evidence | None) -> bool:
+    """Every host is idle in Ray, or has no Ray node and needs none drained (`gone_from_ray`).
+    "No Ray node in this reply" alone is not "no work": a reply may be partial."""
+    return all(_idle_or_none(sl, h.pod_name, ev) for h in sl.hosts)
+
+
+def _idle_or_none(sl: Slice, pod: str, ev: Evidence | None) -> bool:
+    node = sl.nodes.get(pod)
+    if node is not None:
+        return node.status is NodeStatus.IDLE
+    host = next(h for h in sl.hosts if h.pod_name == pod)
+    return ev is not None and gone_from_ray(host, ev)
+
+
+def _drained(sl: Slice, ev: Evidence | None) -> bool:
+    """Every host's Ray node is draining with nothing running on it any more (or is gone)."""
+    return bool(sl.nodes) and all(
+        _drained_node(sl.nodes[h.pod_name])
+        if h.pod_name in sl.nodes
+        else ev is not None and gone_from_ray(h, ev)
+        for h in sl.hosts
+    )
+
+
+def _drained_node(n: RayNode) -> bool:
+    return n.status is NodeStatus.DRAINING and quiet(n)
+
+
+def _identified(sl: Slice, group: WorkerGroup) -> bool:
+    if not group.is_multi_host or not sl.hosts:
+        return True
+    labels = sl.hosts[0].labels
+    return LABEL_REPLICA_NAME in labels or LABEL_LEGACY_REPLICA in labels

@@ -1,0 +1,396 @@
+"""Fit pending demand onto what exists, then onto whole new slices of the best group."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from kuberay_scaler.core.model.cluster import WorkerGroup
+from kuberay_scaler.core.model.plan import Infeasible
+from kuberay_scaler.core.model.ray import Bundle, GangDemand, GangStrategy, RayNode, TaskDemand
+from kuberay_scaler.core.model.reasons import Demand, DemandKind, Hold, HoldKind, InfeasibleKind
+from kuberay_scaler.core.planner.bins import (
+    UNBOUNDED,
+    Bin,
+    bins_for_new_slice,
+    bundle_key,
+    bundle_size,
+    copies_that_fit,
+    gang_units,
+    give_back,
+    needs_accelerator,
+    place_copies,
+    signature,
+    take,
+)
+from kuberay_scaler.core.planner.pool import Pool
+from kuberay_scaler.core.planner.shapes import SliceShape
+
+
+@dataclass
+class GroupRoom:
+    """How many slices a group may still add in this plan, and what it added."""
+
+    group: WorkerGroup
+    shape: SliceShape | None
+    room: int
+    blocked: Hold | None = None  # why room is 0, for "waiting" reasons
+    exhausted: Hold = field(default_factory=lambda: Hold(HoldKind.NO_ROOM))  # what limits room
+    # Blocked only for now (its own write in flight, rate limit): demand it would serve waits
+    # for it instead of launching a slice of another group (that would be counted twice).
+    holds_demand: bool = False
+    added: int = 0
+    reasons: Counter[Demand] = field(default_factory=Counter)  # demand → units served
+    waiting: Counter[tuple[Demand, Hold]] = field(default_factory=Counter)
+    _hosts_shape: dict[str, bool] = field(default_factory=dict, repr=False)
+    _filled: dict[object, tuple[int, list[tuple[dict[str, float], bool]]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    @property
+    def has_accelerators(self) -> bool:
+        return bool(self.shape and self.shape.accelerators)
+
+    def can_host(self, bundle: Bundle, key: str | None = None) -> bool:
+        """Whether some host of a fresh slice fits `bundle` (`key`: its signature, if known)."""
+        key = signature(bundle) if key is None else key
+        if key not in self._hosts_shape:
+            hosts = self.shape.hosts if self.shape else ()
+            self._hosts_shape[key] = any(
+                copies_that_fit(bundle, h.resources, h.labels) for h in hosts
+            )
+        return self._hosts_shape[key]
+
+    def filled_hosts(self, bundle: Bundle) -> tuple[int, list[tuple[dict[str, float], bool]]]:
+        """Copies of `bundle` a fresh slice takes, and per host what is left and if it is used."""
+        key = bundle_key(bundle)
+        found = self._filled.get(key)
+        if found is None:
+            hosts = self.shape.hosts if self.shape else ()
+            scratch = bins_for_new_slice(self.group.name, "scratch", hosts)
+            placed = place_copies(bundle, UNBOUNDED, scratch)
+            found = self._filled[key] = (placed, [(b.free, b.used) for b in scratch])
+        return found
+
+    @cached_property
+    def order(self) -> tuple[int, float, int]:
+        """Preference among groups: higher priority, then the smaller slice, then spec order."""
+        assert self.shape is not None
+        size = sum(sum(h.resources.values()) for h in self.shape.hosts)
+        return (-self.group.priority, size, self.group.index)
+
+    def next_key(self, offset: int = 0) -> str:
+        return f"new:{self.group.name}:{self.added + offset}"
+
+    def new_slice(self, filled: Sequence[tuple[dict[str, float], bool]] | None = None) -> list[Bin]:
+        """The bins of one more slice of this group, counted against its room."""
+        assert self.shape is not None
+        bins = bins_for_new_slice(self.group.name, self.next_key(), self.shape.hosts, filled)
+        self.adopt()
+        return bins
+
+    def adopt(self) -> None:
+        """Count a slice whose bins were built with `next_key()` (a gang's trial)."""
+        self.added += 1
+        self.room -= 1
+
+
+@dataclass
+class DemandFit:
+    infeasible: list[Infeasible] = field(default_factory=list)
+    waiting_on_existing: Counter[Demand] = field(default_factory=Counter)
+
+
+def candidates(bundle: Bundle, rooms: Iterable[GroupRoom]) -> list[GroupRoom]:
+    """Groups whose fresh slice can host `bundle`, best first.
+
+    Demand that needs no accelerator never gets an accelerator group while some plain group can
+    host it, whatever that group's state (contract §6: accelerators are conserved). Then higher
+    `priority`, then the smaller slice, then spec order.
+    """
+    key = signature(bundle)
+    able = [r for r in rooms if r.can_host(bundle, key)]
+    if not needs_accelerator(bundle) and any(not r.has_accelerators for r in able):
+        able = [r for r in able if not r.has_accelerators]
+    return sorted(able, key=lambda r: r.order)
+
+
+def _first_with_room(options: Sequence[GroupRoom]) -> GroupRoom | None:
+    """The best group that may add a slice now; None when the demand must wait."""
+    for room in options:
+        if room.room > 0:
+            return room
+        if room.holds_demand:
+            return None
+    return None
+
+
+def _spares_accelerators(bundle: Bundle, options: Sequence[GroupRoom]) -> bool:
+    """Plain demand a plain group can host stays off accelerator slices this plan adds."""
+    return not needs_accelerator(bundle) and any(not r.has_accelerators for r in options)
+
+
+def fit_tasks(
+    tasks: Sequence[TaskDemand],
+    pool: Pool,
+    rooms: Mapping[str, GroupRoom],
+    nodes: Sequence[RayNode],
+    fit: DemandFit,
+    what: DemandKind = DemandKind.TASK,
+) -> None:
+    for demand in sorted(merge_tasks(tasks), key=lambda d: bundle_size(d.bundle), reverse=True):
+        options = candidates(demand.bundle, rooms.values())
+        spare = _spares_accelerators(demand.bundle, options)
+        left = demand.count - pool.place(demand.bundle, demand.count, spare)
+        label = Demand(what, demand.bundle.describe()) if left > 0 else None
+        while left > 0 and label is not None:
+            room = _first_with_room(options)
+            if room is None:
+                _unserved(demand.bundle, left, options, nodes, fit, what)
+                break
+            placed = _fill_new_slices(room, demand.bundle, left, pool)
+            room.reasons[label] += placed
+            left -= placed
+            if placed == 0:  # cannot happen for a candidate; guard against looping forever
+                break
+
+
+def _fill_new_slices(room: GroupRoom, bundle: Bundle, left: int, pool: Pool) -> int:
+    """Open new slices of `room` for up to `left` copies; returns how many were placed.
+
+    First fit gives every slice the demand fills the same copies on each host, so those slices
+    are built with their resources already taken (the same bins slice-by-slice fitting would
+    leave, at a fraction of the cost); only a last, partly filled slice is fitted copy by copy.
+    """
+    per_slice, filled = room.filled_hosts(bundle)
+    full = min(room.room, left // per_slice) if per_slice else 0
+    if full == 0:
+        new_bins = room.new_slice()
+        pool.add(new_bins)
+        return place_copies(bundle, left, new_bins)
+    opened: list[Bin] = []
+    for _ in range(full):
+        opened += room.new_slice(filled)
+    pool.add(opened)
+    return full * per_slice
+
+
+def merge_tasks(tasks: Iterable[TaskDemand]) -> list[TaskDemand]:
+    """One entry per distinct bundle with the summed count, in order of first appearance.
+
+    The GCS reports demand per raylet and shape, so one shape arrives once per node: packing
+    entry by entry would make planning cost grow with nodes × shapes (or with task count).
+    """
+    first: dict[object, TaskDemand] = {}
+    counts: dict[object, int] = {}
+    for demand in tasks:
+        key = bundle_key(demand.bundle)
+        if key in counts:
+            counts[key] += demand.count
+        else:
+            first[key], counts[key] = demand, demand.count
+    return [
+        d if d.count == counts[k] else TaskDemand(d.bundle, counts[k]) for k, d in first.items()
+    ]
+
+
+def fit_gangs(
+    gangs: Sequence[GangDemand],
+    pool: Pool,
+    rooms: Mapping[str, GroupRoom],
+    nodes: Sequence[RayNode],
+    fit: DemandFit,
+) -> None:
+    # A gang that found no room finds none when it comes again as long as no gang was placed
+    # since (a failed trial is undone), so a copy is recorded as the first was, without another
+    # trial: 10^4 identical waiting placement groups cost one trial, not 10^4 over every bin.
+    unserved: dict[tuple[object, ...], Callable[[], None]] = {}
+    for gang in sorted(gangs, key=_gang_order, reverse=True):
+        key = gang_key(gang)
+        again = unserved.get(key)
+        if again is not None:
+            again()
+            continue
+        if _place_gang_with_new_slices(gang, pool, rooms):
+            unserved.clear()  # what it took or opened may change what first fit does next
+            continue
+        record, waits = _unserved_gang(gang, rooms, nodes, fit)
+        unserved[key] = record
+        record()
+        if waits:
+            _keep_for_waiting_gang(gang, pool)
+
+
+def gang_key(gang: GangDemand) -> tuple[object, ...]:
+    """Equal for gangs the planner cannot tell apart."""
+    return (gang.strategy, tuple(bundle_key(b) for b in gang.bundles))
+
+
+def _keep_for_waiting_gang(gang: GangDemand, pool: Pool) -> None:
+    """Mark the existing bins a waiting gang would use as needed, without taking them.
+
+    The gang still needs them once the rest of its room appears; scaling them down meanwhile
+    would only bring them back later (and more demand elsewhere must never mean fewer replicas).
+    """
+    trial = _GangTrial()
+    distinct = gang.strategy is GangStrategy.STRICT_SPREAD
+    for unit in sorted(gang_units(gang), key=bundle_size, reverse=True):
+        used = {id(b) for b, _ in trial.taken} if distinct else set()
+        target = pool.first_fit(unit, False, used)
+        if target is not None:
+            take(target, unit)
+            trial.taken.append((target, unit))
+    trial.undo()  # resources go back; the `used` marks stay
+    pool.released(trial.bins())
+
+
+@dataclass
+class _GangTrial:
+    """Bins taken and slices opened while trying one gang; undone unless every unit fits."""
+
+    taken: list[tuple[Bin, Bundle]] = field(default_factory=list)
+    opened: list[tuple[GroupRoom, list[Bin]]] = field(default_factory=list)
+
+    def opened_by(self, room: GroupRoom) -> int:
+        return sum(1 for r, _ in self.opened if r is room)
+
+    def new_bins(self) -> list[Bin]:
+        return [b for _, bins in self.opened for b in bins]
+
+    def bins(self) -> list[Bin]:
+        return [b for b, _ in self.taken]
+
+    def undo(self) -> None:
+        for bin_, unit in self.taken:
+            give_back(bin_, unit)
+
+
+def _place_gang_with_new_slices(
+    gang: GangDemand, pool: Pool, rooms: Mapping[str, GroupRoom]
+) -> bool:
+    """All units on existing bins or on new slices (of any groups), or nothing at all.
+
+    Units go largest first; each takes the first bin that fits (a distinct one under
+    STRICT_SPREAD), and a unit that fits nowhere opens one slice of its best group.
+    """
+    trial = _GangTrial()
+    distinct = gang.strategy is GangStrategy.STRICT_SPREAD
+    for unit in sorted(gang_units(gang), key=bundle_size, reverse=True):
+        used = {id(b) for b, _ in trial.taken} if distinct else set()
+        options = candidates(unit, rooms.values())
+        target = pool.first_fit(unit, _spares_accelerators(unit, options), used)
+        if target is None:
+            target = _first_fit(unit, trial.new_bins(), used)
+        if target is None:
+            target = _open_slice_for(unit, options, trial, used)
+        if target is None:
+            trial.undo()
+            pool.released(trial.bins())
+            return False
+        take(target, unit)
+        trial.taken.append((target, unit))
+    _commit(gang, trial, pool)
+    return True
+
+
+def _first_fit(unit: Bundle, bins: Iterable[Bin], used: set[int]) -> Bin | None:
+    return next(
+        (b for b in bins if id(b) not in used and copies_that_fit(unit, b.free, b.labels)), None
+    )
+
+
+def _open_slice_for(
+    unit: Bundle, options: Sequence[GroupRoom], trial: _GangTrial, used: set[int]
+) -> Bin | None:
+    for room in options:
+        if room.room - trial.opened_by(room) > 0:
+            assert room.shape is not None
+            key = room.next_key(trial.opened_by(room))
+            bins = bins_for_new_slice(room.group.name, key, room.shape.hosts)
+            trial.opened.append((room, bins))
+            return _first_fit(unit, bins, used)
+        if room.holds_demand:
+            return None
+    return None
+
+
+def _commit(gang: GangDemand, trial: _GangTrial, pool: Pool) -> None:
+    demand = _gang_demand(gang)
+    for room, planned in trial.opened:
+        room.adopt()  # slices are adopted in the order their keys were given out
+        pool.add(planned)
+        room.reasons[demand] += 1
+
+
+def _gang_order(gang: GangDemand) -> tuple[int, int]:
+    strict = gang.strategy in (GangStrategy.STRICT_PACK, GangStrategy.STRICT_SPREAD)
+    return (int(strict), len(gang.bundles))
+
+
+def _unserved(
+    bundle: Bundle,
+    count: int,
+    options: Sequence[GroupRoom],
+    nodes: Sequence[RayNode],
+    fit: DemandFit,
+    what: DemandKind,
+) -> None:
+    demand = Demand(what, bundle.describe())
+    if options:
+        room = _blocking(options)
+        room.waiting[(demand, room.blocked or room.exhausted)] += count
+    elif _fits_a_live_node(bundle, nodes):
+        # Only an existing node (e.g. a bundle pinned to one TPU slice) can serve it: never launch.
+        fit.waiting_on_existing[demand] += count
+    else:
+        fit.infeasible.append(
+            Infeasible(
+                demand,
+                InfeasibleKind.NO_GROUP_OFFERS,
+                count=count,
+                request=TaskDemand(bundle, count),
+            )
+        )
+
+
+def _unserved_gang(
+    gang: GangDemand, rooms: Mapping[str, GroupRoom], nodes: Sequence[RayNode], fit: DemandFit
+) -> tuple[Callable[[], None], bool]:
+    """What records one gang like this as waiting (True) or as never placeable (False)."""
+    demand = _gang_demand(gang)
+    units = gang_units(gang)
+    options = [candidates(u, rooms.values()) for u in units]
+    unservable = [
+        u for u, o in zip(units, options, strict=True) if not o and not _fits_a_live_node(u, nodes)
+    ]
+    missing = unservable[0] if unservable else None
+    if missing is not None:
+        kind = (
+            InfeasibleKind.NO_GROUP_OFFERS_PACKED
+            if gang.strategy is GangStrategy.STRICT_PACK
+            else InfeasibleKind.NO_GROUP_OFFERS_BUNDLE
+        )
+        infeasible = Infeasible(demand, kind, missing=missing.describe(), request=gang)
+        return (lambda: fit.infeasible.append(infeasible)), False  # entries merge later
+    if not any(options):
+        return (lambda: fit.waiting_on_existing.update({demand: 1})), True
+    room = _blocking([r for o in options for r in o])
+    waiting = (demand, room.blocked or room.exhausted)
+    return (lambda: room.waiting.update({waiting: 1})), True
+
+
+def _blocking(options: Sequence[GroupRoom]) -> GroupRoom:
+    """The group to blame for demand left waiting: the first blocked one, else the best."""
+    return next((r for r in options if r.blocked), options[0])
+
+
+def _fits_a_live_node(bundle: Bundle, nodes: Sequence[RayNode]) -> bool:
+    return any(copies_that_fit(bundle, n.total, n.labels) for n in nodes if n.alive)
+
+
+def _gang_demand(gang: GangDemand) -> Demand:
+    counts = Counter(b.describe() for b in gang.bundles)
+    shape = " + ".join(f"{n}× {text}" if n > 1 else text for text, n in counts.items())
+    return Demand(DemandKind.PLACEMENT_GROUP, shape, strategy=gang.strategy.value)

@@ -1,0 +1,308 @@
+"""Build the slice map from the parsed cluster, its pods and (optionally) Ray's nodes. Pure."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from types import MappingProxyType
+
+from kuberay_scaler.core.defaults import MAX_PROVISION_TIME_S, MISSING_NODE_GRACE_S
+from kuberay_scaler.core.liveness import HostClock
+from kuberay_scaler.core.model.cluster import ClusterSpec, Problem, WorkerGroup, frozen_map
+from kuberay_scaler.core.model.hosts import Host, HostPhase
+from kuberay_scaler.core.model.labels import (
+    LABEL_LEGACY_REPLICA,
+    LABEL_REPLICA_NAME,
+    TPU_SLICE_LABEL,
+    TPU_WORKER_LABEL,
+)
+from kuberay_scaler.core.model.ray import RayNode, RayState
+from kuberay_scaler.core.model.reasons import SliceFault
+from kuberay_scaler.core.model.reasons import SliceFault as F
+from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceMap, SliceState
+
+
+@dataclass(frozen=True)
+class SliceTimeouts:
+    """How long a slice may take to come up, and how long a joined pod may lack its Ray node."""
+
+    max_provision_s: float = MAX_PROVISION_TIME_S
+    missing_node_grace_s: float = MISSING_NODE_GRACE_S
+
+
+def build_slice_map(
+    spec: ClusterSpec,
+    hosts: Iterable[Host],
+    ray: RayState | None,
+    now: datetime,
+    timeouts: SliceTimeouts = SliceTimeouts(),
+    clock: HostClock | None = None,
+) -> SliceMap:
+    """Group hosts into slices and judge each one. `ray` None means Ray's view is unknown.
+
+    Durations (provisioning age, how long a Ray node has been missing) come from `clock`, the
+    daemon's own monotonic memory; without one (one-shot use) from the pods' timestamps.
+    """
+    hosts = list(hosts)
+    nodes = ray.node_by_instance() if ray else {}
+    if clock is None:
+        clock = HostClock.from_timestamps(hosts, nodes, now)
+    by_group: dict[str, list[Host]] = defaultdict(list)
+    head: list[Host] = []
+    orphans: list[Host] = []
+    problems: list[Problem] = []
+    for host in hosts:
+        if host.is_head:
+            head.append(host)
+        elif spec.group(host.group) is None:
+            orphans.append(host)
+        else:
+            by_group[host.group].append(host)
+    for host in orphans:
+        if host.group not in spec.skipped_groups:
+            problems.append(Problem(f"pod {host.pod_name} is in no worker group of the spec"))
+    groups = {
+        g.name: _group_slices(
+            g, by_group.get(g.name, []), nodes, ray is not None, now, timeouts, clock
+        )
+        for g in spec.groups
+    }
+    for gs in groups.values():
+        problems.extend(_identity_problems(gs))
+        problems.extend(_label_problems(gs))
+    return SliceMap(
+        groups=frozen_map(groups),
+        head=tuple(head),
+        orphans=tuple(orphans),
+        problems=tuple(problems),
+    )
+
+
+def _group_slices(
+    group: WorkerGroup,
+    hosts: list[Host],
+    nodes: Mapping[str, RayNode],
+    ray_known: bool,
+    now: datetime,
+    timeouts: SliceTimeouts,
+    clock: HostClock,
+) -> GroupSlices:
+    members: dict[str, list[Host]] = defaultdict(list)
+    for host in hosts:
+        members[host.slice_key].append(host)
+    doomed = set(group.workers_to_delete)
+    slices = [
+        _judge(group, key, _in_order(m), nodes, ray_known, doomed, timeouts, clock)
+        for key, m in members.items()
+    ]
+    slices.sort(key=lambda s: (s.created_at or now, s.key))
+    return GroupSlices(group=group, slices=tuple(slices))
+
+
+def _in_order(hosts: list[Host]) -> list[Host]:
+    return sorted(hosts, key=_host_order) if len(hosts) > 1 else hosts
+
+
+def _host_order(host: Host) -> tuple[int, str]:
+    return (host.host_index if host.host_index is not None else 1 << 30, host.pod_name)
+
+
+def _judge(
+    group: WorkerGroup,
+    key: str,
+    hosts: list[Host],
+    nodes: Mapping[str, RayNode],
+    ray_known: bool,
+    doomed: set[str],
+    timeouts: SliceTimeouts,
+    clock: HostClock,
+) -> Slice:
+    joined = {h.pod_name: nodes[h.pod_name] for h in hosts if h.pod_name in nodes}
+    marked = bool(doomed) and any(h.pod_name in doomed for h in hosts)
+    created = min((h.created_at for h in hosts if h.created_at), default=None)
+    if _whole(group, hosts, joined, marked):
+        state, reason, fault = SliceState.COMPLETE, _complete_reason(group.num_of_hosts), None
+    else:
+        state, reason, fault = _state(group, hosts, joined, ray_known, marked, timeouts, clock)
+    return Slice(
+        key=key,
+        group=group.name,
+        expected_hosts=group.num_of_hosts,
+        hosts=tuple(hosts),
+        nodes=MappingProxyType(joined),  # a fresh dict: read-only without another copy
+        state=state,
+        reason=reason,
+        fault=fault,
+        created_at=created,
+        marked_for_deletion=marked,
+    )
+
+
+def _whole(
+    group: WorkerGroup, hosts: list[Host], joined: Mapping[str, RayNode], marked: bool
+) -> bool:
+    """The common case, decided without the timers: every host Running and joined to Ray.
+
+    `_state` reaches COMPLETE for exactly these slices (nothing before its last line can apply
+    to them), so most slices of a large cluster skip its work.
+    """
+    want = group.num_of_hosts
+    return (
+        not marked
+        and len(hosts) == want == len(joined)
+        and all(h.phase is HostPhase.RUNNING for h in hosts)
+        and (want == 1 or _identified(hosts[0]))
+    )
+
+
+@cache
+def _complete_reason(want: int) -> str:
+    return f"{want} of {want} hosts up"
+
+
+def _state(
+    group: WorkerGroup,
+    hosts: list[Host],
+    joined: Mapping[str, RayNode],
+    ray_known: bool,
+    marked: bool,
+    timeouts: SliceTimeouts,
+    clock: HostClock,
+) -> tuple[SliceState, str, SliceFault | None]:
+    want = group.num_of_hosts
+    terminating = [h for h in hosts if h.phase is HostPhase.TERMINATING]
+    if marked or terminating:
+        why = "named in workersToDelete" if marked else f"{len(terminating)} host(s) terminating"
+        return SliceState.TERMINATING, why, None
+    if want > 1 and not _identified(hosts[0]):
+        # Without a replica label we cannot tell its siblings: never judge it broken and replace.
+        return SliceState.PARTIAL, f"slice unknown: no replica label ({hosts[0].detail})", None
+    failed = [h for h in hosts if h.phase is HostPhase.FAILED]
+    if failed:
+        return SliceState.BROKEN, f"host {_label(failed[0])} {failed[0].detail}", F.HOST_FAILED
+    if len(hosts) > want:
+        why = f"{len(hosts)} hosts, more than numOfHosts {want}"
+        return SliceState.BROKEN, why, F.TOO_MANY_HOSTS
+    age = max((clock.age_s.get(h.pod_name, 0.0) for h in hosts), default=0.0)
+    if len(hosts) < want:
+        if age > timeouts.max_provision_s:
+            return SliceState.BROKEN, f"{len(hosts)} of {want} hosts", F.HOSTS_MISSING
+        return SliceState.PARTIAL, f"{len(hosts)} of {want} hosts", None
+    # Ray's view judges only after one full grace of fresh replies (see liveness.py).
+    judge_ray = ray_known and clock.settling is None
+    missing = _missing_for(hosts, joined, clock) if judge_ray else {}
+    late = {p: s for p, s in missing.items() if s > timeouts.missing_node_grace_s}
+    if late:
+        pod, secs = max(late.items(), key=lambda kv: kv[1])
+        return SliceState.BROKEN, f"Ray node of {pod} missing for {_dur(secs)}", F.RAY_NODE_MISSING
+    not_running = [h for h in hosts if h.phase is not HostPhase.RUNNING]
+    if not_running or (ray_known and len(joined) < want):
+        why = (
+            f"{want - len(not_running)} of {want} hosts running ({not_running[0].detail})"
+            if not_running
+            else f"{len(joined)} of {want} hosts joined Ray"
+        )
+        if age > timeouts.max_provision_s and (not_running or judge_ray):
+            return SliceState.BROKEN, f"not up after {_dur(age)}: {why}", F.NOT_UP_IN_TIME
+        return SliceState.PENDING, why, None
+    return SliceState.COMPLETE, _complete_reason(want), None
+
+
+def _missing_for(
+    hosts: list[Host], joined: Mapping[str, RayNode], clock: HostClock
+) -> dict[str, float]:
+    """Seconds each running host has gone without a live Ray node, by the daemon's clock."""
+    return {
+        h.pod_name: clock.missing_s[h.pod_name]
+        for h in hosts
+        if h.phase is HostPhase.RUNNING
+        and h.pod_name not in joined
+        and h.pod_name in clock.missing_s
+    }
+
+
+def _identified(host: Host) -> bool:
+    return LABEL_REPLICA_NAME in host.labels or LABEL_LEGACY_REPLICA in host.labels
+
+
+def _identity_problems(gs: GroupSlices) -> list[Problem]:
+    if not gs.group.is_multi_host:
+        return []
+    unknown = [h.pod_name for s in gs.slices for h in s.hosts if not _identified(h)]
+    if not unknown:
+        return []
+    return [
+        Problem(
+            f"{len(unknown)} pod(s) carry neither {LABEL_REPLICA_NAME} nor {LABEL_LEGACY_REPLICA}"
+            f" (e.g. {unknown[0]}): their slices cannot be told apart, so they are left alone",
+            gs.group.name,
+        )
+    ]
+
+
+def _label_problems(gs: GroupSlices) -> list[Problem]:
+    """Cross-check Ray's TPU labels against the slice the pods say they belong to."""
+    problems: list[Problem] = []
+    seen: dict[str, str] = {}
+    for sl in gs.slices:
+        if not sl.nodes:
+            continue  # nothing Ray says to check against
+        names = {
+            n.labels[TPU_SLICE_LABEL] for n in sl.nodes.values() if TPU_SLICE_LABEL in n.labels
+        }
+        if len(names) > 1:
+            problems.append(
+                Problem(
+                    f"slice {sl.key}: hosts report different TPU slice names {sorted(names)}",
+                    gs.group.name,
+                )
+            )
+        for name in names:
+            if seen.setdefault(name, sl.key) != sl.key:
+                problems.append(
+                    Problem(
+                        f"TPU slice {name} spans slices {seen[name]} and {sl.key}", gs.group.name
+                    )
+                )
+        problems.extend(_node_type_problems(gs.group.name, sl))
+        if not names and not any(TPU_WORKER_LABEL in n.labels for n in sl.nodes.values()):
+            continue  # no TPU labels: no worker ids to compare
+        for host in sl.hosts:
+            worker = (
+                sl.nodes[host.pod_name].labels.get(TPU_WORKER_LABEL)
+                if host.pod_name in sl.nodes
+                else None
+            )
+            if (
+                worker is not None
+                and host.host_index is not None
+                and worker != str(host.host_index)
+            ):
+                problems.append(
+                    Problem(
+                        f"pod {host.pod_name} is host {host.host_index} "
+                        f"but Ray says TPU worker {worker}",
+                        gs.group.name,
+                    )
+                )
+    return problems
+
+
+def _node_type_problems(group: str, sl: Slice) -> list[Problem]:
+    # KubeRay sets RAY_NODE_TYPE_NAME from the pod's group label; a mismatch means a wrong join.
+    return [
+        Problem(f"pod {pod} is in group {group} but its Ray node has type {n.node_type}", group)
+        for pod, n in sl.nodes.items()
+        if n.node_type and n.node_type != group
+    ]
+
+
+def _label(host: Host) -> str:
+    return str(host.host_index) if host.host_index is not None else host.pod_name
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"

@@ -1,0 +1,184 @@
+"""Health judged by progress, and whether the target is served at all. Pure; time passed in.
+
+A reconcile ends in one `Step` (loop/reconciler.py says which). Progress is achieved when
+the inputs were fresh and every planned write was done (or there was nothing to write, or dry
+run). Work is outstanding from a reconcile that planned writes it did not get done (a failed or
+backed-off write, a refused step, an exception), or that was blind (an input unknown or stale)
+while the last thing it knew was demand or work. The loop is unhealthy when work is outstanding
+and nothing was achieved for `unhealthy_after_s`, or after `unhealthy_after_failures` failed
+attempts since the last achievement, whatever the cause.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from kuberay_scaler.core.decision import Decision
+from kuberay_scaler.core.model.plan import Plan
+
+
+class Step(StrEnum):
+    """How one reconcile ended."""
+
+    DONE = "done"  # fresh inputs, every planned write done (or none planned)
+    DRY_RUN = "dry_run"  # fresh inputs, planned and not written on purpose
+    SKIPPED = "skipped"  # nothing the plan reads changed since a settled reconcile
+    BLIND = "blind"  # an input unknown or stale: the plan held
+    BACKOFF = "backoff"  # writes planned, not tried (write backoff, Retry-After)
+    FAILED = "failed"  # a write failed, or still stale after the replans
+    ERROR = "error"  # the reconcile raised
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One reconcile as health and the records see it."""
+
+    step: Step
+    text: str  # what /debug/plan shows as the last outcome
+    cause: str | None = None  # failures: the metric's cause label (exception type, patch_<kind>)
+    demand: bool = False  # the Ray state it last knew had demand pending
+
+    @property
+    def achieved(self) -> bool:
+        return self.step in (Step.DONE, Step.DRY_RUN)
+
+    @property
+    def failed(self) -> bool:
+        return self.step in (Step.FAILED, Step.ERROR)
+
+
+@dataclass
+class Progress:
+    """When the loop last achieved what it planned, and what it is failing at since."""
+
+    started: float
+    unhealthy_after_s: float
+    unhealthy_after_failures: int
+    last_achieved: float | None = None
+    work: str | None = None  # what is outstanding since the last achievement
+    failures: int = 0  # failed attempts since the last achievement
+    last_error: str | None = None  # kept after a success, for /debug/plan
+
+    def record(self, outcome: Outcome, now: float) -> None:
+        if outcome.achieved:
+            self.last_achieved, self.work, self.failures = now, None, 0
+            return
+        if outcome.failed:
+            self.failures += 1
+            self.last_error = outcome.text
+            self.work = outcome.text
+        elif outcome.step is Step.BACKOFF:
+            self.work = self.work or outcome.text
+        elif outcome.step is Step.BLIND and (outcome.demand or self.work):
+            self.work = f"{outcome.text}" + (f" (and before: {self.work})" if self.work else "")
+            self.work = self.work[:500]
+
+    def health(self, now: float) -> tuple[bool, str]:
+        quiet = now - (self.last_achieved if self.last_achieved is not None else self.started)
+        if self.failures >= self.unhealthy_after_failures:
+            return False, f"{self.failures} reconciles failed in a row: {self.last_error}"
+        if self.work is not None and quiet > self.unhealthy_after_s:
+            return (
+                False,
+                f"no successful reconcile for {quiet:.0f} s while there is work: {self.work}",
+            )
+        if self.last_achieved is None:
+            return True, f"no reconcile achieved yet ({quiet:.0f} s since start)"
+        return True, f"last successful reconcile {quiet:.1f} s ago"
+
+
+@dataclass(frozen=True)
+class Access:
+    """What the Kubernetes side said when the daemon last asked (from the adapters)."""
+
+    raycluster_synced: bool
+    raycluster_found: bool
+    raycluster_failure: int | None = None  # HTTP status of the last failed RayCluster request
+    pods_failure: int | None = None  # HTTP status of the last failed pod list/watch
+
+
+def target_problem(access: Access, target: str) -> str | None:
+    """Why the target is not served (not a server that is down: that has no status), or None."""
+    rc = access.raycluster_failure
+    if rc == 404:
+        return (
+            f"RayCluster {target} is not served: the API server answers 404 for its resource"
+            " (is KUBERAY_CRD_VER a version the RayCluster CRD serves?)"
+        )
+    if rc in (401, 403):
+        return f"RayCluster {target}: not allowed to read it (HTTP {rc}); check the token and RBAC"
+    if access.pods_failure in (401, 403):
+        return (
+            f"pods of RayCluster {target}: not allowed to list/watch them"
+            f" (HTTP {access.pods_failure}); check the token and RBAC"
+        )
+    if access.raycluster_synced and not access.raycluster_found:
+        return (
+            f"RayCluster {target} not found (is RAY_CLUSTER_NAME right, and KUBERAY_CRD_VER a"
+            " version its CRD serves?): nothing to scale"
+        )
+    return None
+
+
+@dataclass
+class GiveUp:
+    """How long the target has been not served; says so once a minute; gives up after a while."""
+
+    after_s: float
+    say_every_s: float = 60.0
+    since: float | None = None
+    last_said: float | None = None
+
+    def check(self, problem: str | None, now: float) -> tuple[bool, bool]:
+        """(say it now, give up now) for the problem seen at `now`."""
+        if problem is None:
+            self.since = self.last_said = None
+            return False, False
+        if self.since is None:
+            self.since = now
+        say = self.last_said is None or now - self.last_said >= self.say_every_s
+        if say:
+            self.last_said = now
+        return say, now - self.since >= self.after_s
+
+
+RECENT_DECISIONS = 20  # kept for /debug/slices
+
+
+@dataclass
+class LoopStatus:
+    """What /healthz, /readyz and /debug/plan read (the Sink keeps it)."""
+
+    progress: Progress
+    last_decision: Decision | None = None
+    last_patch: list[dict[str, Any]] = field(default_factory=list)
+    last_outcome: str = "not run yet"
+    reconciles: int = 0
+    # The last decisions that changed something (newest last), for /debug/slices.
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))
+
+    @property
+    def last_plan(self) -> Plan | None:
+        return self.last_decision.plan if self.last_decision else None
+
+    @property
+    def last_error(self) -> str | None:
+        return self.progress.last_error
+
+    def document(self) -> dict[str, Any] | None:
+        """/debug/plan: the last decision (plan and writes) and what became of it."""
+        if self.last_decision is None and self.last_error is None:
+            return None
+        return {
+            **(self.last_decision.document() if self.last_decision else {}),
+            "last_outcome": self.last_outcome,
+            "last_patch_sent": self.last_patch,
+            "reconciles": self.reconciles,
+            "recent_decisions": list(self.recent),
+            "last_error": self.last_error,
+            "consecutive_failures": self.progress.failures,
+            "outstanding_work": self.progress.work,
+        }

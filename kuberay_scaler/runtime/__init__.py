@@ -1,0 +1,1 @@
+"""What the running daemon needs around the core: settings, logs, metrics, memory."""

@@ -1,0 +1,119 @@
+"""Prometheus metrics, all in one registry so tests and the web layer share them.
+
+Every adapter records what it did here; nothing reads these back for decisions.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+RECONCILE_SECONDS = Histogram(
+    "kuberay_scaler_reconcile_duration_seconds",
+    "Wall time of one reconcile (snapshot, plan, drain, patch).",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RECONCILES = Counter(
+    "kuberay_scaler_reconciles_total",
+    "Reconciles by outcome (ok, held, error).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+DECISIONS = Counter(
+    "kuberay_scaler_decisions_total",
+    "Scaling decisions by group, action and reason code.",
+    ["group", "action", "reason"],
+    registry=REGISTRY,
+)
+SLICES = Gauge(
+    "kuberay_scaler_slices",
+    "Slices per worker group by state.",
+    ["group", "state"],
+    registry=REGISTRY,
+)
+TARGET_REPLICAS = Gauge(
+    "kuberay_scaler_target_replicas",
+    "Replicas (slices) the last plan asked for, per group.",
+    ["group"],
+    registry=REGISTRY,
+)
+API_REQUESTS = Counter(
+    "kuberay_scaler_api_requests_total",
+    "Kubernetes API requests by verb, resource and HTTP code ('error' when no response).",
+    ["verb", "resource", "code"],
+    registry=REGISTRY,
+)
+WATCH_RESTARTS = Counter(
+    "kuberay_scaler_watch_restarts_total",
+    "Watch streams restarted, by resource and cause (closed, silent, gone, error).",
+    ["resource", "cause"],
+    registry=REGISTRY,
+)
+GCS_RTT_SECONDS = Histogram(
+    "kuberay_scaler_gcs_rpc_duration_seconds",
+    "Round-trip time of GCS RPCs by method.",
+    ["method"],
+    registry=REGISTRY,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+)
+GCS_ERRORS = Counter(
+    "kuberay_scaler_gcs_rpc_errors_total",
+    "GCS RPC failures by method and gRPC status code.",
+    ["method", "code"],
+    registry=REGISTRY,
+)
+DRAINS = Counter(
+    "kuberay_scaler_drains_total",
+    "DrainNode outcomes per host (accepted, rejected, error).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+PATCHES = Counter(
+    "kuberay_scaler_patches_total",
+    "RayCluster patch outcomes (applied, stale, invalid, forbidden, throttled, transient, gone).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+GCS_CONNECTED = Gauge(
+    "kuberay_scaler_gcs_connected",
+    "1 while the last GCS poll got an answer, 0 while the GCS is unreachable or refusing.",
+    registry=REGISTRY,
+)
+LAST_SUCCESSFUL_RECONCILE = Gauge(
+    "kuberay_scaler_last_successful_reconcile_timestamp_seconds",
+    "Unix time of the last reconcile whose inputs were fresh and whose planned writes were all"
+    " done (a held or backed-off reconcile does not count).",
+    registry=REGISTRY,
+)
+RECONCILE_FAILURES = Counter(
+    "kuberay_scaler_reconcile_failures_total",
+    "Failed reconciles by cause (the exception type, or patch_<outcome>, or stale).",
+    ["cause"],
+    registry=REGISTRY,
+)
+OVERRIDES = Counter(
+    "kuberay_scaler_overrides_total",
+    "Times another writer reset a group's replicas after ours (we then back off for the group).",
+    ["group"],
+    registry=REGISTRY,
+)
+
+# --- the deletion gate (core/planner/gate.py; issue 20) ---
+DELETIONS_BLOCKED = Counter(
+    "kuberay_scaler_deletions_blocked_total",
+    "Slice deletions the deletion gate dropped, by the planner path that made them; non-zero"
+    " means a planner path disagreed with the gate (each is logged at error).",
+    ["path"],
+    registry=REGISTRY,
+)
+
+# --- the loop: health by progress -----------------------------------------------------------
+BLIND_SECONDS = Gauge(
+    "kuberay_scaler_blind_seconds",
+    "Seconds an input has been unknown or stale (0 while fresh), by source (gcs, pods,"
+    " raycluster).",
+    ["source"],
+    registry=REGISTRY,
+)

@@ -1,0 +1,20 @@
+"""Settings → the planner's Policy (kept apart so the planner never sees pydantic)."""
+
+from __future__ import annotations
+
+from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.slicemap import SliceTimeouts
+from kuberay_scaler.runtime.settings import Settings
+
+
+def policy_from_settings(settings: Settings) -> Policy:
+    return Policy(
+        idle_timeout_override_s=settings.idle_timeout_s,
+        timeouts=SliceTimeouts(
+            max_provision_s=settings.max_provision_time_s,
+            missing_node_grace_s=settings.missing_node_grace_s,
+        ),
+        replace_backoff_s=settings.replace_backoff_s,
+        preempt_deadline_s=settings.preempt_deadline_s,
+        broken_busy_max_s=settings.broken_busy_max_s,
+    )
