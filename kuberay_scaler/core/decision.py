@@ -241,7 +241,7 @@ def writes_for(
     result, blocked = gate(result, ev, DrainResults.assumed(drains).accepted, now)
     kept = {(x.group, x.slice_key) for x in _drained_first_deletions(result)}
     drains = [d for d in drains if (d.group, d.slice_key) in kept]
-    draining = _slices_to_drain(result)
+    draining = _slices_to_drain(result, ev, now)
     writes: list[Write] = []
     base = raw
     if draining and not _recorded(raw, draining):
@@ -445,11 +445,19 @@ def _drained_first_deletions(result: Plan) -> list[_Ref]:
     ]
 
 
-def _slices_to_drain(result: Plan) -> dict[str, list[str]]:
+def _slices_to_drain(result: Plan, ev: Evidence, now: datetime) -> dict[str, list[str]]:
+    """Slices to record as draining; one whose notice is over gets no drain, so no record."""
     out: dict[str, list[str]] = {}
     for ref in _drained_first_deletions(result):
-        out.setdefault(ref.group, []).append(ref.slice_key)
+        if not _notice_over(ref.deletion, ev, now):
+            out.setdefault(ref.group, []).append(ref.slice_key)
     return out
+
+
+def _notice_over(x: SliceDeletion, ev: Evidence, now: datetime) -> bool:
+    """Its preemption notice is over (the gate's (d)): deleted without another drain."""
+    deadline = ev.deadlines.get(x.slice_key)
+    return deadline is not None and deadline <= now
 
 
 def _recorded(raw: Mapping[str, Any], draining: Mapping[str, list[str]]) -> bool:
@@ -507,9 +515,7 @@ def _drains(
     out = []
     for ref in _drained_first_deletions(result):
         x = ref.deletion
-        deadline = ev.deadlines.get(x.slice_key)
-        if deadline is not None and deadline <= now:
-            # Its preemption notice is over (the gate's (d)): deleted without another drain.
+        if _notice_over(x, ev, now):
             # An idle-termination drain here would find it busy and keep it, forever.
             continue
         node_ids = ev.alive_node_ids(x.pods)  # every live raylet of the pods, duplicates too

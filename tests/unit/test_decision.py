@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import timedelta
 
 import jsonpatch
 
 from kuberay_scaler.adapters.ray_gcs.poller import observation_of
 from kuberay_scaler.core.decision import (
+    Decision,
     Drain,
     Observation,
     Patch,
@@ -119,3 +121,39 @@ def test_an_unusable_gcs_reply_holds_and_is_a_named_problem() -> None:
     )
     assert decision.plan.held is not None and decision.writes == ()
     assert [p.kind for p in decision.plan.problems] == [ProblemKind.RAY_STATE]
+
+
+def _raycluster_writes(decision: Decision) -> list[str]:
+    """The writes that patch the RayCluster (drains go to the GCS)."""
+    return [type(w).__name__ for w in decision.writes if isinstance(w, (RecordIntent, Patch))]
+
+
+def test_a_busy_slice_whose_preemption_notice_is_over_is_deleted_with_one_write() -> None:
+    """No drain is sent once the notice is over (the gate's (d)), so recording a draining
+    intent first would be one needless RayCluster write per such deletion."""
+    rc = cluster(tpu_group(replicas=1, max_replicas=0))
+    pods = slice_pods("tpu", "tpu-a", 4)
+    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
+    observed = Observation(rc, pods, RayObservation(state([head_node(), *busy]), 0.0, "c-1"))
+    notice_over = Memory(preempting={"tpu-a": NOW - timedelta(seconds=1)})
+    decision = decide(observed, notice_over, Policy(), NOW)
+    (deletion,) = decision.plan.groups[0].deletions
+    assert deletion.slice_key == "tpu-a" and sorted(deletion.pods) == sorted(
+        p["metadata"]["name"] for p in pods
+    )
+    assert decision.drains == ()
+    assert _raycluster_writes(decision) == ["Patch"]
+    (patch,) = decision.writes
+    assert isinstance(patch, Patch)
+    final = jsonpatch.apply_patch(rc, list(patch.ops), in_place=False)
+    spec = final["spec"]["workerGroupSpecs"][0]
+    assert spec["replicas"] == 0
+    assert sorted(spec["scaleStrategy"]["workersToDelete"]) == [f"tpu-a-{i}" for i in range(4)]
+    assert DRAINING_ANNOTATION not in final["metadata"].get("annotations", {})
+
+
+def test_an_idle_slice_still_records_its_drain_before_the_patch() -> None:
+    """The counterpart: a drain that is sent is recorded first (record → drain → patch)."""
+    decision = decide(_idle("tpu-a"), Memory(), Policy(), NOW)
+    assert _raycluster_writes(decision) == ["RecordIntent", "Patch"]
+    assert [d.slice_key for d in decision.drains] == ["tpu-a"]
