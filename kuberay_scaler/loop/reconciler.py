@@ -190,7 +190,11 @@ class Reconciler:
         self.sink.published(decision)
         say_blocked(decision.blocked)
         # Memory that time alone moves is kept from every decision, written or not.
-        self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
+        self.memory = replace(
+            self.memory,
+            broken_busy_since=decision.plan.memory.broken_busy_since,
+            joining=decision.plan.memory.joining,
+        )
         expiry = decision.plan.next_idle_expiry_s
         self._wake_at = (
             None if expiry is None else now.mono + max(MIN_WAKE_S, expiry + WAKE_MARGIN_S)
