@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,8 +153,8 @@ class World:
         args = [sys.executable, script, version, cluster, cluster]
         return [*args, self.head.gcs_address], env
 
-    def add_cluster(self, name: str, workers: int = 0) -> None:
-        self.api.create("rayclusters", name, clusters.raycluster(name, replicas=workers))
+    def add_cluster(self, name: str, workers: int = 0, **spec: Any) -> None:
+        self.api.create("rayclusters", name, clusters.raycluster(name, replicas=workers, **spec))
         self.api.create("pods", name, clusters.head_pod(name))
         for i in range(workers):
             self.api.create("pods", name, clusters.worker_pod(name, i))
@@ -285,6 +285,67 @@ class Driver:
 ROUND = 8  # trials per set of fresh autoscalers: Ray caps pending launches at 10
 
 
+@contextlib.asynccontextmanager
+async def live_world(ip: str, prefix: str) -> AsyncIterator[World]:
+    """The API-server stand-in and one real Ray head; every process started in it is stopped."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    api = BenchApiServer(bookmark_interval=5.0, history_limit=50_000)
+    await api.start()
+    head_env = {"RAY_CLOUD_INSTANCE_ID": clusters.HEAD_POD, "RAY_NODE_TYPE_NAME": "headgroup"}
+    head = await asyncio.to_thread(RayHead.start, ip=ip, env=head_env)
+    world = World(api, head, make_tls(workdir), workdir)
+    try:
+        yield world
+    finally:
+        for proc in world.procs:
+            proc.stop()
+        await asyncio.to_thread(head.stop)
+        await api.stop()
+
+
+@dataclass
+class Round:
+    """One round's fresh clusters (kind → name), autoscalers and driver, and every `replicas`
+    write the stand-in saw on each cluster (monotonic time, value)."""
+
+    names: Mapping[str, str]
+    procs: Mapping[str, Proc]
+    driver: Driver
+    seen: Mapping[str, list[tuple[float, int]]]
+
+
+@contextlib.asynccontextmanager
+async def fresh_round(
+    world: World, kinds: tuple[str, ...], prefix: str, **spec: Any
+) -> AsyncIterator[Round]:
+    """Fresh RayClusters (one per kind, `spec` for each), their autoscalers started and ready,
+    and a fresh driver; all of it stopped and deleted after."""
+    names = {kind: f"{prefix}-{kind}" for kind in kinds}
+    for name in names.values():
+        world.add_cluster(name, **spec)
+    seen: dict[str, list[tuple[float, int]]] = {name: [] for name in names.values()}
+    unsubscribe = world.api.on_replicas(
+        lambda cluster, _g, replicas, at: (
+            seen[cluster].append((at, replicas)) if cluster in seen else None
+        )
+    )
+    procs = {kind: await world.start(kind, names[kind]) for kind in kinds}
+    driver = Driver(world.head)
+    try:
+        for proc in procs.values():
+            await ready(proc, 240)
+        await asyncio.to_thread(driver.wait_ready)
+        yield Round(names, procs, driver, seen)
+    finally:
+        driver.stop()
+        unsubscribe()
+        for proc in procs.values():
+            proc.stop()
+            await proc.proxy.stop()
+        for name in names.values():
+            await asyncio.to_thread(world.drop_cluster, name)
+
+
 async def reaction(world: World, trials: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Trials in rounds: nothing ever launches pods, so each round starts fresh autoscalers on
     fresh RayClusters and a fresh driver (Ray's autoscalers stop launching once 10 launches are
@@ -312,44 +373,22 @@ async def _round(
     count: int,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    names = {kind: f"r{index}-{kind}" for kind in KINDS}
-    for name in names.values():
-        world.add_cluster(name)
-    seen: dict[str, list[tuple[float, int]]] = {name: [] for name in names.values()}
-    unsubscribe = world.api.on_replicas(
-        lambda cluster, _g, replicas, at: (
-            seen[cluster].append((at, replicas)) if cluster in seen else None
-        )
-    )
-    procs = {kind: await world.start(kind, names[kind]) for kind in KINDS}
-    driver = Driver(world.head)
     rows: list[dict[str, Any]] = []
-    try:
-        for proc in procs.values():
-            await ready(proc, 240)
-        await asyncio.to_thread(driver.wait_ready)
+    async with fresh_round(world, KINDS, f"r{index}") as live:
         while watch.pending:  # noqa: ASYNC110 - the last round's driver is gone; so its demand
             await asyncio.sleep(0.1)
         await asyncio.sleep(6)  # let every loop settle into its rhythm
         for k in range(1, count + 1):
             await asyncio.sleep(rnd.uniform(0.5, 5.5))
             sent = time.monotonic()
-            await asyncio.to_thread(driver.up)
+            await asyncio.to_thread(live.driver.up)
             visible = await watch.until(k, 30)
             row: dict[str, Any] = {"trial": first + k, "round": index, "load1": loadavg()[0]}
-            for kind, name in names.items():
-                at = await _reached(seen[name], k, sent, 30)
+            for kind, name in live.names.items():
+                at = await _reached(live.seen[name], k, sent, 30)
                 row[kind] = None if at is None else round(at - visible, 4)
             rows.append(row)
             log(f"  trial {first + k}: " + ", ".join(f"{kind} {row[kind]}" for kind in KINDS))
-    finally:
-        driver.stop()
-        unsubscribe()
-        for proc in procs.values():
-            proc.stop()
-            await proc.proxy.stop()
-        for name in names.values():
-            await asyncio.to_thread(world.drop_cluster, name)
     return rows
 
 
@@ -481,14 +520,8 @@ async def run(
     log: Callable[[str], None],
     long_s: float = 0,
 ) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="krs-bench-"))
-    api = BenchApiServer(bookmark_interval=5.0, history_limit=50_000)
-    await api.start()
-    head_env = {"RAY_CLOUD_INSTANCE_ID": clusters.HEAD_POD, "RAY_NODE_TYPE_NAME": "headgroup"}
-    head = await asyncio.to_thread(RayHead.start, ip="127.0.0.31", env=head_env)
-    world = World(api, head, make_tls(workdir), workdir)
     results: dict[str, Any] = {"load_before": loadavg()}
-    try:
+    async with live_world("127.0.0.31", "krs-bench-") as world:
         if trials:
             log(f"reaction: {trials} trials")
             results["reaction"] = await reaction(world, trials, log)
@@ -497,11 +530,6 @@ async def run(
             log(f"idle: {size} pods, {window_s:.0f} s window each")
             long = long_s if size == max(sizes) else 0
             results["idle"][str(size)] = await idle(world, size, window_s, log, long)
-    finally:
-        for proc in world.procs:
-            proc.stop()
-        await asyncio.to_thread(head.stop)
-        await api.stop()
     results["load_after"] = loadavg()
     return results
 

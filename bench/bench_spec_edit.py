@@ -20,7 +20,6 @@ import asyncio
 import json
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import clusters
-from bench_live import Driver, GcsWatch, World, _quantile, _reached, ready
-from common import BenchApiServer, loadavg, make_tls
-
-from kuberay_standins.ray_local import RayHead
+from bench_live import GcsWatch, World, _quantile, _reached, fresh_round, live_world
+from common import BenchApiServer, loadavg
 
 KINDS = ("ours", "ray-v2")
 ROUND = 8
@@ -41,27 +37,18 @@ TIMEOUT_S = 30.0
 
 
 async def run(*, trials: int, log: Callable[[str], None]) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="krs-bench-edit-"))
-    api = BenchApiServer(bookmark_interval=5.0, history_limit=50_000)
-    await api.start()
-    head_env = {"RAY_CLOUD_INSTANCE_ID": clusters.HEAD_POD, "RAY_NODE_TYPE_NAME": "headgroup"}
-    head = await asyncio.to_thread(RayHead.start, ip="127.0.0.32", env=head_env)
-    world = World(api, head, make_tls(workdir), workdir)
-    watch = GcsWatch(head.gcs_address)
-    watcher = asyncio.create_task(watch.run())
     rows: list[dict[str, Any]] = []
     rnd = random.Random(29)
-    try:
-        for first in range(0, trials, ROUND):
-            count = min(ROUND, trials - first)
-            rows += await _round(world, watch, rnd, first // ROUND, first, count, log)
-    finally:
-        watcher.cancel()
-        await watch.client.close()
-        for proc in world.procs:
-            proc.stop()
-        await asyncio.to_thread(head.stop)
-        await api.stop()
+    async with live_world("127.0.0.32", "krs-bench-edit-") as world:
+        watch = GcsWatch(world.head.gcs_address)
+        watcher = asyncio.create_task(watch.run())
+        try:
+            for first in range(0, trials, ROUND):
+                count = min(ROUND, trials - first)
+                rows += await _round(world, watch, rnd, first // ROUND, first, count, log)
+        finally:
+            watcher.cancel()
+            await watch.client.close()
     return {"trials": rows, "summary": summary(rows), "load_after": loadavg()}
 
 
@@ -74,46 +61,23 @@ async def _round(
     count: int,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    names = {kind: f"e{index}-{kind}" for kind in KINDS}
-    for name in names.values():
-        world.api.create("rayclusters", name, clusters.raycluster(name, max_replicas=0))
-        world.api.create("pods", name, clusters.head_pod(name))
-    seen: dict[str, list[tuple[float, int]]] = {name: [] for name in names.values()}
-    unsubscribe = world.api.on_replicas(
-        lambda cluster, _g, replicas, at: (
-            seen[cluster].append((at, replicas)) if cluster in seen else None
-        )
-    )
-    procs = {kind: await world.start(kind, names[kind]) for kind in KINDS}
-    driver = Driver(world.head)
     rows: list[dict[str, Any]] = []
-    try:
-        for proc in procs.values():
-            await ready(proc, 240)
-        await asyncio.to_thread(driver.wait_ready)
+    async with fresh_round(world, KINDS, f"e{index}", max_replicas=0) as live:
         for _ in range(PENDING_TASKS):
-            await asyncio.to_thread(driver.up)
+            await asyncio.to_thread(live.driver.up)
         await watch.until(PENDING_TASKS, 60)
         await asyncio.sleep(6)  # let every loop settle into its rhythm
         for k in range(1, count + 1):
             await asyncio.sleep(rnd.uniform(0.5, 5.5))
             edited = time.monotonic()
-            for name in names.values():
+            for name in live.names.values():
                 _set_max(world.api, name, k)
             row: dict[str, Any] = {"trial": first + k, "round": index, "load1": loadavg()[0]}
-            for kind, name in names.items():
-                at = await _reached(seen[name], k, edited, TIMEOUT_S)
+            for kind, name in live.names.items():
+                at = await _reached(live.seen[name], k, edited, TIMEOUT_S)
                 row[kind] = None if at is None else round(at - edited, 4)
             rows.append(row)
             log(f"  spec edit {first + k}: " + ", ".join(f"{kind} {row[kind]}" for kind in KINDS))
-    finally:
-        driver.stop()
-        unsubscribe()
-        for proc in procs.values():
-            proc.stop()
-            await proc.proxy.stop()
-        for name in names.values():
-            await asyncio.to_thread(world.drop_cluster, name)
     return rows
 
 
