@@ -289,7 +289,11 @@ class GateMachine(RuleBasedStateMachine):
             parsed_pods=(hosts, problems),
         )
         decision = decide(observed, self.memory, POLICY, self._now())
-        self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
+        self.memory = replace(  # as the loop keeps it from every decision
+            self.memory,
+            broken_busy_since=decision.plan.memory.broken_busy_since,
+            joining=decision.plan.memory.joining,
+        )
         return decision
 
     def _answer_drains(
