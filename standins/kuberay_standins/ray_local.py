@@ -156,6 +156,7 @@ class _RayProcess:
         _wait_group_gone(self.process, grace_s)
         _signal_group(self.process.pid, signal.SIGKILL)
         _wait_group_gone(self.process, 10.0)
+        _kill_strays(self.temp_dir)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         log.debug("ray_process_stopped", ip=self.ip, pid=self.process.pid)
 
@@ -719,6 +720,41 @@ def _group_members(pgid: int) -> list[tuple[int, str]]:
         if process_group == pgid and state != "Z":
             members.append((int(entry.name), comm))
     return members
+
+
+def strays_of(scratch: Path) -> list[int]:
+    """Live processes outside any group we signal that still carry `scratch`'s HOME.
+
+    Ray starts each worker in a process group of its own, so signalling a node's group misses
+    its workers. They inherit the raylet's environment, HOME (`own_home`) included: a worker
+    that outlived its raylet (one still starting when the raylet went stayed for minutes,
+    found as e2e leftovers) is found by it.
+    """
+    marker = f"HOME={scratch / 'home'}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and marker in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _kill_strays(scratch: Path, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while strays := strays_of(scratch):
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            log.warning("ray_strays_left", pids=strays, scratch=str(scratch))
+            return
+        time.sleep(0.05)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
