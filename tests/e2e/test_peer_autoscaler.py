@@ -118,6 +118,8 @@ async def test_fake_tpu_slice_up_then_max_zero_removes_it_whole(
     await sc.until(lambda: sc.all_workers() == 0, MEDIUM, "every worker pod gone")
     named = sc.world.observer.ever_deleted
     assert named in (set(), pods), f"the slice {sorted(pods)} was named in part: {sorted(named)}"
+    # One slice's demand asked for one slice, never a second one while its hosts joined Ray.
+    assert sc.world.observer.replicas_seen(group) == [0, 1, 0], "duplicate scale-up"
     sc.finish()
 
 
