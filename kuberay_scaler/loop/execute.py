@@ -82,8 +82,8 @@ class WriteBackoff:
     """When the loop may write again: after a failed write (jittered, exponential), after a 429
     (its Retry-After, capped), after a reconcile that raised; open again once a write applied."""
 
-    def __init__(self) -> None:
-        self._backoff = Backoff(initial=1.0, cap=60.0)
+    def __init__(self, backoff: Backoff | None = None) -> None:
+        self._backoff = backoff or Backoff(initial=1.0, cap=60.0)
         self.not_before = 0.0  # monotonic
 
     def open(self, now: float) -> bool:
