@@ -9,8 +9,11 @@ one GCS process, goes back (a GCS restarted with fault tolerance keeps its clust
 that counter). Every report the loop sends is a full one, so a GCS that forgot the last one is
 told again at the next reconcile.
 
-Change detection compares parsed values (`RayObservation.content`: versions and idle clocks
-left out), never protobuf bytes, and never touches the reply.
+A reply whose body (unchanged.py: the reply minus versions and idle clocks) equals the last
+parsed one is not parsed again: the last parse gets the new idle clocks, which equals a full parse
+of it. Change detection then compares parsed values (`RayObservation.content`: versions and idle
+clocks left out). The cadence is charged the poller's own work on the reply (body, parse), not
+the whole await, during which the event loop runs reconciles and pod events too.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import structlog
 
 from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError
-from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks
+from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
@@ -80,6 +84,8 @@ class GcsPoller:
         self._cluster_id: str | None = None
         self._last_version = -1
         self._content: object = None
+        self._parsed: tuple[bytes, RayState] | None = None  # last parsed body and its parse
+        self.parses = 0  # full parses (the rest reused the last one)
         self._cadence = Cadence(ceiling_s=interval_s)
         self._last_cost_s = 0.0
         self._last_change = monotonic()
@@ -114,12 +120,13 @@ class GcsPoller:
         )
 
     async def poll_once(self) -> RayObservation:
-        cpu = time.process_time()
         try:
-            try:
-                reply = await self._client.get_cluster_resource_state()
-            except GcsError as err:
-                return self._publish(self._unknown(err))
+            reply = await self._client.get_cluster_resource_state()
+        except GcsError as err:
+            self._last_cost_s = 0.0
+            return self._publish(self._unknown(err))
+        cpu = time.process_time()  # from here on, all of it is this poll's work
+        try:
             return self._publish(self._known(reply))
         finally:
             self._last_cost_s = time.process_time() - cpu
@@ -169,11 +176,24 @@ class GcsPoller:
         GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
-        observation = observation_of(
-            reply, observed_at=self._monotonic(), cluster_id=cluster_id, epoch=self._epoch
-        )
+        observation = self._observe(reply, cluster_id, version)
         if observation.unusable:
             log.warning("gcs_reply_unusable", error=observation.error, gcs_epoch=self._epoch)
+        return observation
+
+    def _observe(self, reply: Any, cluster_id: str | None, version: int) -> RayObservation:
+        """The reply parsed, or the last parse with its idle clocks when only those moved."""
+        observed_at = self._monotonic()
+        body = reply_body(reply)
+        if body is not None and self._parsed is not None and body.body == self._parsed[0]:
+            state = with_idle_clocks(self._parsed[1], body.idle_ms)
+            return RayObservation(state, observed_at, cluster_id, self._epoch, version)
+        self.parses += 1
+        observation = observation_of(
+            reply, observed_at=observed_at, cluster_id=cluster_id, epoch=self._epoch
+        )
+        parsed = observation.state
+        self._parsed = (body.body, parsed) if body is not None and parsed is not None else None
         return observation
 
     def _publish(self, observation: RayObservation) -> RayObservation:
