@@ -12,7 +12,7 @@ told again at the next reconcile.
 A reply whose body (unchanged.py: the reply minus versions and idle clocks) equals the last
 parsed one is not parsed again: the last parse gets the new idle clocks, which equals a full parse
 of it. Change detection then compares parsed values (`RayObservation.content`: versions and idle
-clocks left out). The cadence is charged the least CPU of the last few polls: one poll's CPU
+clocks left out). The cadence is charged the median CPU of the last few polls: one poll's CPU
 also counts whatever the event loop ran during its await (a reconcile, pod events).
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
 log = structlog.get_logger(__name__)
 
-COST_WINDOW = 5  # polls whose least CPU is charged to the next interval
+COST_WINDOW = 5  # polls whose median CPU is charged to the next interval
 
 
 class StateSource(Protocol):
@@ -135,9 +136,9 @@ class GcsPoller:
             return self._publish(self._known(reply))
         finally:
             # The CPU across the await also holds whatever ran meanwhile (a reconcile, pod
-            # events); the least of the last few polls is what a poll itself costs.
+            # events): the median of the last few polls is what a poll itself costs.
             self._costs.append(self._cpu_clock() - cpu)
-            self._last_cost_s = min(self._costs)
+            self._last_cost_s = statistics.median(self._costs)
 
     async def read_now(self) -> RayObservation:
         """A read of its own (say right before draining), parsed like a poll but neither
