@@ -153,11 +153,15 @@ async def _ready(process: Any, http: str, log_path: Path, timeout_s: float) -> f
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if process.poll() is not None:
-            raise RuntimeError(f"daemon exited:\n{log_path.read_text()[-3000:]}")
+            raise RuntimeError(f"daemon exited:\n{_tail(log_path)}")
         if await asyncio.to_thread(_http_ok, f"http://{http}/readyz"):
             return time.monotonic() - started
         await asyncio.sleep(0.25)
-    raise TimeoutError(f"daemon not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+    raise TimeoutError(f"daemon not ready after {timeout_s} s:\n{_tail(log_path)}")
+
+
+def _tail(log_path: Path) -> str:
+    return log_path.read_text()[-3000:]
 
 
 async def measure(hosts: int, window_s: float, trials: int, seed: int = 3) -> dict[str, Any]:
