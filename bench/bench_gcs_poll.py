@@ -91,7 +91,7 @@ async def serve(reply: Any) -> tuple[grpc.aio.Server, int, _State]:
 
 
 def parse_times(reply: Any, repeats: int) -> dict[str, float]:
-    from kuberay_scaler.core.parse.ray_state import parse_ray_state
+    from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 
     data = reply.SerializeToString()
     decode, parse = [], []

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ray_side
 import scenario
 
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot
 from kuberay_scaler.core.parse.pods import parse_pods
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
 

@@ -49,12 +49,12 @@ def child(input_file: str) -> dict[str, Any]:
 
     import kuberay_scaler.app  # noqa: F401  (what the daemon has loaded before it lists)
     from kuberay_scaler.adapters.kube import informer
+    from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
     from kuberay_scaler.core.decision import Observation, decide
     from kuberay_scaler.core.model.plan import Memory
     from kuberay_scaler.core.model.ray import RayObservation
     from kuberay_scaler.core.parse.pod_cache import PodCache
     from kuberay_scaler.core.parse.pods import slim_pod
-    from kuberay_scaler.core.parse.ray_state import parse_ray_state
     from kuberay_scaler.core.parse.raycluster import parse_raycluster
     from kuberay_scaler.core.planner.core import Policy
     from kuberay_scaler.loop.report import report_from_plan

@@ -29,9 +29,9 @@ import ray_side
 from common import loadavg
 from ray.core.generated import autoscaler_pb2
 
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS
 from kuberay_scaler.core.model.plan import Memory, Snapshot
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
 

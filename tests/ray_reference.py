@@ -17,8 +17,8 @@ from typing import Any
 
 from ray.core.generated import autoscaler_pb2
 
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.plan import Plan
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from tests.factories import node_id_of, plan_of, pod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))

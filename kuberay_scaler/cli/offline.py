@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
+from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.parse.pods import pod_items
-from kuberay_scaler.core.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.core.planner.core import Policy
 
 

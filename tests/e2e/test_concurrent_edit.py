@@ -34,12 +34,19 @@ def _insert_group_in_front() -> list[dict[str, Any]]:
 
 async def test_group_inserted_under_a_stale_plan_is_never_patched(world: World) -> None:
     """In poll mode (KubeRay's Role: no RayCluster watch) the daemon's copy of the RayCluster
-    only refreshes on pod events or its resync; with a long resync it plans the next scale-up
-    from the copy taken before a group was inserted in front of ours. Unguarded, that patch
-    would scale `cpu-group` (now index 0); guarded, it is refused, refreshed and replanned."""
+    refreshes on its GET cadence, pod events and its resync; with all three long or absent it
+    plans the next scale-up from the copy taken before a group was inserted in front of ours.
+    Unguarded, that patch would scale `cpu-group` (now index 0); guarded, it is refused,
+    refreshed and replanned. (The GET cadence is set long here: at its 2.5 s default the copy
+    is usually fresh again before the demand arrives, and the refusal this test is about
+    would depend on timing.)"""
     await world.create_raycluster(tpu_raycluster(replicas=0))
     await world.ray_up()
-    daemon = await world.start_daemon(RESTRICTED_USER, KUBERAY_SCALER_RESYNC_INTERVAL_S="600")
+    daemon = await world.start_daemon(
+        RESTRICTED_USER,
+        KUBERAY_SCALER_RESYNC_INTERVAL_S="600",
+        KUBERAY_SCALER_RAYCLUSTER_POLL_INTERVAL_S="300",
+    )
     await _until_reads_settle(daemon)
     await world.admin.ok(
         "PATCH", world.raycluster_path, _insert_group_in_front(), content_type=JSON_PATCH

@@ -16,9 +16,9 @@ from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_scaler.adapters.ray_gcs.drain import deadline_in, drain_slice
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.decision import Decision, Drain, drains_to_send
 from kuberay_scaler.core.model.plan import Memory, Plan
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from kuberay_standins.ray_local import (
     HostSpec,
     RayHead,

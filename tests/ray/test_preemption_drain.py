@@ -14,10 +14,10 @@ import pytest
 
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_scaler.adapters.ray_gcs.drain import DrainReason, deadline_in, drain_slice
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.defaults import PREEMPT_DEADLINE_S
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.reasons import ScaleDownKind
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from kuberay_standins.ray_local import (
     HostSpec,
     RayDriver,

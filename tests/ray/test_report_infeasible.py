@@ -14,7 +14,7 @@ import pytest
 
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_scaler.adapters.ray_gcs.report import build_autoscaling_state
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.loop.report import report_from_plan
 from kuberay_standins.ray_local import RayDriver, RayHead
 from tests.factories import NOW, cluster, group, plan_of, pod

@@ -10,8 +10,8 @@ from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from kuberay_standins.ray_local import RayDriver, RayHead
 from tests.ray.helpers import wait_for_state
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
 RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")

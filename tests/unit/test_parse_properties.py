@@ -16,10 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.core.model.cluster import INT32_MAX, ClusterSpec
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.parse.pods import parse_pods
-from kuberay_scaler.core.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.slicemap import build_slice_map
 from tests.factories import NOW, SAMPLES, cluster, group, pod, slice_pods

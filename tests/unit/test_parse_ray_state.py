@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import json_format
 from ray.core.generated import autoscaler_pb2
 
+from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.core.model.ray import HEAD_RESOURCE, GangStrategy, NodeStatus, RayState
-from kuberay_scaler.core.parse.ray_state import RayStateError, parse_ray_state
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
 SLICE = "tpu-group-abcde"
@@ -360,7 +360,7 @@ def test_captured_request_resources_floor() -> None:
 
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
 def test_alive_instance_ids_match_the_full_parse(path: Path) -> None:
-    from kuberay_scaler.core.parse.ray_state import alive_instance_ids
+    from kuberay_scaler.adapters.ray_gcs.state import alive_instance_ids
 
     reply = json_format.Parse(
         path.read_text(), autoscaler_pb2.GetClusterResourceStateReply(), ignore_unknown_fields=True

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
 
+from kuberay_scaler.adapters.ray_gcs import state as ray_state
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.ray import TaskDemand
-from kuberay_scaler.core.parse import ray_state
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 
 _resources = st.dictionaries(
     st.sampled_from(["CPU", "GPU", "TPU", "memory", "CPU_group_x", "custom"]),

@@ -14,8 +14,8 @@ import bench_planner  # noqa: E402
 import ray_side  # noqa: E402
 import scenario  # noqa: E402
 
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state  # noqa: E402
 from kuberay_scaler.core.model.plan import Memory  # noqa: E402
-from kuberay_scaler.core.parse.ray_state import parse_ray_state  # noqa: E402
 from kuberay_scaler.core.planner.core import Policy, plan  # noqa: E402
 
 TINY = scenario.Scale(slices=0.05, demand=0.05)

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import InfeasibleKind, ProblemKind
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     FIXTURES,

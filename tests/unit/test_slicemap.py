@@ -10,12 +10,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.cluster import ClusterSpec
 from kuberay_scaler.core.model.hosts import Host
 from kuberay_scaler.core.model.ray import RayNode, RayState
 from kuberay_scaler.core.model.slices import Slice, SliceMap, SliceState
 from kuberay_scaler.core.parse.pods import parse_pods
-from kuberay_scaler.core.parse.ray_state import parse_ray_state
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.slicemap import SliceTimeouts, build_slice_map
 from tests.factories import NOW, cluster, group, node, pod, slice_pods, state, tpu_slice_nodes

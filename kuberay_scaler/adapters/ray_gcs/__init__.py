@@ -1,56 +1,14 @@
-"""Ray GCS adapter: the only package that talks gRPC to Ray (see docs/ray-gcs.md).
+"""Ray GCS adapter: the only package that talks gRPC to Ray or reads its protobuf (docs/ray-gcs.md).
 
 - `client`: `GcsClient`, the grpc.aio client (auth, TLS, cluster id, reconnect, metrics).
+- `state`: `parse_ray_state`, a reply (message or proto3 JSON) → the core's `RayState`.
 - `poller`: `GcsPoller` publishes parsed `RayObservation`s; unknown state is explicit.
 - `adapter`: `RayGcs`, the loop's `Gcs` port (fresh read, drains, report) over plain data.
 - `drain`: `drain_slice`, all hosts of a slice or none.
 - `report`: `AutoscalingReport` → `AutoscalingState` for `ray status`.
 - `errors`: `GcsError` and its kinds.
 
-Importing this package imports `ray` (about a second and ~80 MB): keep it out of pure code.
+Import the module you need: this face imports nothing, so `plan` reading a captured reply
+(`state`) does not load grpc. Each module imports `ray`'s generated protobuf (about a second and
+~80 MB): keep them out of pure code (import-linter forbids the core `ray` and `google`).
 """
-
-from kuberay_scaler.adapters.ray_gcs.client import GcsClient, TlsFiles
-from kuberay_scaler.adapters.ray_gcs.drain import (
-    HostDrain,
-    SliceDrainResult,
-    deadline_in,
-    drain_slice,
-)
-from kuberay_scaler.adapters.ray_gcs.errors import (
-    GcsAuthError,
-    GcsCallError,
-    GcsError,
-    GcsReplaced,
-    GcsUnavailable,
-)
-from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
-from kuberay_scaler.adapters.ray_gcs.report import (
-    AutoscalingReport,
-    FailedRequest,
-    LaunchingGroup,
-    PendingPod,
-    StateVersionClock,
-    build_autoscaling_state,
-)
-
-__all__ = [
-    "AutoscalingReport",
-    "FailedRequest",
-    "GcsAuthError",
-    "GcsCallError",
-    "GcsClient",
-    "GcsError",
-    "GcsPoller",
-    "GcsReplaced",
-    "GcsUnavailable",
-    "HostDrain",
-    "LaunchingGroup",
-    "PendingPod",
-    "SliceDrainResult",
-    "StateVersionClock",
-    "TlsFiles",
-    "build_autoscaling_state",
-    "deadline_in",
-    "drain_slice",
-]

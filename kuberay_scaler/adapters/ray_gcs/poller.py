@@ -30,9 +30,9 @@ import structlog
 
 from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError
+from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks
 from kuberay_scaler.core.model.ray import RayObservation, RayState
-from kuberay_scaler.core.parse.ray_state import RayStateError, parse_ray_state
 from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
 log = structlog.get_logger(__name__)

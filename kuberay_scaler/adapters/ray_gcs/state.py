@@ -1,4 +1,10 @@
-"""GetClusterResourceStateReply (protobuf or its proto3 JSON form) → RayState."""
+"""GetClusterResourceStateReply (protobuf or its proto3 JSON form) → the core's `RayState`.
+
+The one place a GCS reply is read: the poller parses each reply here once, and `plan
+--ray-state` / `plan --capture` read a captured reply through the same function, so the core
+only ever sees plain data. Node ids leave as hex strings (and go back to bytes only on the wire,
+in drain.py).
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,61 @@
+"""One reconcile reads each input once: the reads-per-reconcile measurement of issue 21.
+
+Counted over one reconcile of the one-pipeline scenario (an idle slice drained and deleted, a
+busy slice kept, CPU demand scaled up for: record → drain → patch), with the fakes:
+
+- RayCluster parses (`parse_raycluster`): once, by the observer;
+- raw group-spec reads (`build_patch`, the only code past the parser that reads
+  `spec.workerGroupSpecs` of a raw object, for its `test` guards): once when deciding, once
+  more after the drains answered, over the object the record write returned;
+- GCS reply parses (the adapter's reply → `RayState` conversion): once per reply, by the poller
+  for the pushed observation and once for the fresh read right before draining; the loop itself
+  parses none.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kuberay_scaler.adapters.ray_gcs import poller
+from kuberay_scaler.core import decision
+from kuberay_scaler.loop import observe
+from tests.control.fakes import make_loop
+from tests.control.test_one_pipeline import _scenario
+
+
+def _count(
+    monkeypatch: pytest.MonkeyPatch, reads: Counter[str], what: str, module: Any, name: str
+) -> None:
+    real: Callable[..., Any] = getattr(module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads[what] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+
+
+async def test_one_reconcile_reads_each_input_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    rc, pods, reply = _scenario()
+    reads: Counter[str] = Counter()
+    _count(monkeypatch, reads, "raycluster parses", observe, "parse_raycluster")
+    _count(monkeypatch, reads, "raycluster parses", decision, "parse_raycluster")
+    _count(monkeypatch, reads, "raw group-spec reads", decision, "build_patch")
+    # Every reply the fakes hand out is converted as the poller converts it (observation_of).
+    _count(monkeypatch, reads, "gcs parses", poller, "parse_ray_state")
+
+    loop = make_loop(rc, pods, reply)  # the poller pushes one observation: one parse
+    assert reads == {"gcs parses": 1}
+    await loop.reconciler.reconcile()
+
+    assert [c.outcome.kind for c in loop.writer.calls] == ["applied", "applied"]  # record, patch
+    assert loop.gcs.drained  # the idle slice was drained (the scenario ran whole)
+    assert reads == {
+        "raycluster parses": 1,
+        "raw group-spec reads": 2,
+        "gcs parses": 2,  # the pushed observation + the fresh read before draining
+    }
