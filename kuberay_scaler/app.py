@@ -22,9 +22,10 @@ from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
 from kuberay_scaler.adapters.web.server import Probes, make_app, start_server
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.parse.pods import slim_pod
+from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.handsoff import OverrideBackoff
 from kuberay_scaler.loop.health import Access, GiveUp, target_problem
-from kuberay_scaler.loop.reconciler import LoopConfig, Reconciler
+from kuberay_scaler.loop.reconciler import Reconciler
 from kuberay_scaler.loop.trigger import Trigger
 from kuberay_scaler.runtime import heap
 from kuberay_scaler.runtime.logs import configure_logging, register_secret

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 import structlog
 
+from kuberay_scaler.core import defaults as D
+from kuberay_scaler.core.backoff import Backoff
 from kuberay_scaler.core.decision import (
     Decision,
     Drain,
@@ -32,17 +34,15 @@ from kuberay_scaler.core.decision import (
 )
 from kuberay_scaler.core.model.drains import DrainReason, HostDrain, SliceDrainResult
 from kuberay_scaler.core.model.outcome import PatchOutcome
-from kuberay_scaler.core.model.plan import Plan
+from kuberay_scaler.core.model.plan import Memory, Plan
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.patch.ops import Op, PatchError
-from kuberay_scaler.core.planner.gate import Blocked
+from kuberay_scaler.core.planner.gate import Blocked, SliceRef
 from kuberay_scaler.loop.ports import ClusterView, Gcs, GcsFeed, Writer
 from kuberay_scaler.runtime.metrics import DELETIONS_BLOCKED
 
 log = structlog.get_logger(__name__)
-
-SliceRef = tuple[str, str]  # (group, slice key)
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,45 @@ class Executed:
     @property
     def applied(self) -> bool:
         return self.outcome is not None and self.outcome.kind == "applied"
+
+    def remembered(self, memory: Memory) -> Memory:
+        """The loop's memory after these writes. Applied: the plan's memory (less what each
+        reconcile reads afresh). Otherwise, whatever became of the patch: the deadlines of
+        slices drained for preemption (a refused one is retried) and the drain backoff of
+        refused slices."""
+        if self.applied:
+            return replace(self.plan.memory, awaiting_write={}, draining={})
+        keep = {
+            key: deadline
+            for key, deadline in self.plan.memory.preempting.items()
+            if not any(key == s for _, s in self.refused)
+        }
+        return replace(memory, preempting=MappingProxyType(keep), refused=self.plan.memory.refused)
+
+
+class WriteBackoff:
+    """When the loop may write again: after a failed write (jittered, exponential), after a 429
+    (its Retry-After, capped), after a reconcile that raised; open again once a write applied."""
+
+    def __init__(self, backoff: Backoff | None = None) -> None:
+        self._backoff = backoff or Backoff(initial=1.0, cap=60.0)
+        self.not_before = 0.0  # monotonic
+
+    def open(self, now: float) -> bool:
+        return now >= self.not_before
+
+    def failed(self, outcome: PatchOutcome, now: float) -> None:
+        if outcome.kind == "throttled":
+            # Honoured, but never longer than the transport's cap (a fake or a proxy may say more).
+            self.not_before = now + min(outcome.retry_after or 1.0, D.MAX_RETRY_AFTER_S)
+        elif outcome.kind != "gone":  # nothing to write to: no backoff
+            self.crashed(now)
+
+    def crashed(self, now: float) -> None:
+        self.not_before = now + self._backoff.next_delay()
+
+    def applied(self) -> None:
+        self._backoff.reset()
 
 
 async def execute(

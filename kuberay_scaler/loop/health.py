@@ -12,12 +12,18 @@ attempts since the last achievement, whatever the cause.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from kuberay_scaler.core.decision import Decision
+from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Plan
+from kuberay_scaler.core.planner.gate import SliceRef
+
+# Asked to wait / nothing to scale: not a failed write.
+_NOT_FAULTS = ("throttled", "gone")
 
 
 class Step(StrEnum):
@@ -45,9 +51,66 @@ class Outcome:
     def achieved(self) -> bool:
         return self.step in (Step.DONE, Step.DRY_RUN)
 
+    @classmethod
+    def done(cls, text: str) -> Outcome:
+        return cls(Step.DONE, text)
+
+    @classmethod
+    def blind(cls, unknown: Collection[str], demand: bool) -> Outcome | None:
+        """Held because an input is unknown or stale: not progress, whatever else went through."""
+        if not unknown:
+            return None
+        return cls(Step.BLIND, f"blind: {', '.join(sorted(unknown))} not fresh", demand=demand)
+
+    @classmethod
+    def write_failed(cls, outcome: PatchOutcome, step: str) -> Outcome:
+        """A write (`step`: "record" or "patch") that was not applied: waiting on a 429 is
+        backoff, a RayCluster gone is blind, anything else failed."""
+        text = f"{step} {outcome.kind}: {outcome.message}"
+        if outcome.kind == "throttled":
+            return cls(Step.BACKOFF, text, demand=True)
+        if outcome.kind == "gone":
+            return cls(Step.BLIND, text)
+        return cls(Step.FAILED, text, f"patch_{outcome.kind}")
+
+    @classmethod
+    def step_failed(
+        cls, record_failed: PatchOutcome | None, drain_errors: Collection[SliceRef]
+    ) -> Outcome | None:
+        """A step before the patch that failed while the rest went (never a success)."""
+        if record_failed is not None and record_failed.kind not in _NOT_FAULTS:
+            kind, message = record_failed.kind, record_failed.message
+            return cls(Step.FAILED, f"record {kind}: {message}", f"record_{kind}")
+        if drain_errors:
+            failing = ", ".join(f"{g}/{k}" for g, k in sorted(drain_errors))
+            return cls(Step.FAILED, f"drain failed for {failing}", "drain_error")
+        return None
+
     @property
     def failed(self) -> bool:
         return self.step in (Step.FAILED, Step.ERROR)
+
+
+class DrainErrors:
+    """Slices whose drain erred (not refused: failed). Such a slice stays work not done until a
+    drain of it answers or it leaves the plan's refusal backoff (gone, or retried)."""
+
+    def __init__(self) -> None:
+        self._erring: set[SliceRef] = set()
+
+    def answered(self, answered: Collection[SliceRef], erred: Collection[SliceRef]) -> None:
+        """The slices drained this time, and those of them a host of which erred."""
+        self._erring -= set(answered) - set(erred)
+        self._erring |= set(erred)
+
+    def judge(self, outcome: Outcome | None, refused: Collection[str]) -> Outcome | None:
+        """`outcome`, unless a drain is still failing: then the reconcile did not achieve it.
+        `refused`: the slice keys in the plan's refusal backoff."""
+        self._erring = {ref for ref in self._erring if ref[1] in refused}
+        if outcome is None or not outcome.achieved or not self._erring:
+            return outcome
+        failing = ", ".join(f"{g}/{k}" for g, k in sorted(self._erring))
+        return Outcome(Step.BACKOFF, f"drain failing for {failing}", demand=True)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kuberay_scaler.core.decision import Decision
 from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.core.model.ray import Bundle, GangDemand, TaskDemand
@@ -16,6 +17,15 @@ from kuberay_scaler.core.model.slices import Slice, SliceState
 
 # Ray ungroups counts into one request per task; a cap keeps one report small whatever the load.
 MAX_INFEASIBLE_REQUESTS = 1_000
+
+
+def report_for(decision: Decision, now_s: int, *, launches_asked: bool) -> AutoscalingReport | None:
+    """What to tell Ray of `decision`; None when it was made without Ray's state to report on.
+    `launches_asked`: see `report_from_plan`."""
+    gcs = decision.gcs
+    if gcs is None or decision.plan.slice_map is None:
+        return None
+    return report_from_plan(decision.plan, now_s, gcs.version, launches_asked=launches_asked)
 
 
 def report_from_plan(

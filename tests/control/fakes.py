@@ -26,7 +26,8 @@ from kuberay_scaler.core.model.outcome import OutcomeKind, PatchOutcome
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.report import AutoscalingReport
 from kuberay_scaler.core.planner.core import Policy
-from kuberay_scaler.loop.reconciler import LoopConfig, Reconciler
+from kuberay_scaler.loop.config import LoopConfig
+from kuberay_scaler.loop.reconciler import Reconciler
 from tests.factories import NOW
 
 # HTTP status → the outcome the real writer's `classify` gives it.

@@ -15,7 +15,7 @@ from kuberay_scaler.adapters.kube.transport import MAX_RETRY_AFTER_S
 from kuberay_scaler.app import Daemon
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
-from kuberay_scaler.loop.reconciler import LoopConfig
+from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.runtime.metrics import REGISTRY
 from kuberay_scaler.runtime.settings import load_settings
 from tests.control.fakes import Loop, WriteCall, make_loop

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kuberay_scaler.core.model.drains import DrainReason, SliceDrainResult
-from kuberay_scaler.loop.reconciler import LoopConfig
+from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.runtime.metrics import REGISTRY
 from tests.control.fakes import FakeGcs, Loop, make_loop
 from tests.control.test_reconciler import spec_group, workers_to_delete

@@ -19,7 +19,8 @@ from ray.core.generated import autoscaler_pb2
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
 from kuberay_scaler.core import decision as decision_module
 from kuberay_scaler.core.planner.core import Policy
-from kuberay_scaler.loop.reconciler import LoopConfig, Reconciler
+from kuberay_scaler.loop.config import LoopConfig
+from kuberay_scaler.loop.reconciler import Reconciler
 from tests.control.fakes import FakeEvents, FakeFeed, FakeGcs
 from tests.factories import cluster, group, pod
 

@@ -12,7 +12,9 @@ import pytest
 from kuberay_scaler.core.model.cluster import DEFAULT_IDLE_TIMEOUT_S
 from kuberay_scaler.core.model.reasons import Action, ScaleDownKind
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
-from kuberay_scaler.loop.reconciler import MAX_REPLANS, WAKE_MARGIN_S, LoopConfig
+from kuberay_scaler.loop.config import LoopConfig
+from kuberay_scaler.loop.reconciler import MAX_REPLANS
+from kuberay_scaler.loop.trigger import WAKE_MARGIN_S
 from kuberay_scaler.runtime.metrics import REGISTRY
 from tests.control.fakes import Loop, WriteCall, make_loop, reply_of
 from tests.factories import (
