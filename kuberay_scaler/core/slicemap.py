@@ -36,8 +36,9 @@ class SliceTimeouts:
 class SliceMemo:
     """Complete slices of the last frame, by the values that judged them (pure memoization).
 
-    A slice is judged COMPLETE from its group, its hosts and their Ray nodes alone (`_whole`:
-    no timers, no `now`). When all of those are the very objects of last frame (frozen values;
+    A slice complete with every host joined to Ray is judged so from its group, its hosts and
+    their Ray nodes alone (`_whole`: no timers, no `now`; one complete while Ray's view is
+    unknown is not kept). When all of those are the very objects of last frame (frozen values;
     the pod cache keeps a Host per unchanged pod, the poller a RayNode per unchanged node) and
     the group is equal, the slice and its label problems are last frame's, value for value.
     Anything else is judged afresh. Holding last frame's entries only keeps it bounded.
@@ -169,7 +170,7 @@ def _group_slices(
         found = memo.get(group.name, key, ordered, joined) if reuse else None
         if found is None:
             sl = _judge(group, key, ordered, nodes, ray_known, doomed, timeouts, clock)
-            if sl.state is SliceState.COMPLETE and not sl.marked_for_deletion:
+            if _whole_by_ray(group, sl, joined):
                 found = _judged(group.name, sl, tuple(ordered), joined)
                 memo.put(group.name, found)
         if found is not None:
@@ -178,6 +179,17 @@ def _group_slices(
         slices.append(sl)
     slices.sort(key=lambda s: (s.created_at or now, s.key))
     return GroupSlices(group=group, slices=tuple(slices)), complete
+
+
+def _whole_by_ray(group: WorkerGroup, sl: Slice, joined: tuple[RayNode | None, ...]) -> bool:
+    """Complete with every host joined: judged so from its group, hosts and nodes alone (a
+    slice complete while Ray's view is unknown is not: Ray may later show a node missing)."""
+    return (
+        sl.state is SliceState.COMPLETE
+        and not sl.marked_for_deletion
+        and len(joined) == group.num_of_hosts
+        and all(n is not None for n in joined)
+    )
 
 
 def _judged(
