@@ -12,7 +12,9 @@ benchmark's 20-group cluster scaled to N hosts (scenario.py, no pending demand):
 - `one_pod_changed` / `one_node_changed`: the frame after one watch event or one GCS change
   (the change itself, the pod cache's store update or the poller's parse, is not timed).
 
-Times are medians (wall and this process's CPU), with the load average of the machine.
+Times are medians (wall and this process's CPU), with the load average of the machine. After
+the inputs are built and one frame has run, the heap is frozen (`runtime/heap.freeze`) as the
+daemon does after its first reconcile, where that function exists (older trees: not).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.report import report_from_plan
+from kuberay_scaler.runtime import heap
 
 HOSTS_AT_SCALE_1 = 1950
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -123,8 +126,13 @@ def _median(
 
 def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dict[str, Any]:
     out: dict[str, Any] = {"hosts": hosts}
+    freeze = getattr(heap, "freeze", None)
+    out["frozen"] = freeze is not None
     for case, launching in (("known", False), ("launching", True)):
         frame = Frame(cluster(hosts, launching))
+        frame.run()
+        if freeze is not None:
+            freeze()
         out["pods"] = len(frame.sc.pods)
         out[case] = _median(frame.run, repeats)
         if not launching:
@@ -132,6 +140,9 @@ def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dic
             out["one_pod_changed"] = _median(frame.run, repeats, frame.touch_pod)
             out["one_node_changed"] = _median(frame.run, repeats, frame.touch_node)
         log(f"frame at {hosts} hosts, {case}: {out[case]}")
+        if not launching:
+            log(f"  one pod changed: {out['one_pod_changed']}")
+            log(f"  one node changed: {out['one_node_changed']}")
     return out
 
 

@@ -41,10 +41,17 @@ HERE = Path(__file__).resolve().parent
 HOSTS_AT_SCALE_1 = 1950
 
 
-def synthetic_reply(nodes: int) -> Any:
-    """The planner benchmark's cluster (scenario.py), scaled so it has about `nodes` hosts."""
+def synthetic_reply(nodes: int, demand: bool = True) -> Any:
+    """The planner benchmark's cluster (scenario.py), scaled so it has about `nodes` hosts;
+    without `demand`, an idle cluster (no pending requests)."""
     scale = nodes / HOSTS_AT_SCALE_1
-    return scenario.build(seed=7, scale=scenario.Scale(scale, min(1.0, scale))).reply()
+    reply = scenario.build(seed=7, scale=scenario.Scale(scale, min(1.0, scale))).reply()
+    if not demand:
+        state = reply.cluster_resource_state
+        del state.pending_resource_requests[:]
+        del state.pending_gang_resource_requests[:]
+        del state.cluster_resource_constraints[:]
+    return reply
 
 
 class _State(autoscaler_pb2_grpc.AutoscalerStateServiceServicer):  # type: ignore[misc]
@@ -102,10 +109,13 @@ def parse_times(reply: Any, repeats: int) -> dict[str, float]:
     }
 
 
-async def measure(nodes: int, window_s: float, repeats: int = 5) -> dict[str, Any]:
-    reply = synthetic_reply(nodes)
+async def measure(
+    nodes: int, window_s: float, repeats: int = 5, demand: bool = True
+) -> dict[str, Any]:
+    reply = synthetic_reply(nodes, demand)
     out: dict[str, Any] = {
         "nodes": len(reply.cluster_resource_state.node_states),
+        "demand": demand,
         **parse_times(reply, repeats),
     }
     server, port, state = await serve(reply)
@@ -133,5 +143,6 @@ async def measure(nodes: int, window_s: float, repeats: int = 5) -> dict[str, An
 if __name__ == "__main__":
     sizes = [int(s) for s in (sys.argv[1] if len(sys.argv) > 1 else "1000").split(",")]
     window = float(sys.argv[2]) if len(sys.argv) > 2 else 20.0
+    demand = "--idle" not in sys.argv
     for n in sizes:
-        print(json.dumps(asyncio.run(measure(n, window))), flush=True)
+        print(json.dumps(asyncio.run(measure(n, window, demand=demand))), flush=True)

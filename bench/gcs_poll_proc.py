@@ -20,24 +20,32 @@ def _ours(address: str, window_s: float) -> dict[str, float]:
     from kuberay_scaler.runtime.settings import Settings
 
     interval = Settings.model_fields["gcs_poll_interval_s"].default
-    parses = 0
+    polls = 0
 
     def on_observation(observation: RayObservation) -> None:
-        nonlocal parses  # the poller parses every reply it gets
+        nonlocal polls
         if observation.state is not None:
-            parses += 1
+            polls += 1
 
     async def run() -> dict[str, float]:
         client = GcsClient(address)
         poller = GcsPoller(client, interval_s=interval, on_observation=on_observation)
         task = asyncio.create_task(poller.run())
         await asyncio.sleep(WARMUP_S)
-        cpu0, t0, parses0 = time.process_time(), time.monotonic(), parses
+        # Older pollers parsed every reply (no `parses` counter): then parses == polls.
+        parsed = lambda: getattr(poller, "parses", polls)  # noqa: E731
+        cpu0, t0, polls0, parses0 = time.process_time(), time.monotonic(), polls, parsed()
         await asyncio.sleep(window_s)
         cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
         task.cancel()
         await client.close()
-        return {"cpu_s": cpu, "wall_s": wall, "parses": parses - parses0, "interval_s": interval}
+        return {
+            "cpu_s": cpu,
+            "wall_s": wall,
+            "polls": polls - polls0,
+            "parses": parsed() - parses0,
+            "interval_s": interval,
+        }
 
     return asyncio.run(run())
 

@@ -49,6 +49,7 @@ def render(results: dict[str, Any], plots_dir: Path | None) -> str:
     lines += _planner(results.get("planner"))
     lines += _shapes(results.get("shapes"))
     lines += _frame(results.get("frame"))
+    lines += _scale_live(results.get("scale_live"))
     lines += _rss(results.get("rss"))
     return "\n".join(lines) + "\n"
 
@@ -204,6 +205,33 @@ def _frame(rows: list[dict[str, Any]] | None) -> list[str]:
             f" {r['known']['load'][0]} |"
         )
     return [*lines, ""]
+
+
+def _scale_live(rows: list[dict[str, Any]] | None) -> list[str]:
+    if not rows:
+        return []
+    lines = [
+        "### Ours live at scale (bench/bench_scale_live.py: the daemon, API-server stand-in with"
+        " the pods, GCS stand-in with the Ray nodes)",
+        "",
+        "| Ray nodes | idle CPU s / min | GCS calls / min | reaction p50 | p90 | max | missed |"
+        " load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        idle, react = r["idle"], r["reaction"]
+        lines.append(
+            f"| {r['nodes']:,} | {idle['cpu_s_per_min']} | {idle['gcs_calls_per_min']} |"
+            f" {_fmt(react['p50_s'], ' s')} | {_fmt(react['p90_s'], ' s')} |"
+            f" {_fmt(react['max_s'], ' s')} | {react['missed']} | {idle['load'][0][0]} |"
+        )
+    lines += [
+        "",
+        "Ray's autoscalers are not run against the stand-in: they read far more of the GCS than it"
+        " serves (node tables, the internal KV, resource load by node).",
+        "",
+    ]
+    return lines
 
 
 def _rss(data: dict[str, Any] | None) -> list[str]:

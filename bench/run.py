@@ -27,6 +27,7 @@ import bench_gcs_poll
 import bench_live
 import bench_reconcile
 import bench_rss
+import bench_scale_live
 import bench_shapes
 import bench_spec_edit
 import report
@@ -108,6 +109,14 @@ def main() -> int:
     save()
     frame_sizes = (10_000,) if quick else (10_000, 100_000)
     results["frame"] = bench_frame.run(frame_sizes, log, repeats=1 if quick else 3)
+    save()
+    # Ours live at 1k / 10k Ray nodes against a GCS stand-in: idle CPU and reaction (P1).
+    results["scale_live"] = [
+        asyncio.run(bench_scale_live.measure(n, 30 if quick else 60, 4 if quick else 8))
+        for n in (1_000, 10_000)
+    ]
+    log(f"scale live: {json.dumps(results['scale_live'])[:400]}")
+    loads.append(("after scale live", loadavg()))
     save()
     results["rss"] = bench_rss.measure(10_000)
     log(f"rss at 10k real-size pods: {results['rss']}")

@@ -228,8 +228,10 @@ class Daemon:
             await self.reconciler.reconcile(reasons)
             if time.monotonic() >= next_trim:
                 # After the first reconcile (the synced pods parsed) and then now and then: give
-                # the memory of decoded-then-dropped API responses back to the OS.
+                # the memory of decoded-then-dropped API responses back to the OS, and keep
+                # the long-lived caches out of the collector's full passes (heap.freeze).
                 heap.trim()
+                heap.freeze()
                 next_trim = time.monotonic() + TRIM_EVERY_S
 
     async def _watch_target(self) -> None:

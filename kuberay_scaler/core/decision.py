@@ -194,24 +194,27 @@ def decide(
         hosts, pod_problems = observed.parsed_pods
     else:
         hosts, pod_problems = parse_pods(list(observed.pods), spec)
-    snapshot = Snapshot(spec, tuple(hosts), observed.synced, tuple(pod_problems), observed.clock)
     ray, ray_problem = _ray_state(observed.gcs)
+    # One liveness clock and one gate evidence per frame: the slice map, the planner's deletion
+    # paths and the gate below all judge by the same ones (without a daemon clock, one built
+    # from the pods' timestamps, as each of them would build it).
+    clock = observed.clock
+    if clock is None:
+        clock = HostClock.from_timestamps(hosts, ray.node_by_instance() if ray else {}, now)
+    snapshot = Snapshot(spec, tuple(hosts), observed.synced, tuple(pod_problems), clock)
     memory = replace(
         memory,
         awaiting_write=MappingProxyType(dict(observed.awaiting_write)),
         draining=MappingProxyType(read_draining(raw)),
     )
-    result = plan(snapshot, ray, memory, policy, now)
+    grace_s = policy.timeouts.missing_node_grace_s
+    ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
+    result = plan(snapshot, ray, memory, policy, now, ev)
     if ray_problem is not None:
         result = replace(result, problems=(*result.problems, ray_problem))
-    ev = evidence_for(
-        hosts,
-        ray,
-        observed.clock,
-        policy.timeouts.missing_node_grace_s,
-        now,
-        {**memory.preempting, **result.memory.preempting},
-    )
+    # The gate also honours deadlines this plan set (preemptions it starts).
+    deadlines = {**memory.preempting, **result.memory.preempting}
+    ev = replace(ev, deadlines=MappingProxyType(deadlines))
     try:
         result, writes, blocked = writes_for(raw, result, observed.gcs, now, drain_deadline_s, ev)
     except PatchError as err:

@@ -5,6 +5,12 @@
   daemon whose work runs on one event loop. Call before any thread starts.
 - `trim()`: hand freed heap pages back to the OS. Listing 10k pods decodes tens of MB of JSON that
   the informer then drops (it keeps slim pods); without a trim that memory stays resident.
+- `freeze()`: once the caches are filled, move every object alive into the collector's permanent
+  generation. At 10k pods the daemon holds ~300k tracked objects for good (slim pods, parsed
+  hosts, modules); every full collection walked all of them, 100+ ms that landed in whichever
+  reconcile allocated past the threshold. Frozen objects are still freed by reference counting
+  when dropped (slim pods and parsed values hold no reference cycles); cycles among them wait
+  for the next `freeze()`, which thaws, collects everything once, then freezes again.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 
 _M_ARENA_MAX = -8
 
@@ -42,3 +49,12 @@ def trim() -> bool:
     with contextlib.suppress(Exception):
         return bool(libc.malloc_trim(0))
     return False
+
+
+def freeze() -> int:
+    """Collect everything (the last freeze included), then exempt what is alive from later
+    collections; returns how many objects are frozen now."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

@@ -48,9 +48,13 @@ TPU_GENERATIONS = {
 }
 EXIT_POLL_S = 0.5
 # `ray start` on 2 overloaded cores sometimes gives up on its own GCS ("Failed to get node info:
-# Deadline Exceeded"); that is this machine, not the pod: start once more before calling it a
-# finding (a second failure still fails the test).
-START_ATTEMPTS = 2
+# Deadline Exceeded": Ray gives a starting node a fixed 30 s to register, ray/_private/node.py);
+# that is this machine, not the pod. A kubelet restarts a crashed container again and again;
+# the bridge starts a host up to START_ATTEMPTS times before calling it a finding, and at most
+# START_CONCURRENCY at once (four hosts of a slice started together on 2 loaded cores missed
+# the window together, twice, in CI).
+START_ATTEMPTS = 4
+START_CONCURRENCY = 2
 _SLEEP = re.compile(r"sleep\s+(\d+(?:\.\d+)?)")
 
 Note = Callable[[str], None]
@@ -157,6 +161,7 @@ class RayBridge:
         self._tasks: set[asyncio.Task[None]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
+        self._start_slots = asyncio.Semaphore(START_CONCURRENCY)
 
     def start(self) -> None:
         self._watcher = asyncio.get_running_loop().create_task(self._watch_exits())
@@ -241,28 +246,31 @@ class RayBridge:
             await asyncio.sleep(delay)
             if self._closing or name in self._stopping:
                 return
-        ip = self._free_ips.pop(0)
-        gcs = self.head.gcs_address
-        try:
-            host = await asyncio.to_thread(
-                lambda: RayHost.spawn(
-                    gcs,
-                    ip=ip,
-                    resources=resources,
-                    num_cpus=num_cpus,
-                    num_gpus=num_gpus,
-                    env=env,
+        async with self._start_slots:  # only the start itself: never while waiting for the head
+            if self._closing or self.head is None or name in self._stopping:
+                return
+            ip = self._free_ips.pop(0)
+            gcs = self.head.gcs_address
+            try:
+                host = await asyncio.to_thread(
+                    lambda: RayHost.spawn(
+                        gcs,
+                        ip=ip,
+                        resources=resources,
+                        num_cpus=num_cpus,
+                        num_gpus=num_gpus,
+                        env=env,
+                    )
                 )
-            )
-            self._spawned[name] = host  # killed at once if the pod goes while it starts
-            if name in self._stopping or self._closing:
-                await asyncio.to_thread(host.stop)
-            await asyncio.to_thread(host.wait_ready)
-        except BaseException:
-            self._free_ips.append(ip)
-            raise
-        finally:
-            self._spawned.pop(name, None)
+                self._spawned[name] = host  # killed at once if the pod goes while it starts
+                if name in self._stopping or self._closing:
+                    await asyncio.to_thread(host.stop)
+                await asyncio.to_thread(host.wait_ready)
+            except BaseException:
+                self._free_ips.append(ip)
+                raise
+            finally:
+                self._spawned.pop(name, None)
         self.hosts[name] = host
         self._note(f"bridge: Ray host for pod {name} up on {ip} ({env.get('TPU_NAME', 'cpu')})")
         if name in self._stopping:  # the pod went away while its host was starting

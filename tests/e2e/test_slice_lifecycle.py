@@ -71,7 +71,12 @@ async def test_slice_scales_up_from_zero_then_idles_away_whole(world: World) -> 
     await world.wait_for(lambda: world.workers_to_delete() == [], 60, "workersToDelete cleared")
     assert world.replicas() == 0
     assert world.observer.replicas_seen(TPU_GROUP) == [0, 1, 0]
-    assert world.observer.ever_deleted == set(names), "exactly the slice's 4 pods, all together"
+    # Exactly the slice's 4 pods, all together; on a loaded machine a slice whose Ray hosts
+    # never registered may have been replaced first (whole: the invariant checker judges every
+    # workersToDelete write), and then only because the daemon said so.
+    assert set(names) <= world.observer.ever_deleted, "the slice's 4 pods, all together"
+    if world.observer.ever_deleted != set(names):
+        assert any(line.get("action") == "replace" for line in daemon.events("decision"))
     assert not await probe.workers(), "no Ray worker node is left alive"
     assert await daemon.metric("kuberay_scaler_drains_total", outcome="accepted") >= HOSTS
     world.assert_invariants()

@@ -9,15 +9,20 @@ one GCS process, goes back (a GCS restarted with fault tolerance keeps its clust
 that counter). Every report the loop sends is a full one, so a GCS that forgot the last one is
 told again at the next reconcile.
 
-Change detection compares parsed values (`RayObservation.content`: versions and idle clocks
-left out), never protobuf bytes, and never touches the reply.
+A reply whose body (unchanged.py: the reply minus versions and idle clocks) equals the last
+parsed one is not parsed again: the last parse gets the new idle clocks, which equals a full parse
+of it. Change detection then compares parsed values (`RayObservation.content`: versions and idle
+clocks left out). The cadence is charged the median CPU of the last few polls: one poll's CPU
+also counts whatever the event loop ran during its await (a reconcile, pod events).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -26,10 +31,13 @@ import structlog
 from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError
 from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
-from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks
+from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
 log = structlog.get_logger(__name__)
+
+COST_WINDOW = 5  # polls whose median CPU is charged to the next interval
 
 
 class StateSource(Protocol):
@@ -68,6 +76,7 @@ class GcsPoller:
         on_change: Callable[[RayObservation], None] | None = None,
         on_observation: Callable[[RayObservation], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"poll interval must be positive, got {interval_s}")
@@ -76,12 +85,16 @@ class GcsPoller:
         self._on_change = on_change
         self._on_observation = on_observation
         self._monotonic = monotonic
+        self._cpu_clock = cpu_clock
         self._epoch = 0
         self._cluster_id: str | None = None
         self._last_version = -1
         self._content: object = None
+        self._parsed: tuple[bytes, RayState] | None = None  # last parsed body and its parse
+        self.parses = 0  # full parses (the rest reused the last one)
         self._cadence = Cadence(ceiling_s=interval_s)
         self._last_cost_s = 0.0
+        self._costs: deque[float] = deque(maxlen=COST_WINDOW)
         self._last_change = monotonic()
         self.content_version = 0  # rises whenever the content (not the version) changed
         self._wake = asyncio.Event()
@@ -114,7 +127,7 @@ class GcsPoller:
         )
 
     async def poll_once(self) -> RayObservation:
-        cpu = time.process_time()
+        cpu = self._cpu_clock()
         try:
             try:
                 reply = await self._client.get_cluster_resource_state()
@@ -122,7 +135,10 @@ class GcsPoller:
                 return self._publish(self._unknown(err))
             return self._publish(self._known(reply))
         finally:
-            self._last_cost_s = time.process_time() - cpu
+            # The CPU across the await also holds whatever ran meanwhile (a reconcile, pod
+            # events): the median of the last few polls is what a poll itself costs.
+            self._costs.append(self._cpu_clock() - cpu)
+            self._last_cost_s = statistics.median(self._costs)
 
     async def read_now(self) -> RayObservation:
         """A read of its own (say right before draining), parsed like a poll but neither
@@ -169,11 +185,24 @@ class GcsPoller:
         GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
-        observation = observation_of(
-            reply, observed_at=self._monotonic(), cluster_id=cluster_id, epoch=self._epoch
-        )
+        observation = self._observe(reply, cluster_id, version)
         if observation.unusable:
             log.warning("gcs_reply_unusable", error=observation.error, gcs_epoch=self._epoch)
+        return observation
+
+    def _observe(self, reply: Any, cluster_id: str | None, version: int) -> RayObservation:
+        """The reply parsed, or the last parse with its idle clocks when only those moved."""
+        observed_at = self._monotonic()
+        body = reply_body(reply)
+        if body is not None and self._parsed is not None and body.body == self._parsed[0]:
+            state = with_idle_clocks(self._parsed[1], body.idle_ms)
+            return RayObservation(state, observed_at, cluster_id, self._epoch, version)
+        self.parses += 1
+        observation = observation_of(
+            reply, observed_at=observed_at, cluster_id=cluster_id, epoch=self._epoch
+        )
+        parsed = observation.state
+        self._parsed = (body.body, parsed) if body is not None and parsed is not None else None
         return observation
 
     def _publish(self, observation: RayObservation) -> RayObservation:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
 
 HEAD_RESOURCE = "node:__internal_head__"
 
@@ -121,10 +123,28 @@ class RayState:
     gangs: tuple[GangDemand, ...]
     constraint: tuple[TaskDemand, ...]  # the request_resources floor for the whole cluster
 
-    def node_by_instance(self) -> dict[str, RayNode]:
+    def node_by_instance(self) -> Mapping[str, RayNode]:
         """Alive nodes keyed by instance id (pod name); a DEAD entry never hides a live one, and
         of two alive entries for one pod the busier wins (never the order of the reply): a pod
-        with any entry not idle is not idle."""
+        with any entry not idle is not idle. Built once per state (the slice map, the clock and
+        the gate all ask), read-only."""
+        return self._memo("_node_by_instance", self._alive_by_instance)
+
+    def entries_by_instance(self) -> Mapping[str, tuple[RayNode, ...]]:
+        """Every entry (any status) per instance id, in reply order: what the deletion gate
+        judges, since a pod may carry more than one raylet. Built once per state, read-only."""
+        return self._memo("_entries_by_instance", self._all_by_instance)
+
+    def _memo(self, name: str, build: Callable[[], dict[str, Any]]) -> Mapping[str, Any]:
+        # A frozen dataclass: the memo goes into __dict__ directly (not a field, so equality,
+        # hashing and `replace` ignore it). Pure: a function of the fields only.
+        found = self.__dict__.get(name)
+        if found is None:
+            found = MappingProxyType(build())
+            object.__setattr__(self, name, found)
+        return found
+
+    def _alive_by_instance(self) -> dict[str, RayNode]:
         out: dict[str, RayNode] = {}
         for node in self.nodes:
             if not node.alive or not node.instance_id:
@@ -134,9 +154,7 @@ class RayState:
                 out[node.instance_id] = node
         return out
 
-    def entries_by_instance(self) -> dict[str, tuple[RayNode, ...]]:
-        """Every entry (any status) per instance id, in reply order: what the deletion gate
-        judges, since a pod may carry more than one raylet."""
+    def _all_by_instance(self) -> dict[str, tuple[RayNode, ...]]:
         out: dict[str, list[RayNode]] = {}
         for node in self.nodes:
             if node.instance_id:

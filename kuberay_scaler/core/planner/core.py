@@ -95,12 +95,20 @@ class _Group:
 
 
 def plan(
-    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
+    snapshot: Snapshot,
+    ray: RayState | None,
+    memory: Memory,
+    policy: Policy,
+    now: datetime,
+    evidence: Evidence | None = None,
 ) -> Plan:
     """The plan for every group; a group whose planning raises is held with a named problem
-    and the others are planned without it (one bad group never stops the others)."""
+    and the others are planned without it (one bad group never stops the others).
+
+    `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
+    built it (`decide()` does, so it is built once per frame); otherwise built here."""
     try:
-        return _plan(snapshot, ray, memory, policy, now)
+        return _plan(snapshot, ray, memory, policy, now, evidence)
     except Exception:  # a planner bug reached by one group's numbers: find the group
         failed = _failing_groups(snapshot, ray, memory, policy, now)
         if not failed:
@@ -172,7 +180,12 @@ def _skip_groups(snapshot: Snapshot, names: tuple[str, ...], problems: list[Prob
 
 
 def _plan(
-    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
+    snapshot: Snapshot,
+    ray: RayState | None,
+    memory: Memory,
+    policy: Policy,
+    now: datetime,
+    evidence: Evidence | None = None,
 ) -> Plan:
     spec = snapshot.spec
     problems = _problems(ProblemKind.SPEC, spec.problems) + _problems(
@@ -201,7 +214,7 @@ def _plan(
     needed = _needed(capacity)
     backoff = dict(memory.backoff)
     preempting: dict[str, datetime] = {}
-    ev = evidence_for(
+    ev = evidence or evidence_for(
         snapshot.hosts,
         ray,
         snapshot.clock,

@@ -82,7 +82,7 @@ def evidence_for(
         clock = HostClock.from_timestamps(hosts, ray.node_by_instance() if ray else {}, now)
     return Evidence(
         hosts=MappingProxyType({h.pod_name: h for h in hosts}),
-        entries=MappingProxyType(ray.entries_by_instance() if ray else {}),
+        entries=ray.entries_by_instance() if ray else MappingProxyType({}),
         ray_known=ray is not None,
         clock=clock,
         grace_s=grace_s,

@@ -1,0 +1,265 @@
+"""Ours live at 1k / 10k Ray nodes: idle CPU and reaction (P1) against a GCS stand-in (issue 23).
+
+    .venv/bin/python bench/bench_scale_live.py [--hosts 1000,10000] [--window 60] [--trials 8]
+
+A real Ray head cannot hold 10k nodes here, so the GCS side is a stand-in: a grpc.aio server in
+this process that serves the planner benchmark's 20-group TPU scenario (scenario.py, scaled to
+N hosts) as `GetClusterResourceState` does, raising the state version, each node's
+`node_state_version` and every idle node's idle clock on every call, as a GCS does. It also
+answers `GetClusterId`, `GetClusterStatus`, `ReportAutoscalingState` and `DrainNode` (accepted).
+The API-server stand-in holds the scenario's RayCluster and its N pods (every pod with its Ray
+node). The daemon runs as its own process (`python -m kuberay_scaler run`), at its defaults except
+an idle timeout of 10 h (the scenario's idle slices stay: nothing to do while idle).
+
+- **idle**: after /readyz plus 10 s, the daemon's CPU (user + system, /proc) over the window.
+- **reaction**: each trial adds a pending `{"CPU": 16}` request (count raised each trial, so
+  every trial needs more replicas) to the stand-in's reply at a random phase; the time from
+  that moment (the next call returns it) to the first RayCluster write that raises a group's
+  replicas, taken from the API-server stand-in's store events.
+
+Ray's own autoscalers are not run here: they need far more of the GCS than this stand-in serves
+(v2: `GcsClient` node tables, KV for the cluster config, the autoscaler state; v1: the monitor's
+`GetAllNodeInfo`, resource load by node, the internal KV), so their small-cluster figures come
+from bench_live.py against a real head. `PYTHONPATH=<copy of an older tree>` runs an older daemon
+for a before/after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import grpc
+import scenario
+from bench_live import _clean_env, _http_ok, _spawn
+from common import BenchApiServer, cpu_seconds, loadavg, rss_mb
+from ray.core.generated import (
+    autoscaler_pb2,
+    autoscaler_pb2_grpc,
+    gcs_service_pb2,
+    gcs_service_pb2_grpc,
+)
+
+from kuberay_standins.apiserver import RESTRICTED_TOKEN
+from kuberay_standins.ray_local import free_port
+
+HOSTS_AT_SCALE_1 = 1950
+DEMAND = {"CPU": 16.0}
+DEMAND_STEP = 40  # bundles added per trial: a few new cpu-16/cpu-32 hosts each time
+
+
+class GcsStandIn(
+    autoscaler_pb2_grpc.AutoscalerStateServiceServicer,  # type: ignore[misc]
+    gcs_service_pb2_grpc.NodeInfoGcsServiceServicer,  # type: ignore[misc]
+):
+    """What the daemon calls on a GCS, over the scenario's state."""
+
+    def __init__(self, state: Any) -> None:
+        self.reply = autoscaler_pb2.GetClusterResourceStateReply()
+        self.reply.cluster_resource_state.CopyFrom(state)
+        self.calls = 0
+        self.changed_at = 0.0  # when the demand last changed (monotonic)
+
+    def set_demand(self, count: int) -> None:
+        state = self.reply.cluster_resource_state
+        del state.pending_resource_requests[:]
+        if count:
+            request = state.pending_resource_requests.add(count=count)
+            request.request.resources_bundle.update(DEMAND)
+        self.changed_at = time.monotonic()
+
+    async def GetClusterResourceState(self, request: Any, context: Any) -> Any:
+        self.calls += 1
+        state = self.reply.cluster_resource_state
+        state.cluster_resource_state_version += 1
+        for node in state.node_states:
+            node.node_state_version += 1
+            if node.status == autoscaler_pb2.NodeStatus.Value("IDLE"):
+                node.idle_duration_ms += 1000
+        return self.reply
+
+    async def GetClusterStatus(self, request: Any, context: Any) -> Any:
+        return autoscaler_pb2.GetClusterStatusReply()
+
+    async def ReportAutoscalingState(self, request: Any, context: Any) -> Any:
+        return autoscaler_pb2.ReportAutoscalingStateReply()
+
+    async def DrainNode(self, request: Any, context: Any) -> Any:
+        return autoscaler_pb2.DrainNodeReply(is_accepted=True)
+
+    async def GetClusterId(self, request: Any, context: Any) -> Any:
+        return gcs_service_pb2.GetClusterIdReply(cluster_id=bytes(range(28)))
+
+
+async def serve_gcs(state: Any) -> tuple[grpc.aio.Server, str, GcsStandIn]:
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", 512 * 2**20)])
+    gcs = GcsStandIn(state)
+    autoscaler_pb2_grpc.add_AutoscalerStateServiceServicer_to_server(gcs, server)
+    gcs_service_pb2_grpc.add_NodeInfoGcsServiceServicer_to_server(gcs, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}", gcs
+
+
+def cluster(hosts: int) -> scenario.Scenario:
+    sc = scenario.build(seed=7, scale=scenario.Scale(hosts / HOSTS_AT_SCALE_1, 0.01))
+    del sc.state.pending_resource_requests[:]
+    del sc.state.pending_gang_resource_requests[:]
+    del sc.state.cluster_resource_constraints[:]
+    return sc
+
+
+def _daemon_env(workdir: Path, api_url: str, gcs_address: str) -> tuple[dict[str, str], str]:
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "b", "cluster": {"server": api_url}}],
+                "users": [{"name": "b", "user": {"token": RESTRICTED_TOKEN}}],
+                "contexts": [{"name": "b", "context": {"cluster": "b", "user": "b"}}],
+                "current-context": "b",
+            }
+        )
+    )
+    http = f"127.0.0.1:{free_port()}"
+    env = _clean_env() | {
+        "RAY_CLUSTER_NAME": scenario.CLUSTER,
+        "RAY_CLUSTER_NAMESPACE": "default",
+        "KUBERAY_SCALER_KUBECONFIG": str(kubeconfig),
+        "KUBERAY_SCALER_GCS_ADDRESS": gcs_address,
+        "KUBERAY_SCALER_HTTP_ADDRESS": http,
+        "KUBERAY_SCALER_LOG_FORMAT": "json",
+        "KUBERAY_SCALER_IDLE_TIMEOUT_S": "36000",
+    }
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env, http
+
+
+async def _ready(process: Any, http: str, log_path: Path, timeout_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if process.poll() is not None:
+            raise RuntimeError(f"daemon exited:\n{_tail(log_path)}")
+        if await asyncio.to_thread(_http_ok, f"http://{http}/readyz"):
+            return time.monotonic() - started
+        await asyncio.sleep(0.25)
+    raise TimeoutError(f"daemon not ready after {timeout_s} s:\n{_tail(log_path)}")
+
+
+def _tail(log_path: Path) -> str:
+    return log_path.read_text()[-3000:]
+
+
+async def measure(hosts: int, window_s: float, trials: int, seed: int = 3) -> dict[str, Any]:
+    sc = cluster(hosts)
+    workdir = Path(tempfile.mkdtemp(prefix="krs-scale-"))
+    api = BenchApiServer(bookmark_interval=5.0, history_limit=50_000)
+    api_url = await api.start()
+    server, gcs_address, gcs = await serve_gcs(sc.state)
+    ns = "default"
+    api.create("rayclusters", ns, sc.raycluster)
+    for pod in sc.pods:
+        pod["metadata"]["namespace"] = ns
+        api.create("pods", ns, pod)
+    writes: list[tuple[float, str, int]] = []
+    unsubscribe = api.on_replicas(lambda _c, g, replicas, at: writes.append((at, g, replicas)))
+    env, http = _daemon_env(workdir, api_url, gcs_address)
+    log_path = workdir / "daemon.log"
+    process = _spawn([sys.executable, "-m", "kuberay_scaler", "run"], env, log_path, workdir)
+    out: dict[str, Any] = {"hosts": hosts, "pods": len(sc.pods), "nodes": len(sc.state.node_states)}
+    try:
+        out["sync_s"] = round(await _ready(process, http, log_path, 900), 2)
+        await asyncio.sleep(10)
+        writes_before = len(writes)
+        cpu0, calls0, t0 = cpu_seconds(process.pid), gcs.calls, time.monotonic()
+        load0 = loadavg()
+        await asyncio.sleep(window_s)
+        minutes = (time.monotonic() - t0) / 60
+        out["idle"] = {
+            "cpu_s_per_min": round((cpu_seconds(process.pid) - cpu0) / minutes, 3),
+            "gcs_calls_per_min": round((gcs.calls - calls0) / minutes, 1),
+            "writes": len(writes) - writes_before,
+            "rss_mb": round(rss_mb(process.pid), 1),
+            "load": [load0, loadavg()],
+        }
+        out["reaction"] = await _reaction(gcs, writes, trials, random.Random(seed))
+    finally:
+        unsubscribe()
+        process.terminate()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(process.wait), 20)
+        except TimeoutError:
+            process.kill()
+        await server.stop(None)
+        await api.stop()
+    return out
+
+
+async def _reaction(
+    gcs: GcsStandIn, writes: list[tuple[float, str, int]], trials: int, rnd: random.Random
+) -> dict[str, Any]:
+    rows: list[float | None] = []
+    loads: list[float] = []
+    for k in range(1, trials + 1):
+        await asyncio.sleep(rnd.uniform(2.0, 7.0))  # a random phase of the poll cadence
+        seen = len(writes)
+        gcs.set_demand(DEMAND_STEP * k)
+        at = await _first_write(writes, seen, gcs.changed_at, 30.0)
+        rows.append(None if at is None else round(at - gcs.changed_at, 4))
+        loads.append(loadavg()[0])
+    done = sorted(r for r in rows if r is not None)
+    return {
+        "trials": rows,
+        "missed": sum(1 for r in rows if r is None),
+        "p50_s": round(statistics.median(done), 3) if done else None,
+        "p90_s": round(done[min(len(done) - 1, int(0.9 * len(done)))], 3) if done else None,
+        "max_s": done[-1] if done else None,
+        "load1": loads,
+    }
+
+
+async def _first_write(
+    writes: list[tuple[float, str, int]], seen: int, after: float, timeout_s: float
+) -> float | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for at, _group, _replicas in writes[seen:]:
+            if at >= after:
+                return at
+        await asyncio.sleep(0.005)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="1000,10000")
+    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    results = []
+    for n in (int(s) for s in args.hosts.split(",")):
+        result = asyncio.run(measure(n, args.window, args.trials))
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

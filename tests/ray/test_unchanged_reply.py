@@ -1,0 +1,72 @@
+"""Against a real Ray head: an idle cluster's replies differ on every call (versions, idle
+clocks), yet the poller parses only the first; new demand is parsed at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.adapters.ray_gcs.client import GcsClient
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
+from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body
+from kuberay_standins.ray_local import RayDriver, RayHead
+from tests.ray.helpers import wait_for_state
+
+pytestmark = pytest.mark.ray
+
+IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
+
+DEMAND = """
+@ray.remote(num_cpus=64)
+def needs_a_big_host():
+    return 1
+
+ref = needs_a_big_host.remote()
+"""
+
+
+async def test_idle_replies_keep_their_body_and_are_parsed_once(
+    client: GcsClient, head: RayHead
+) -> None:
+    # A head just started turns from RUNNING to IDLE in its first second: a real change.
+    await wait_for_state(
+        client, lambda s: all(n.status == IDLE for n in s.node_states), what="an idle head"
+    )
+    first = await client.get_cluster_resource_state()
+    await asyncio.sleep(1.2)
+    second = await client.get_cluster_resource_state()
+    assert first.SerializeToString() != second.SerializeToString()  # the GCS moved something
+    body1, body2 = reply_body(first), reply_body(second)
+    assert body1 is not None and body2 is not None
+    assert body1.body == body2.body
+
+    poller = GcsPoller(client, interval_s=1.0)
+    seen = []
+    for _ in range(4):
+        seen.append(await poller.poll_once())
+        await asyncio.sleep(0.3)
+    assert poller.parses == 1
+    # Each reused parse equals a full parse of the same reply, idle clock included.
+    reply = await client.get_cluster_resource_state()
+    latest = await poller.poll_once()
+    assert latest.state is not None
+    assert [n.node_id for n in latest.state.nodes] == [
+        n.node_id for n in parse_ray_state(reply).nodes
+    ]
+
+    driver = RayDriver.start(head.gcs_address, DEMAND, node_ip=head.ip, env=head.client_env())
+    try:
+        for _ in range(150):
+            observed = await poller.poll_once()
+            if observed.state is not None and observed.state.tasks:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the driver's demand was never parsed")
+        assert poller.parses >= 2
+        assert {k: v for k, v in observed.state.tasks[0].bundle.resources.items()} == {"CPU": 64.0}
+    finally:
+        driver.stop()

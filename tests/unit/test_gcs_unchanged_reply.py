@@ -1,0 +1,270 @@
+"""The poller's cheap skip of replies that say nothing new (adapters/ray_gcs/unchanged.py).
+
+What must hold: a reply whose body equals the last one parses, with its own idle clocks, to
+exactly what a full parse gives; every field the parse reads changes the body; the versions and
+idle clocks (which a GCS moves on every call) do not. So the skip changes no observation and no
+decision, including when an idle clock crosses an idle timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
+from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks
+
+IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
+RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
+# What a GCS moves on every call, and what nothing downstream reads (the parse ignores them).
+MOVING = {"cluster_resource_state_version", "last_seen_autoscaler_state_version"}
+MOVING_PER_NODE = {"idle_duration_ms", "node_state_version"}
+
+
+def _node(state: Any, i: int, *, idle_ms: int = 0, status: int = RUNNING) -> Any:
+    node = state.node_states.add()
+    node.node_id = bytes([i]) * 28
+    node.instance_id = f"pod-{i}"
+    node.ray_node_type_name = "tpu-group"
+    node.status = status
+    node.idle_duration_ms = idle_ms
+    node.node_ip_address = f"10.0.0.{i}"
+    node.total_resources.update({"CPU": 8.0, "TPU": 4.0})
+    node.available_resources.update({"CPU": 8.0 if status == IDLE else 2.0, "TPU": 4.0})
+    node.labels.update({"ray.io/tpu-worker-id": str(i % 4)})
+    node.dynamic_labels.update({"zone": "a"})
+    node.node_state_version = 3
+    node.instance_type_name = "ct6e"
+    node.node_activity.append("busy" if status == RUNNING else "")
+    return node
+
+
+def _reply(idle: list[int]) -> Any:
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    state = reply.cluster_resource_state
+    state.cluster_resource_state_version = 7
+    state.last_seen_autoscaler_state_version = 2
+    state.cluster_session_name = "session"
+    for i, ms in enumerate(idle):
+        _node(state, i, idle_ms=ms, status=IDLE if ms else RUNNING)
+    task = state.pending_resource_requests.add()
+    task.request.resources_bundle.update({"CPU": 1.0})
+    task.count = 3
+    gang = state.pending_gang_resource_requests.add()
+    gang.details = "pg1:PACK|PENDING"
+    gang.requests.add().resources_bundle.update({"TPU": 4.0})
+    constraint = state.cluster_resource_constraints.add()
+    constraint.resource_requests.add(count=2).request.resources_bundle.update({"CPU": 4.0})
+    return reply
+
+
+def _copy(reply: Any) -> Any:
+    out = autoscaler_pb2.GetClusterResourceStateReply()
+    out.CopyFrom(reply)
+    return out
+
+
+def _tick(reply: Any, ms: int) -> Any:
+    """What a GCS sends next when nothing happened: versions up, idle clocks `ms` older."""
+    out = _copy(reply)
+    state = out.cluster_resource_state
+    state.cluster_resource_state_version += 1
+    state.last_seen_autoscaler_state_version += 1
+    for node in state.node_states:
+        node.node_state_version += 1
+        if node.idle_duration_ms:
+            node.idle_duration_ms += ms
+    return out
+
+
+def _body(reply: Any) -> bytes:
+    found = reply_body(reply)
+    assert found is not None
+    return found.body
+
+
+@given(
+    idle=st.lists(st.integers(0, 10**9), min_size=0, max_size=6),
+    ms=st.integers(1, 10**7),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_tick_keeps_the_body_and_the_reused_parse_equals_a_full_one(
+    idle: list[int], ms: int
+) -> None:
+    before = _reply(idle)
+    after = _tick(before, ms)
+    assert _body(before) == _body(after)
+    found = reply_body(after)
+    assert found is not None
+    reused = with_idle_clocks(parse_ray_state(before), found.idle_ms)
+    assert reused == parse_ray_state(after)
+    assert [n.idle_ms for n in reused.nodes] == [n + ms if n else 0 for n in idle]
+
+
+def test_reply_body_leaves_the_reply_as_it_was() -> None:
+    reply = _reply([0, 5000, 0, 9000])
+    raw = reply.SerializeToString(deterministic=True)
+    reply_body(reply)
+    assert reply.SerializeToString(deterministic=True) == raw
+
+
+_ZERO: dict[int, Any] = {
+    FieldDescriptor.TYPE_STRING: "",
+    FieldDescriptor.TYPE_BYTES: b"",
+    FieldDescriptor.TYPE_BOOL: False,
+    FieldDescriptor.TYPE_FLOAT: 0.0,
+    FieldDescriptor.TYPE_DOUBLE: 0.0,
+}
+
+
+def _changed(value: Any, field: FieldDescriptor) -> Any:
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        numbers = [v.number for v in field.enum_type.values]
+        return next(n for n in numbers if n != value)
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        return not value
+    if field.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
+        return value + 1.5
+    if field.type == FieldDescriptor.TYPE_STRING:
+        return value + "x"
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return value + b"x"
+    return value + 1
+
+
+def _mutations(message: Any, path: str) -> Iterator[str]:
+    """Change each field of `message` in turn (yielding its path), one at a time, undoing each."""
+    for field in message.DESCRIPTOR.fields:
+        name = f"{path}.{field.name}"
+        if field.is_repeated:
+            container = getattr(message, field.name)
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                key = "zz-new-key"
+                value_field = field.message_type.fields_by_name["value"]
+                container[key] = "v" if value_field.type == FieldDescriptor.TYPE_STRING else 1.0
+                yield name + "[+key]"
+                del container[key]
+                continue
+            if field.message_type is not None:
+                container.add()
+                yield name + "[+item]"
+                del container[-1]
+                for i in range(len(container)):
+                    yield from _mutations(container[i], f"{name}[{i}]")
+                continue
+            container.append(_changed(_ZERO.get(field.type, 0), field))
+            yield name + "[+item]"
+            del container[-1]
+            continue
+        if field.message_type is not None:
+            yield from _mutations(getattr(message, field.name), name)
+            continue
+        old = getattr(message, field.name)
+        setattr(message, field.name, _changed(old, field))
+        yield name
+        setattr(message, field.name, old)
+
+
+def _is_moving(path: str) -> bool:
+    leaf = path.rsplit(".", 1)[-1]
+    return leaf in MOVING or (".node_states[" in path and leaf in MOVING_PER_NODE)
+
+
+def test_every_field_but_versions_and_idle_clocks_changes_the_body() -> None:
+    reply = _reply([0, 5000])
+    base = _body(reply)
+    seen_moving, seen_other = set(), 0
+    for path in _mutations(reply, "reply"):
+        if _is_moving(path):
+            assert _body(reply) == base, f"{path} moves on every call yet changed the body"
+            seen_moving.add(path.rsplit(".", 1)[-1])
+        else:
+            assert _body(reply) != base, f"a change of {path} went unseen"
+            seen_other += 1
+    assert seen_moving == MOVING | MOVING_PER_NODE
+    assert seen_other > 40  # the walk reached nodes, requests, gangs and constraints
+    assert _body(reply) == base  # every mutation undone
+
+
+class _Replies:
+    """A StateSource that answers with the replies it is given, in turn."""
+
+    cluster_id = "c1"
+
+    def __init__(self, replies: list[Any]) -> None:
+        self.replies = replies
+
+    async def get_cluster_resource_state(self) -> Any:
+        return self.replies.pop(0)
+
+
+def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse_would() -> None:
+    first = _reply([0, 60_000, 0, 590_000])
+    ticks = [first]
+    for _ in range(3):
+        ticks.append(_tick(ticks[-1], 5_000))  # node 3's clock crosses 10 min on the last one
+    busy = _copy(ticks[-1])
+    busy.cluster_resource_state.node_states[1].status = RUNNING
+    busy.cluster_resource_state.node_states[1].idle_duration_ms = 0
+    replies = [*ticks, busy, _tick(busy, 5_000)]
+    expected = [parse_ray_state(r) for r in replies]
+    changes: list[Any] = []
+    poller = GcsPoller(_Replies(replies), interval_s=1.0, on_change=changes.append)
+
+    async def poll_all() -> list[Any]:
+        return [await poller.poll_once() for _ in expected]
+
+    seen = asyncio.run(poll_all())
+    assert [o.state for o in seen] == expected
+    assert seen[3].state is not None and seen[3].state.nodes[3].idle_ms == 605_000
+    assert poller.parses == 2  # the first reply, and the one where node 1 turned busy
+    assert len(changes) == 2
+
+
+def test_with_idle_clocks_refuses_clocks_of_another_reply() -> None:
+    state = parse_ray_state(_reply([0, 1000]))
+    with pytest.raises(ValueError, match="3 idle clocks for 2 nodes"):
+        with_idle_clocks(state, (0, 1, 2))
+
+
+class _Cpu:
+    """A CPU clock the test moves: each poll's await 'costs' what the test says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+
+class _Costly(_Replies):
+    def __init__(self, replies: list[Any], cpu: _Cpu, costs: list[float]) -> None:
+        super().__init__(replies)
+        self.cpu, self.costs = cpu, costs
+
+    async def get_cluster_resource_state(self) -> Any:
+        self.cpu.now += self.costs.pop(0)
+        return await super().get_cluster_resource_state()
+
+
+def test_a_reconcile_during_one_poll_is_not_charged_to_the_poll_cadence() -> None:
+    reply = _reply([0, 1000])
+    replies = [reply] + [_tick(reply, 1000 * i) for i in range(1, 7)]
+    cpu = _Cpu()
+    # Polls cost 10 ms; during the fourth the event loop also ran a 2 s reconcile.
+    source = _Costly(replies, cpu, [0.01, 0.01, 0.01, 2.01, 0.01, 0.01, 0.01])
+    poller = GcsPoller(source, interval_s=5.0, cpu_clock=lambda: cpu.now)
+    charged = []
+
+    async def poll_all() -> None:
+        for _ in range(7):
+            await poller.poll_once()
+            charged.append(poller._last_cost_s)
+
+    asyncio.run(poll_all())
+    assert charged == pytest.approx([0.01] * 7)

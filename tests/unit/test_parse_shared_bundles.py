@@ -1,0 +1,57 @@
+"""parse_ray_state parses equal task entries once (one shared Bundle): the values are exactly
+those of parsing every entry on its own."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.adapters.ray_gcs import state as ray_state
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
+from kuberay_scaler.core.model.ray import TaskDemand
+
+_resources = st.dictionaries(
+    st.sampled_from(["CPU", "GPU", "TPU", "memory", "CPU_group_x", "custom"]),
+    st.sampled_from([0.5, 1.0, 4.0, float("nan"), float("inf")]),
+    max_size=3,
+)
+_selector = st.dictionaries(
+    st.sampled_from(["zone", "ray.io/accelerator-type"]), st.sampled_from(["a", "b"]), max_size=2
+)
+_entry = st.tuples(_resources, _selector, st.integers(0, 5), st.booleans())
+
+
+def _reply(entries: list[tuple[dict[str, float], dict[str, str], int, bool]]) -> object:
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    state = reply.cluster_resource_state
+    for resources, selector, count, negated in entries:
+        entry = state.pending_resource_requests.add(count=count)
+        entry.request.resources_bundle.update(resources)
+        if selector:
+            constraints = entry.request.label_selectors.add()
+            for key, value in selector.items():
+                c = constraints.label_constraints.add(label_key=key, label_values=[value])
+                c.operator = 2 if negated else 1
+    return reply
+
+
+@given(st.lists(st.sampled_from([0, 1, 2]), max_size=30), st.lists(_entry, min_size=3, max_size=3))
+@settings(max_examples=80, deadline=None)
+def test_shared_bundles_equal_bundles_parsed_one_by_one(
+    picks: list[int], shapes: list[tuple[dict[str, float], dict[str, str], int, bool]]
+) -> None:
+    reply = _reply([shapes[i] for i in picks])  # entries repeat shapes, as per raylet
+    state = reply.cluster_resource_state  # type: ignore[attr-defined]
+    one_by_one = tuple(
+        TaskDemand(ray_state._bundle(r.request), int(r.count))
+        for r in state.pending_resource_requests
+        if r.count > 0
+    )
+    parsed = parse_ray_state(reply)
+    assert parsed.tasks == one_by_one
+    # Entries of one shape (equal requests) share one Bundle object.
+    kept = [i for i in picks if shapes[i][2] > 0]
+    by_shape: dict[int, object] = {}
+    for i, task in zip(kept, parsed.tasks, strict=True):
+        assert by_shape.setdefault(i, task.bundle) is task.bundle
