@@ -4,7 +4,7 @@ Nothing here decides anything: which drains go (`decision.drains_to_send`, from 
 read made right before them) and what the patch is once they answered (`decision.after_drains`:
 kept slices, partly drained ones, the deletion gate) are pure functions of decision.py. This
 module only does the I/O and hands each step's outcome back to the loop (replan on stale, back
-off on the rest).
+off on the rest; what the gate dropped, in `Executed.blocked`, for the Sink to count and say).
 
 One failing write never takes the others with it: a record write that fails (not stale) keeps
 the slices it was for, undrained, and the rest of the patch still goes; a drain that raises
@@ -15,7 +15,7 @@ the other slices' drains and the patch still go.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -40,7 +40,6 @@ from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.patch.ops import Op, PatchError
 from kuberay_scaler.core.planner.gate import Blocked, SliceRef
 from kuberay_scaler.loop.ports import ClusterView, Gcs, GcsFeed, Writer
-from kuberay_scaler.runtime.metrics import DELETIONS_BLOCKED
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +57,7 @@ class Executed:
     record_failed: PatchOutcome | None = None  # the record write failed; the patch still went
     answered: frozenset[SliceRef] = field(default_factory=frozenset)  # slices drained this time
     drain_errors: frozenset[SliceRef] = field(default_factory=frozenset)  # of those: a host erred
+    blocked: tuple[Blocked, ...] = ()  # deletions the gate dropped after the drains answered
 
     @property
     def applied(self) -> bool:
@@ -141,7 +141,6 @@ async def execute(
     except PatchError as err:
         log.info("plan no longer fits the RayCluster: replanning", error=str(err))
         return Executed(decision.plan, refused=frozenset(results.refused), replan=True)
-    _say_blocked(writes)
     await drain_all(writes.drains, gcs)  # partly drained slices: the rest for preemption
     # Kept because no host took the drain (a partly drained slice is not: it leaves later).
     refused = frozenset(not_sent) | frozenset(
@@ -161,6 +160,7 @@ async def execute(
             refused=refused,
             answered=answered,
             drain_errors=erred,
+            blocked=writes.blocked,
         )
     return Executed(
         done.plan,
@@ -172,6 +172,7 @@ async def execute(
         record_failed=record_failed,
         answered=answered,
         drain_errors=erred,
+        blocked=writes.blocked,
     )
 
 
@@ -229,24 +230,6 @@ def _results(
         fresh=fresh,
         base=base,
     )
-
-
-def _say_blocked(writes: Writes) -> None:
-    say_blocked(writes.blocked)
-
-
-def say_blocked(blocked: Sequence[Blocked]) -> None:
-    """The gate dropped a deletion a planner path made: a planner bug, said loudly."""
-    for b in blocked:
-        DELETIONS_BLOCKED.labels(b.path).inc()
-        log.error(
-            "deletion gate dropped a slice a planner path chose",
-            group=b.group,
-            slice=b.slice_key,
-            pod=b.pod,
-            kind=b.kind.value,
-            path=b.path,
-        )
 
 
 async def _drain(d: Drain, gcs: Gcs) -> SliceDrainResult:

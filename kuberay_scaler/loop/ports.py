@@ -16,6 +16,7 @@ from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Plan
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.report import AutoscalingReport
+from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.handsoff import Overridden
 from kuberay_scaler.loop.health import LoopStatus, Outcome
 
@@ -105,6 +106,8 @@ class Sink(Protocol):
     def status(self) -> LoopStatus: ...
 
     def published(self, decision: Decision) -> None: ...
+
+    def blocked(self, blocked: Sequence[Blocked]) -> None: ...
 
     def carrying_out(self, decision: Decision) -> None: ...
 

@@ -23,7 +23,7 @@ from kuberay_scaler.core.model.plan import Memory, Plan
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
-from kuberay_scaler.loop.execute import Executed, WriteBackoff, execute, say_blocked
+from kuberay_scaler.loop.execute import Executed, WriteBackoff, execute
 from kuberay_scaler.loop.health import DrainErrors, LoopStatus, Outcome, Progress, Step
 from kuberay_scaler.loop.observe import Instant, Observer, Snapshot
 from kuberay_scaler.loop.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Sink, Writer
@@ -156,8 +156,7 @@ class Reconciler:
         )
 
     def _publish(self, decision: Decision, now: Instant) -> None:
-        self.sink.published(decision)
-        say_blocked(decision.blocked)
+        self.sink.published(decision)  # the plan, its writes and what the gate dropped
         # Memory that time alone moves is kept from every decision, written or not.
         self.memory = replace(
             self.memory,
@@ -192,6 +191,7 @@ class Reconciler:
     def _record(self, executed: Executed, held: Outcome | None) -> Outcome | None:
         """What became of the writes, remembered and said; None: replan."""
         self.memory = executed.remembered(self.memory)
+        self.sink.blocked(executed.blocked)
         if executed.step == "patch" and executed.sent:
             self.sink.sent(executed.sent)
         if executed.replan:

@@ -18,12 +18,14 @@ from kuberay_scaler.core.decision import Decision, Drain, RecordIntent, Write
 from kuberay_scaler.core.model.plan import GroupDecision, Plan
 from kuberay_scaler.core.model.reasons import Action
 from kuberay_scaler.core.model.slices import SliceState
+from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.handsoff import Overridden
 from kuberay_scaler.loop.health import LoopStatus, Outcome, Progress, Step
 from kuberay_scaler.loop.ports import Events
 from kuberay_scaler.runtime.metrics import (
     BLIND_SECONDS,
     DECISIONS,
+    DELETIONS_BLOCKED,
     LAST_SUCCESSFUL_RECONCILE,
     OVERRIDES,
     RECONCILE_FAILURES,
@@ -63,6 +65,7 @@ class Recorder:
 
     def published(self, decision: Decision) -> None:
         self.status.last_decision = decision
+        self.blocked(decision.blocked)
         result = decision.plan
         for d in result.groups:
             TARGET_REPLICAS.labels(d.group).set(d.target)
@@ -71,6 +74,19 @@ class Recorder:
         for name, gs in result.slice_map.groups.items():
             for state in SliceState:
                 SLICES.labels(name, state.value).set(len(gs.by_state(state)))
+
+    def blocked(self, blocked: Sequence[Blocked]) -> None:
+        """The gate dropped a deletion a planner path made: a planner bug, said loudly."""
+        for b in blocked:
+            DELETIONS_BLOCKED.labels(b.path).inc()
+            log.error(
+                "deletion gate dropped a slice a planner path chose",
+                group=b.group,
+                slice=b.slice_key,
+                pod=b.pod,
+                kind=b.kind.value,
+                path=b.path,
+            )
 
     def carrying_out(self, decision: Decision) -> None:
         """Said before the first write, so the log reads in the order things happen."""

@@ -21,12 +21,16 @@ from kuberay_scaler.core.backoff import Backoff
 from kuberay_scaler.core.decision import Decision, Observation, decide
 from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Memory
+from kuberay_scaler.core.model.reasons import KeepKind
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.gate import Blocked
+from kuberay_scaler.loop import reconciler as reconciler_module
 from kuberay_scaler.loop.execute import Executed, WriteBackoff, execute
 from kuberay_scaler.loop.health import DrainErrors, Outcome, Progress, Step
 from kuberay_scaler.loop.record import Recorder
 from kuberay_scaler.loop.report import report_for
 from kuberay_scaler.loop.trigger import MIN_WAKE_S, WAKE_MARGIN_S, Schedule
+from kuberay_scaler.runtime.metrics import REGISTRY
 from tests.control.fakes import (
     FakeApiServer,
     FakeEvents,
@@ -34,6 +38,7 @@ from tests.control.fakes import (
     FakeGcs,
     FakeView,
     FakeWriter,
+    make_loop,
     observation,
 )
 from tests.control.test_one_pipeline import _scenario
@@ -319,3 +324,33 @@ async def test_recorder_dry_run_records_decisions_without_events() -> None:
     recorder.not_written(_decision(rc, pods, reply).plan)
     assert events.recorded == [] and not recorder._background
     assert {d["dry_run"] for d in recorder.status.recent} == {True}
+
+
+def _blocked_count(path: str) -> float:
+    value = REGISTRY.get_sample_value("kuberay_scaler_deletions_blocked_total", {"path": path})
+    return value or 0.0
+
+
+async def test_what_the_gate_dropped_is_said_by_the_sink_when_planned_and_after_drains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gate's drops reach the Sink from both places it judges: the plan (`published`) and
+    after the drains answered (`Executed.blocked`); execute itself counts nothing."""
+    rc, pods, reply = _scenario()
+    planned = Blocked("tpu", "tpu-a", "tpu-a-0", KeepKind.GATE_ABSENT, "test_planned")
+    drained = Blocked("tpu", "tpu-a", "tpu-a-1", KeepKind.GATE_ABSENT, "test_after_drains")
+    real_decide = reconciler_module.decide
+
+    def decide_with_a_drop(*args: Any, **kwargs: Any) -> Decision:
+        return replace(real_decide(*args, **kwargs), blocked=(planned,))
+
+    async def execute_with_a_drop(decision: Decision, **kwargs: Any) -> Executed:
+        return replace(await execute(decision, **kwargs), blocked=(drained,))
+
+    monkeypatch.setattr(reconciler_module, "decide", decide_with_a_drop)
+    monkeypatch.setattr(reconciler_module, "execute", execute_with_a_drop)
+    before = (_blocked_count("test_planned"), _blocked_count("test_after_drains"))
+    loop = make_loop(rc, pods, reply)
+    await loop.reconciler.reconcile()
+    after = (_blocked_count("test_planned"), _blocked_count("test_after_drains"))
+    assert after == (before[0] + 1, before[1] + 1)

@@ -179,8 +179,10 @@ def test_a_blocked_deletion_is_counted_by_path_and_logged_at_error() -> None:
     from structlog.testing import capture_logs
 
     from kuberay_scaler.core.planner.gate import Blocked
-    from kuberay_scaler.loop.execute import say_blocked
+    from kuberay_scaler.loop.health import Progress
+    from kuberay_scaler.loop.record import Recorder
     from kuberay_scaler.runtime.metrics import REGISTRY
+    from tests.control.fakes import FakeEvents
 
     def count() -> float:
         value = REGISTRY.get_sample_value(
@@ -190,7 +192,9 @@ def test_a_blocked_deletion_is_counted_by_path_and_logged_at_error() -> None:
 
     before = count()
     with capture_logs() as logs:
-        say_blocked([Blocked("tpu", "tpu-b", "tpu-b-0", KeepKind.GATE_ABSENT, "above_max")])
+        Recorder(FakeEvents(), Progress(0.0, 60.0, 3)).blocked(
+            [Blocked("tpu", "tpu-b", "tpu-b-0", KeepKind.GATE_ABSENT, "above_max")]
+        )
     assert count() == before + 1
     (line,) = [x for x in logs if x["log_level"] == "error"]
     assert line["path"] == "above_max" and line["kind"] == "gate_absent"

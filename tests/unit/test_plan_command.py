@@ -211,27 +211,40 @@ def test_bad_pods_file_exits_2_naming_it(
     assert err.startswith(f"kuberay-scaler plan: PodList {path}:")
 
 
-def test_plan_runs_as_a_real_command() -> None:
+def _python(*args: str) -> subprocess.CompletedProcess[str]:
+    """This Python run apart, with nothing of the caller's environment but PATH."""
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kuberay_scaler",
-            "plan",
-            "--raycluster",
-            str(SAMPLES / "ray-cluster.autoscaler-v2.yaml"),
-            "--ray-state",
-            str(ray_state("pending_cpu_tasks")),
-        ],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return subprocess.run(
+        [sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_plan_runs_as_a_real_command() -> None:
+    done = _python(
+        "-m",
+        "kuberay_scaler",
+        "plan",
+        "--raycluster",
+        str(SAMPLES / "ray-cluster.autoscaler-v2.yaml"),
+        "--ray-state",
+        str(ray_state("pending_cpu_tasks")),
     )
     assert done.returncode == 0, done.stderr
     (small,) = json.loads(done.stdout)["groups"]
     # 10 × 1 CPU + 2 × 2 CPU on 1-CPU hosts; the 2-CPU actors fit no host of the sample.
     assert small["replicas"] == {"current": 0, "target": 10}
     assert len(json.loads(done.stdout)["infeasible"]) == 1
+
+
+def test_plan_reads_a_reply_through_the_adapter_without_loading_grpc() -> None:
+    """`plan` parses a captured reply with the GCS adapter's converter (the core reads no
+    protobuf), yet loads no gRPC: the adapter's package face imports nothing."""
+    code = (
+        "import sys; from pathlib import Path; from kuberay_scaler.cli.offline import"
+        " load_ray_state; state = load_ray_state(Path(sys.argv[1]));"
+        " print(len(state.nodes), sorted(m for m in sys.modules if m.split('.')[0] == 'grpc'))"
+    )
+    done = _python("-c", code, str(ray_state("idle_tpu_slice")))
+    assert done.returncode == 0, done.stderr
+    nodes, grpc_modules = done.stdout.split(" ", 1)
+    assert int(nodes) > 0 and grpc_modules.strip() == "[]"
