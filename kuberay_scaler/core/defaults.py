@@ -66,9 +66,6 @@ MAX_DRAIN_RETRY_S = 300.0
 # A broken slice kept because a host is busy is kept at most this long; then its live hosts are
 # drained for preemption (PREEMPT_DEADLINE_S) and it is replaced whole.
 BROKEN_BUSY_MAX_S = 1800.0
-# A slice that just came up still counts at full size for demand this long (see
-# planner/capacity.py `coming_up`: Ray may report work that moved onto a new host as pending).
-JOIN_SETTLE_S = 5.0
 
 
 def raycluster_api(version: str = CRD_VERSION) -> str:

@@ -158,11 +158,7 @@ class Reconciler:
     def _publish(self, decision: Decision, now: Instant) -> None:
         self.sink.published(decision)  # the plan, its writes and what the gate dropped
         # Memory that time alone moves is kept from every decision, written or not.
-        self.memory = replace(
-            self.memory,
-            broken_busy_since=decision.plan.memory.broken_busy_since,
-            joining=decision.plan.memory.joining,
-        )
+        self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
         self.schedule.planned(decision.plan.next_idle_expiry_s, now.mono)
 
     # --- execute ---------------------------------------------------------------------------------

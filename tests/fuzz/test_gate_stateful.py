@@ -289,11 +289,7 @@ class GateMachine(RuleBasedStateMachine):
             parsed_pods=(hosts, problems),
         )
         decision = decide(observed, self.memory, POLICY, self._now())
-        self.memory = replace(  # as the loop keeps it from every decision
-            self.memory,
-            broken_busy_since=decision.plan.memory.broken_busy_since,
-            joining=decision.plan.memory.joining,
-        )
+        self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
         return decision
 
     def _answer_drains(

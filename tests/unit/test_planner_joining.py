@@ -3,14 +3,11 @@ slice was asked for while the first one's hosts were joining Ray). Pure planner 
 
 from __future__ import annotations
 
-from datetime import timedelta
+import pytest
 
-from kuberay_scaler.core.defaults import JOIN_SETTLE_S
-from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayNode
 from kuberay_scaler.core.model.slices import SliceState
 from tests.factories import (
-    NOW,
     cluster,
     head_node,
     plan_of,
@@ -60,37 +57,15 @@ def test_demand_beyond_a_partly_joined_slice_still_gets_a_slice() -> None:
     assert targets(result) == {"tpu": 2}
 
 
-def test_a_slice_just_up_settles_then_demand_it_cannot_hold_gets_a_slice() -> None:
-    """The last host joined: for JOIN_SETTLE_S its actor may still be reported pending, so the
-    slice counts at full size; after that the same frame is real demand and is served."""
+@pytest.mark.xfail(strict=True, reason="known residual (issue 22): the last host's join")
+def test_the_last_host_taken_while_its_actor_is_still_reported_pending() -> None:
+    """The same report lag at the last join: the slice is whole, so Ray's view of each host
+    counts, and one actor looks unserved. Holding that without memory the offline replan of
+    a capture lacks is not done yet (a settle window kept in Memory made the daemon and
+    `plan` on its capture disagree: tests/integration/test_capture.py)."""
     rc = cluster(tpu_group(replicas=1, max_replicas=4))
     pods = slice_pods("tpu", "tpu-a", 4, age_s=20)
     all_taken = state(
         [head_node(), *_hosts("tpu-a", (0, 1, 2, 3), busy=(0, 1, 2, 3))], [tasks(TPU_ACTOR, 1)]
     )
-    seen_coming = Memory(joining={"tpu-a": None})
-    first = plan_of(rc, pods, all_taken, memory=seen_coming)
-    assert targets(first) == {"tpu": 1}
-    settle_end = NOW + timedelta(seconds=JOIN_SETTLE_S)
-    assert dict(first.memory.joining) == {"tpu-a": settle_end}
-    assert first.next_idle_expiry_s == JOIN_SETTLE_S  # the loop plans again when it ends
-
-    during = plan_of(
-        rc, pods, all_taken, memory=first.memory, now=settle_end - timedelta(seconds=1)
-    )
-    assert targets(during) == {"tpu": 1}
-    after = plan_of(rc, pods, all_taken, memory=during.memory, now=settle_end)
-    assert targets(after) == {"tpu": 2}
-    assert dict(after.memory.joining) == {}
-
-
-def test_a_whole_slice_never_seen_coming_up_is_not_settling() -> None:
-    """After a restart the memory is empty: a busy slice is what Ray says it is."""
-    rc = cluster(tpu_group(replicas=1, max_replicas=4))
-    pods = slice_pods("tpu", "tpu-a", 4)
-    all_taken = state(
-        [head_node(), *_hosts("tpu-a", (0, 1, 2, 3), busy=(0, 1, 2, 3))], [tasks(TPU_ACTOR, 1)]
-    )
-    result = plan_of(rc, pods, all_taken)
-    assert targets(result) == {"tpu": 2}
-    assert dict(result.memory.joining) == {}
+    assert targets(plan_of(rc, pods, all_taken)) == {"tpu": 1}

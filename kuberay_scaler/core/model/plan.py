@@ -163,9 +163,6 @@ class Memory:
     # Broken slices kept because a host is busy: slice key → since when (bounded, see
     # KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
     broken_busy_since: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
-    # Slices seen coming up (slice key → None) and, once whole, until when they still count at
-    # full size for demand (planner/capacity.py `coming_up`).
-    joining: Mapping[str, datetime | None] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -190,7 +187,6 @@ class Plan:
     slice_map: SliceMap | None
     memory: Memory
     held: Hold | None = None  # the whole plan held (unsynced view, unknown demand)
-    settle_s: float | None = None  # until the first slice just up stops counting at full size
 
     @property
     def changes(self) -> bool:
@@ -202,17 +198,14 @@ class Plan:
     @property
     def next_idle_expiry_s(self) -> float | None:
         """Seconds from this plan's observation until the first idle slice that stays reaches
-        its idle timeout, or a slice just up stops settling; None when neither is due. Those
-        clocks move with time alone, so the loop plans again then instead of waiting for its
-        resync timer."""
+        its idle timeout; None when no slice is idle below its timeout. Idle clocks move with
+        time alone, so the loop plans again then instead of waiting for its resync timer."""
         waits = [
             r.timeout_s - r.idle_s
             for g in self.groups
             for r in g.reasons
             if isinstance(r, Unchanged) and r.kind is UnchangedKind.IDLE_BELOW_TIMEOUT
         ]
-        if self.settle_s is not None:  # demand it held may need a slice then: plan again
-            waits.append(self.settle_s)
         return max(0.0, min(waits)) if waits else None
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
 from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
@@ -36,16 +35,16 @@ def build_capacity(
     replacing: Collection[str] = (),
     with_total: bool = True,
     bins: bool = True,
-    settling: Collection[str] = (),
 ) -> Capacity:
     """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
 
     `replacing` names the groups whose broken slices this plan replaces: KubeRay brings up a
     fresh replica for each, so they count as launching capacity rather than nothing.
     `bins` False (no demand to place): only `virtual` is counted; no bin would be looked at.
-    A slice still coming up (pending) or just up (its key in `settling`) counts at full size:
-    it was launched for the demand it will serve, and the GCS may still report the work that
-    moved onto a host that just joined as pending (see `coming_up`).
+    A slice still coming up (pending) counts at full size, its joined hosts too: it was
+    launched for the demand it will serve, and Ray reports each raylet's free resources and
+    the demand queued at each raylet apart, so one reply can show work that just moved onto a
+    host that joined as taken there and as still pending.
     """
     cap = Capacity(with_total=with_total)
     unidentified = _unidentified_pods(slice_map)
@@ -61,7 +60,7 @@ def build_capacity(
         if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
         accelerators = accelerators_of(node.total)
-        if state is SliceState.PENDING or (key is not None and key in settling):
+        if state is SliceState.PENDING:
             cap.available.append(_coming_bin(node, group, key, accelerators))
         else:
             cap.available.append(_node_bin(node, group, key, node.available, accelerators))
@@ -161,31 +160,6 @@ def _coming_bin(
     bin_ = _node_bin(node, group, key, node.total, accelerators)
     bin_.idle_ms, bin_.launching = None, True
     return bin_
-
-
-def coming_up(
-    slice_map: SliceMap, before: Mapping[str, datetime | None], now: datetime, settle_s: float
-) -> tuple[dict[str, datetime | None], set[str]]:
-    """Slices coming up (key → None) and just up (key → until when they still settle), and the
-    keys of those that settle now.
-
-    Ray reports each raylet's free resources and the demand queued at each raylet apart: when
-    work moves from the raylet it waited on to a host that just joined, one reply can show the
-    host taken and the work still pending. So a slice seen coming up counts at full size until
-    `settle_s` after it was first seen whole; one never seen coming up (a restart) does not.
-    """
-    joining: dict[str, datetime | None] = {}
-    settling: set[str] = set()
-    for gs in slice_map.groups.values():
-        for sl in gs.slices:
-            if sl.state in (SliceState.PENDING, SliceState.PARTIAL):
-                joining[sl.key] = None
-            elif sl.state is SliceState.COMPLETE and sl.key in before:
-                until = before[sl.key] or now + timedelta(seconds=settle_s)
-                if until > now:
-                    joining[sl.key] = until
-                    settling.add(sl.key)
-    return joining, settling
 
 
 def _launching_hosts(

@@ -12,7 +12,6 @@ from typing import Any
 
 from kuberay_scaler.core.defaults import (
     BROKEN_BUSY_MAX_S,
-    JOIN_SETTLE_S,
     MAX_REPLACE_BACKOFF_S,
     PREEMPT_DEADLINE_S,
     REPLACE_BACKOFF_S,
@@ -51,7 +50,7 @@ from kuberay_scaler.core.model.reasons import (
 )
 from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.core.planner.bins import bins_for_new_slice
-from kuberay_scaler.core.planner.capacity import Capacity, build_capacity, coming_up
+from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.pool import Pool
@@ -81,8 +80,6 @@ class Policy:
     # How long a broken slice with a busy host is kept before it is drained for preemption and
     # replaced (KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
     broken_busy_max_s: float = BROKEN_BUSY_MAX_S
-    # How long a slice that just came up still counts at full size for demand.
-    join_settle_s: float = JOIN_SETTLE_S
 
 
 @dataclass
@@ -210,15 +207,8 @@ def _plan(
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
     replacing = _replacing(groups, memory, now)
     demand = bool(ray.tasks or ray.gangs or ray.constraint)
-    joining, settling = coming_up(slice_map, memory.joining, now, policy.join_settle_s)
     capacity = build_capacity(
-        slice_map,
-        ray,
-        shapes,
-        replacing,
-        with_total=bool(ray.constraint),
-        bins=demand,
-        settling=settling,
+        slice_map, ray, shapes, replacing, with_total=bool(ray.constraint), bins=demand
     )
     mode = spec.autoscaler.upscaling_mode
     rooms = {n: _room(g, capacity, ray, memory, mode, now) for n, g in groups.items()}
@@ -285,16 +275,9 @@ def _plan(
             preempting=MappingProxyType(preempting),
             broken_busy_since=MappingProxyType(busy.since_out),
             refused=MappingProxyType(_live_refused(memory, slice_map, now)),
-            joining=MappingProxyType(joining),
         ),
-        settle_s=_settle_s(joining, now),
     )
     return finish_recorded_drains(result, memory.draining, ev, now)
-
-
-def _settle_s(joining: Mapping[str, datetime | None], now: datetime) -> float | None:
-    ends = [until for until in joining.values() if until is not None]
-    return (min(ends) - now).total_seconds() if ends else None
 
 
 def _surplus_keys(decisions: list[GroupDecision]) -> set[str]:
