@@ -39,6 +39,15 @@ from common import loadavg
 
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.decision import Decision, Observation, decide
+
+try:
+    from kuberay_scaler.adapters.ray_gcs.unchanged import with_nodes_of
+except ImportError:  # an older tree (a before/after run): every node a new object
+
+    def with_nodes_of(previous: Any, state: Any) -> Any:
+        return state
+
+
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation
@@ -100,7 +109,8 @@ class Frame:
         nodes = self.reply.cluster_resource_state.node_states
         node = nodes[len(nodes) // 2]
         node.idle_duration_ms += 1000
-        self.state = parse_ray_state(self.reply)
+        # As the poller hands it over: unchanged nodes keep their objects (unchanged.py).
+        self.state = with_nodes_of(self.state, parse_ray_state(self.reply))
 
 
 def _median(

@@ -12,10 +12,11 @@ node). The daemon runs as its own process (`python -m kuberay_scaler run`), at i
 an idle timeout of 10 h (the scenario's idle slices stay: nothing to do while idle).
 
 - **idle**: after /readyz plus 10 s, the daemon's CPU (user + system, /proc) over the window.
-- **reaction**: each trial adds a pending `{"CPU": 16}` request (count raised each trial, so
-  every trial needs more replicas) to the stand-in's reply at a random phase; the time from
-  that moment (the next call returns it) to the first RayCluster write that raises a group's
-  replicas, taken from the API-server stand-in's store events.
+- **reaction**: each trial sets a pending `{"CPU": 16}` request to the stand-in's reply at a
+  random phase, more than every free CPU of the cluster can hold (and more each trial, so
+  every trial needs more replicas); the time from that moment (the next call returns it) to
+  the first RayCluster write that raises a group's replicas, taken from the API-server
+  stand-in's store events.
 
 Ray's own autoscalers are not run here: they need far more of the GCS than this stand-in serves
 (v2: `GcsClient` node tables, KV for the cluster config, the autoscaler state; v1: the monitor's
@@ -70,6 +71,10 @@ class GcsStandIn(
         self.reply.cluster_resource_state.CopyFrom(state)
         self.calls = 0
         self.changed_at = 0.0  # when the demand last changed (monotonic)
+        # Copies of DEMAND the existing nodes could take: demand beyond them needs new hosts.
+        self.room = sum(
+            int(n.available_resources.get("CPU", 0.0) // DEMAND["CPU"]) for n in state.node_states
+        )
 
     def set_demand(self, count: int) -> None:
         state = self.reply.cluster_resource_state
@@ -217,7 +222,7 @@ async def _reaction(
     for k in range(1, trials + 1):
         await asyncio.sleep(rnd.uniform(2.0, 7.0))  # a random phase of the poll cadence
         seen = len(writes)
-        gcs.set_demand(DEMAND_STEP * k)
+        gcs.set_demand(gcs.room + DEMAND_STEP * k)
         at = await _first_write(writes, seen, gcs.changed_at, 30.0)
         rows.append(None if at is None else round(at - gcs.changed_at, 4))
         loads.append(loadavg()[0])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -33,6 +33,68 @@ class SliceTimeouts:
     missing_node_grace_s: float = MISSING_NODE_GRACE_S
 
 
+class SliceMemo:
+    """Complete slices of the last frame, by the values that judged them (pure memoization).
+
+    A slice complete with every host joined to Ray is judged so from its group, its hosts and
+    their Ray nodes alone (`_whole`: no timers, no `now`; one complete while Ray's view is
+    unknown is not kept). When all of those are the very objects of last frame (frozen values;
+    the pod cache keeps a Host per unchanged pod, the poller a RayNode per unchanged node) and
+    the group is equal, the slice and its label problems are last frame's, value for value.
+    Anything else is judged afresh. Holding last frame's entries only keeps it bounded.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[str, WorkerGroup] = {}
+        self._slices: dict[tuple[str, str], _Judged] = {}
+        self._next: dict[tuple[str, str], _Judged] = {}
+        self.hits = 0  # slices taken from the memo (tests, the benchmark)
+
+    def same_group(self, group: WorkerGroup) -> bool:
+        last = self._groups.get(group.name)
+        self._groups[group.name] = group
+        return last is group or last == group
+
+    def get(
+        self, group: str, key: str, hosts: list[Host], joined: tuple[RayNode | None, ...]
+    ) -> _Judged | None:
+        found = self._slices.get((group, key))
+        if found is None or not _same(found.hosts, hosts) or not _same(found.joined, joined):
+            return None
+        self.hits += 1
+        self._next[(group, key)] = found
+        return found
+
+    def put(self, group: str, judged: _Judged) -> None:
+        self._next[(group, judged.slice.key)] = judged
+
+    def end_frame(self) -> None:
+        self._slices, self._next = self._next, {}
+
+    def clear(self) -> None:
+        self._groups.clear()
+        self._slices.clear()
+        self._next.clear()
+
+
+# The planner's memo across frames (one daemon plans one RayCluster; other callers, `plan` or
+# /debug/plan, only cost it hits). Keyed by values, so the decisions never depend on it.
+FRAME_MEMO = SliceMemo()
+
+
+@dataclass(frozen=True)
+class _Judged:
+    slice: Slice
+    hosts: tuple[Host, ...]
+    joined: tuple[RayNode | None, ...]
+    tpu_names: frozenset[str]  # the slice's TPU slice names (checked across slices)
+    problems: tuple[Problem, ...]  # its own label problems
+
+
+def _same(a: tuple[object, ...], b: Sequence[object]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
 def build_slice_map(
     spec: ClusterSpec,
     hosts: Iterable[Host],
@@ -40,11 +102,13 @@ def build_slice_map(
     now: datetime,
     timeouts: SliceTimeouts = SliceTimeouts(),
     clock: HostClock | None = None,
+    memo: SliceMemo | None = None,
 ) -> SliceMap:
     """Group hosts into slices and judge each one. `ray` None means Ray's view is unknown.
 
     Durations (provisioning age, how long a Ray node has been missing) come from `clock`, the
     daemon's own monotonic memory; without one (one-shot use) from the pods' timestamps.
+    `memo`: last frame's complete slices (see SliceMemo); the result is the same without it.
     """
     hosts = list(hosts)
     nodes = ray.node_by_instance() if ray else {}
@@ -64,15 +128,16 @@ def build_slice_map(
     for host in orphans:
         if host.group not in spec.skipped_groups:
             problems.append(Problem(f"pod {host.pod_name} is in no worker group of the spec"))
-    groups = {
-        g.name: _group_slices(
-            g, by_group.get(g.name, []), nodes, ray is not None, now, timeouts, clock
+    memo = memo if memo is not None else SliceMemo()
+    groups: dict[str, GroupSlices] = {}
+    for g in spec.groups:
+        gs, found = _group_slices(
+            g, by_group.get(g.name, []), nodes, ray is not None, now, timeouts, clock, memo
         )
-        for g in spec.groups
-    }
-    for gs in groups.values():
+        groups[g.name] = gs
         problems.extend(_identity_problems(gs))
-        problems.extend(_label_problems(gs))
+        problems.extend(_label_problems(gs, found))
+    memo.end_frame()
     return SliceMap(
         groups=frozen_map(groups),
         head=tuple(head),
@@ -89,17 +154,49 @@ def _group_slices(
     now: datetime,
     timeouts: SliceTimeouts,
     clock: HostClock,
-) -> GroupSlices:
+    memo: SliceMemo,
+) -> tuple[GroupSlices, dict[str, _Judged]]:
+    """The group's slices, and those that are complete with what judged them (see SliceMemo)."""
     members: dict[str, list[Host]] = defaultdict(list)
     for host in hosts:
         members[host.slice_key].append(host)
     doomed = set(group.workers_to_delete)
-    slices = [
-        _judge(group, key, _in_order(m), nodes, ray_known, doomed, timeouts, clock)
-        for key, m in members.items()
-    ]
+    reuse = memo.same_group(group)
+    slices: list[Slice] = []
+    complete: dict[str, _Judged] = {}
+    for key, m in members.items():
+        ordered = _in_order(m)
+        joined = tuple(nodes.get(h.pod_name) for h in ordered)
+        found = memo.get(group.name, key, ordered, joined) if reuse else None
+        if found is None:
+            sl = _judge(group, key, ordered, nodes, ray_known, doomed, timeouts, clock)
+            if _whole_by_ray(group, sl, joined):
+                found = _judged(group.name, sl, tuple(ordered), joined)
+                memo.put(group.name, found)
+        if found is not None:
+            complete[key] = found
+            sl = found.slice
+        slices.append(sl)
     slices.sort(key=lambda s: (s.created_at or now, s.key))
-    return GroupSlices(group=group, slices=tuple(slices))
+    return GroupSlices(group=group, slices=tuple(slices)), complete
+
+
+def _whole_by_ray(group: WorkerGroup, sl: Slice, joined: tuple[RayNode | None, ...]) -> bool:
+    """Complete with every host joined: judged so from its group, hosts and nodes alone (a
+    slice complete while Ray's view is unknown is not: Ray may later show a node missing)."""
+    return (
+        sl.state is SliceState.COMPLETE
+        and not sl.marked_for_deletion
+        and len(joined) == group.num_of_hosts
+        and all(n is not None for n in joined)
+    )
+
+
+def _judged(
+    group: str, sl: Slice, hosts: tuple[Host, ...], joined: tuple[RayNode | None, ...]
+) -> _Judged:
+    names, problems = _own_label_problems(group, sl)
+    return _Judged(sl, hosts, joined, names, problems)
 
 
 def _in_order(hosts: list[Host]) -> list[Host]:
@@ -243,52 +340,56 @@ def _identity_problems(gs: GroupSlices) -> list[Problem]:
     ]
 
 
-def _label_problems(gs: GroupSlices) -> list[Problem]:
-    """Cross-check Ray's TPU labels against the slice the pods say they belong to."""
+def _label_problems(gs: GroupSlices, complete: Mapping[str, _Judged]) -> list[Problem]:
+    """Cross-check Ray's TPU labels against the slice the pods say they belong to (a complete
+    slice's own checks were made when it was judged, see `_judged`)."""
     problems: list[Problem] = []
     seen: dict[str, str] = {}
+    group = gs.group.name
     for sl in gs.slices:
         if not sl.nodes:
             continue  # nothing Ray says to check against
-        names = {
-            n.labels[TPU_SLICE_LABEL] for n in sl.nodes.values() if TPU_SLICE_LABEL in n.labels
-        }
+        found = complete.get(sl.key)
+        names, own = (
+            (found.tpu_names, found.problems)
+            if found is not None
+            else _own_label_problems(group, sl)
+        )
         if len(names) > 1:
             problems.append(
                 Problem(
-                    f"slice {sl.key}: hosts report different TPU slice names {sorted(names)}",
-                    gs.group.name,
+                    f"slice {sl.key}: hosts report different TPU slice names {sorted(names)}", group
                 )
             )
         for name in names:
             if seen.setdefault(name, sl.key) != sl.key:
                 problems.append(
-                    Problem(
-                        f"TPU slice {name} spans slices {seen[name]} and {sl.key}", gs.group.name
-                    )
+                    Problem(f"TPU slice {name} spans slices {seen[name]} and {sl.key}", group)
                 )
-        problems.extend(_node_type_problems(gs.group.name, sl))
-        if not names and not any(TPU_WORKER_LABEL in n.labels for n in sl.nodes.values()):
-            continue  # no TPU labels: no worker ids to compare
-        for host in sl.hosts:
-            worker = (
-                sl.nodes[host.pod_name].labels.get(TPU_WORKER_LABEL)
-                if host.pod_name in sl.nodes
-                else None
-            )
-            if (
-                worker is not None
-                and host.host_index is not None
-                and worker != str(host.host_index)
-            ):
-                problems.append(
-                    Problem(
-                        f"pod {host.pod_name} is host {host.host_index} "
-                        f"but Ray says TPU worker {worker}",
-                        gs.group.name,
-                    )
-                )
+        problems.extend(own)
     return problems
+
+
+def _own_label_problems(group: str, sl: Slice) -> tuple[frozenset[str], tuple[Problem, ...]]:
+    """One slice's TPU slice names, and what its own hosts' labels contradict."""
+    names = frozenset(
+        n.labels[TPU_SLICE_LABEL] for n in sl.nodes.values() if TPU_SLICE_LABEL in n.labels
+    )
+    problems = _node_type_problems(group, sl)
+    if not names and not any(TPU_WORKER_LABEL in n.labels for n in sl.nodes.values()):
+        return names, tuple(problems)  # no TPU labels: no worker ids to compare
+    for host in sl.hosts:
+        node = sl.nodes.get(host.pod_name)
+        worker = node.labels.get(TPU_WORKER_LABEL) if node is not None else None
+        if worker is not None and host.host_index is not None and worker != str(host.host_index):
+            problems.append(
+                Problem(
+                    f"pod {host.pod_name} is host {host.host_index} "
+                    f"but Ray says TPU worker {worker}",
+                    group,
+                )
+            )
+    return names, tuple(problems)
 
 
 def _node_type_problems(group: str, sl: Slice) -> list[Problem]:

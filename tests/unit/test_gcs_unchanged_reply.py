@@ -268,3 +268,19 @@ def test_a_reconcile_during_one_poll_is_not_charged_to_the_poll_cadence() -> Non
 
     asyncio.run(poll_all())
     assert charged == pytest.approx([0.01] * 7)
+
+
+def test_after_a_real_change_unchanged_nodes_keep_their_objects() -> None:
+    first = _reply([0, 60_000, 0])
+    changed = _tick(first, 1000)
+    changed.cluster_resource_state.node_states[0].available_resources["CPU"] = 7.0
+    poller = GcsPoller(_Replies([first, changed]), interval_s=1.0)
+
+    async def both() -> list[Any]:
+        return [await poller.poll_once(), await poller.poll_once()]
+
+    before, after = asyncio.run(both())
+    assert after.state == parse_ray_state(changed)
+    assert poller.parses == 2
+    kept = [a is b for a, b in zip(before.state.nodes, after.state.nodes, strict=True)]
+    assert kept == [False, False, True]  # node 0 changed, node 1's idle clock moved

@@ -24,6 +24,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
@@ -31,7 +32,7 @@ import structlog
 from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError
 from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
-from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks
+from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks, with_nodes_of
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
@@ -201,8 +202,13 @@ class GcsPoller:
         observation = observation_of(
             reply, observed_at=observed_at, cluster_id=cluster_id, epoch=self._epoch
         )
-        parsed = observation.state
-        self._parsed = (body.body, parsed) if body is not None and parsed is not None else None
+        if observation.state is None:
+            self._parsed = None
+            return observation
+        # Unchanged nodes keep last parse's objects (the slice map's memo knows them so).
+        state = with_nodes_of(self._parsed[1] if self._parsed else None, observation.state)
+        observation = replace(observation, state=state)
+        self._parsed = (body.body, state) if body is not None else None
         return observation
 
     def _publish(self, observation: RayObservation) -> RayObservation:

@@ -83,3 +83,18 @@ def _with_idle_ms(node: RayNode, idle_ms: int) -> RayNode:
     copy.__dict__.update(node.__dict__)
     copy.__dict__["idle_ms"] = idle_ms
     return copy
+
+
+def with_nodes_of(previous: RayState | None, state: RayState) -> RayState:
+    """`state` with every node equal to one of `previous` (by value, same node id) replaced by
+    that very object: the slice map's memo knows an unchanged node by identity, and a full parse
+    makes all of them anew. Equal values, so the state is equal to `state`."""
+    if previous is None or not previous.nodes:
+        return state
+    before = {n.node_id: n for n in previous.nodes}
+    nodes = tuple(_kept(before.get(n.node_id), n) for n in state.nodes)
+    return RayState(nodes=nodes, tasks=state.tasks, gangs=state.gangs, constraint=state.constraint)
+
+
+def _kept(before: RayNode | None, now: RayNode) -> RayNode:
+    return before if before is not None and before == now else now

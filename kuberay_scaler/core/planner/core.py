@@ -64,7 +64,7 @@ from kuberay_scaler.core.planner.scale_down import (
 )
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 from kuberay_scaler.core.planner.shapes import ShapeError, SliceShape, slice_shape
-from kuberay_scaler.core.slicemap import SliceTimeouts, build_slice_map
+from kuberay_scaler.core.slicemap import FRAME_MEMO, SliceTimeouts, build_slice_map
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,9 @@ def _plan(
     )
     if not snapshot.synced:
         return _held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED))
-    slice_map = build_slice_map(spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock)
+    slice_map = build_slice_map(
+        spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock, FRAME_MEMO
+    )
     problems += _problems(ProblemKind.SLICE_MAP, slice_map.problems)
     groups = _analyse(slice_map, memory, problems)
     if spec.suspended:
