@@ -44,13 +44,13 @@ try:
     from kuberay_scaler.adapters.ray_gcs.unchanged import with_nodes_of
 except ImportError:  # an older tree (a before/after run): every node a new object
 
-    def with_nodes_of(previous: Any, state: Any) -> Any:
+    def with_nodes_of(previous: RayState | None, state: RayState) -> RayState:
         return state
 
 
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.plan import Memory
-from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.parse.pod_cache import PodCache
 from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster

@@ -3,6 +3,7 @@
 - `client`: `GcsClient`, the grpc.aio client (auth, TLS, cluster id, reconnect, metrics).
 - `state`: `parse_ray_state`, a reply (message or proto3 JSON) → the core's `RayState`.
 - `poller`: `GcsPoller` publishes parsed `RayObservation`s; unknown state is explicit.
+- `unchanged`: a reply that differs from the last only in versions and idle clocks, unparsed.
 - `adapter`: `RayGcs`, the loop's `Gcs` port (fresh read, drains, report) over plain data.
 - `drain`: `drain_slice`, all hosts of a slice or none.
 - `report`: `AutoscalingReport` → `AutoscalingState` for `ray status`.
