@@ -27,6 +27,7 @@ from tests.ray.helpers import (
     SLICE_RESERVATIONS,
     fast_client,
     gangs,
+    needs_slice_reservations,
     node_by_id,
     run_ray_status,
     wait_for_state,
@@ -174,7 +175,7 @@ async def test_strict_pack_gang_carries_affinity_and_label_selectors(
     assert all(not r.label_selectors for r in pack.requests)
 
 
-@pytest.mark.skipif(not SLICE_RESERVATIONS, reason="this Ray has no ray.util.tpu")
+@needs_slice_reservations
 async def test_slice_reservation_pends_as_head_bundle(demand: RayDriver, client: GcsClient) -> None:
     state = await _demand_state(client)
     (reservation,) = [
