@@ -30,6 +30,7 @@ from kuberay_standins._k8s_store import StoredEvent
 from kuberay_standins.apiserver import RESTRICTED_TOKEN, ApiServerStandIn
 from kuberay_standins.operator import OperatorStandIn
 from kuberay_standins.ray_local import (
+    MAX_CONCURRENT_STARTS,
     RayHead,
     RayHost,
     RayStartError,
@@ -97,9 +98,7 @@ class RayPodHooks:
     """
 
     START_ATTEMPTS = 3
-    # Ray gives a starting node 30 s to register with the GCS (ray/_private/node.py, not
-    # configurable): hosts started all at once on a loaded 2-core machine miss it together.
-    START_CONCURRENCY = 2
+    START_CONCURRENCY = MAX_CONCURRENT_STARTS
 
     def __init__(self, head: RayHead, timeline: Timeline) -> None:
         self._head = head

@@ -42,6 +42,10 @@ RAY_PYTHON = str(_BIN_DIR / "python") if RAY_VENV else sys.executable
 _STARTED_MARKER = "Ray runtime started."
 _MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray's floor; keeps /dev/shm use small per node.
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
+# Ray gives a starting node 30 s to register with the GCS (ray/_private/node.py, not
+# configurable): hosts started all at once on a loaded 2-core machine miss it together. Whoever
+# starts hosts for pods (the stand-in kubelet, the e2e bridge) starts at most this many at once.
+MAX_CONCURRENT_STARTS = 2
 DEFAULT_STOP_GRACE_S = 5.0
 # A head's gcs_server and raylet sit out SIGTERM for many seconds; nothing needs telling.
 HEAD_STOP_GRACE_S = 0.5

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kuberay_standins.ray_local import RayHead, RayHost, tpu_host_env
+from kuberay_standins.ray_local import MAX_CONCURRENT_STARTS, RayHead, RayHost, tpu_host_env
 from kuberay_standins.ray_local import _wait_port_free as wait_port_free
 from tests.e2e.kube import MERGE_PATCH, Kube
 
@@ -51,10 +51,9 @@ EXIT_POLL_S = 0.5
 # Deadline Exceeded": Ray gives a starting node a fixed 30 s to register, ray/_private/node.py);
 # that is this machine, not the pod. A kubelet restarts a crashed container again and again;
 # the bridge starts a host up to START_ATTEMPTS times before calling it a finding, and at most
-# START_CONCURRENCY at once (four hosts of a slice started together on 2 loaded cores missed
-# the window together, twice, in CI).
+# MAX_CONCURRENT_STARTS at once (four hosts of a slice started together on 2 loaded cores
+# missed the window together, twice, in CI).
 START_ATTEMPTS = 4
-START_CONCURRENCY = 2
 _SLEEP = re.compile(r"sleep\s+(\d+(?:\.\d+)?)")
 
 Note = Callable[[str], None]
@@ -161,7 +160,7 @@ class RayBridge:
         self._tasks: set[asyncio.Task[None]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
-        self._start_slots = asyncio.Semaphore(START_CONCURRENCY)
+        self._start_slots = asyncio.Semaphore(MAX_CONCURRENT_STARTS)
 
     def start(self) -> None:
         self._watcher = asyncio.get_running_loop().create_task(self._watch_exits())
