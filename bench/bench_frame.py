@@ -10,7 +10,11 @@ benchmark's 20-group cluster scaled to N hosts (scenario.py, no pending demand):
 - `launching`: every pod exists but no Ray node has joined (all slices coming up: the case the
   issue measured at 0.84 s for 10k pods);
 - `one_pod_changed` / `one_node_changed`: the frame after one watch event or one GCS change
-  (the change itself, the pod cache's store update or the poller's parse, is not timed).
+  (the change itself, the pod cache's store update or the poller's parse, is not timed);
+- `a_second_later`: the daemon's usual frame: one second has passed (the planner's `now`, the
+  read time and every idle node's `idle_duration_ms` moved by 1 s) and one node changed (it
+  was busy in between: its idle clock restarted). With idle durations in the model (before
+  issue 23's idle-since) every idle node is a new value then and misses the slice memo.
 
 Times are medians (wall and this process's CPU), with the load average of the machine. After
 the inputs are built and one frame has run, the heap is frozen (`runtime/heap.freeze`) as the
@@ -34,6 +38,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import inspect
+from datetime import timedelta
+
 import scenario
 from common import loadavg
 
@@ -41,11 +48,9 @@ from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.decision import Decision, Observation, decide
 
 try:
-    from kuberay_scaler.adapters.ray_gcs.unchanged import with_nodes_of
+    from kuberay_scaler.adapters.ray_gcs import unchanged
 except ImportError:  # an older tree (a before/after run): every node a new object
-
-    def with_nodes_of(previous: RayState | None, state: RayState) -> RayState:
-        return state
+    unchanged = None  # type: ignore[assignment]
 
 
 from kuberay_scaler.core.liveness import HostClock
@@ -60,6 +65,29 @@ from kuberay_scaler.runtime import heap
 
 HOSTS_AT_SCALE_1 = 1950
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+_TAKES_READ_TIME = "read_at_ms" in inspect.signature(parse_ray_state).parameters
+
+
+def _ms(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+def parse(reply: Any, at: datetime) -> RayState:
+    """`parse_ray_state` of this tree, read at `at` where it takes a read time (idle-since,
+    issue 23); an older tree's keeps durations."""
+    if _TAKES_READ_TIME:
+        return parse_ray_state(reply, read_at_ms=_ms(at))  # type: ignore[call-arg]
+    return parse_ray_state(reply)  # type: ignore[call-arg]
+
+
+def keep_nodes(previous: RayState, state: RayState, at: datetime) -> RayState:
+    """As the poller hands a parse over: unchanged nodes keep their objects (unchanged.py)."""
+    if unchanged is None:
+        return state
+    if "read" in inspect.signature(unchanged.with_nodes_of).parameters:
+        read = unchanged.ReadWindow.at(_ms(at))  # type: ignore[attr-defined]
+        return unchanged.with_nodes_of(previous, state, read)  # type: ignore[call-arg]
+    return unchanged.with_nodes_of(previous, state)  # type: ignore[call-arg]
 
 
 def cluster(hosts: int, launching: bool) -> scenario.Scenario:
@@ -84,21 +112,22 @@ class Frame:
         self.store = {p["metadata"]["name"]: slim_pod(p) for p in sc.pods}
         self.cache = PodCache()
         self.reply = sc.reply()
-        self.state = parse_ray_state(self.reply)
+        self.at = NOW
+        self.state = parse(self.reply, self.at)
 
     def run(self) -> Decision:
         parsed = self.cache.hosts(self.store, self.spec)
         # The daemon passes its liveness clock, built once per reconcile (O(pods), timed here
         # too); without one, decide() would derive it from timestamps in each of its users.
-        clock = HostClock.from_timestamps(parsed[0], self.state.node_by_instance(), NOW)
+        clock = HostClock.from_timestamps(parsed[0], self.state.node_by_instance(), self.at)
         observed = Observation(
             raycluster=self.sc.raycluster,
             gcs=RayObservation(self.state, 0.0, cluster_id="c"),
             parsed_pods=parsed,
             clock=clock,
         )
-        decision = decide(observed, Memory(), Policy(), NOW)
-        report_from_plan(decision.plan, int(NOW.timestamp()))
+        decision = decide(observed, Memory(), Policy(), self.at)
+        report_from_plan(decision.plan, int(self.at.timestamp()))
         return decision
 
     def touch_pod(self) -> None:
@@ -109,8 +138,19 @@ class Frame:
         nodes = self.reply.cluster_resource_state.node_states
         node = nodes[len(nodes) // 2]
         node.idle_duration_ms += 1000
-        # As the poller hands it over: unchanged nodes keep their objects (unchanged.py).
-        self.state = with_nodes_of(self.state, parse_ray_state(self.reply))
+        self.state = keep_nodes(self.state, parse(self.reply, self.at), self.at)
+
+    def second_later(self) -> None:
+        """One second passes (every idle clock and the read time move) and the middle node's
+        idle clock restarts (it ran a task in between)."""
+        self.at += timedelta(seconds=1)
+        nodes = self.reply.cluster_resource_state.node_states
+        for node in nodes:
+            if node.idle_duration_ms:
+                node.idle_duration_ms += 1000
+        middle = next(n for n in nodes[len(nodes) // 2 :] if n.idle_duration_ms)
+        middle.idle_duration_ms = 500
+        self.state = keep_nodes(self.state, parse(self.reply, self.at), self.at)
 
 
 def _median(
@@ -149,10 +189,12 @@ def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dic
             # The change itself (the pod cache's store, the poller's parse) is not timed.
             out["one_pod_changed"] = _median(frame.run, repeats, frame.touch_pod)
             out["one_node_changed"] = _median(frame.run, repeats, frame.touch_node)
+            out["a_second_later"] = _median(frame.run, repeats, frame.second_later)
         log(f"frame at {hosts} hosts, {case}: {out[case]}")
         if not launching:
             log(f"  one pod changed: {out['one_pod_changed']}")
             log(f"  one node changed: {out['one_node_changed']}")
+            log(f"  a second later (one node changed): {out['a_second_later']}")
     return out
 
 

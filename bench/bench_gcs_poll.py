@@ -100,7 +100,7 @@ def parse_times(reply: Any, repeats: int) -> dict[str, float]:
         decoded = autoscaler_pb2.GetClusterResourceStateReply.FromString(data)
         decode.append(time.perf_counter() - started)
         started = time.perf_counter()
-        parse_ray_state(decoded)
+        parse_ray_state(decoded, read_at_ms=time.time_ns() // 1_000_000)
         parse.append(time.perf_counter() - started)
     return {
         "reply_mb": round(len(data) / 2**20, 2),

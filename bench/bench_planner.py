@@ -28,6 +28,7 @@ import scenario
 
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot
+from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
@@ -94,11 +95,14 @@ def _snapshot(sc: scenario.Scenario) -> Snapshot:
 def _time_ours(sc: scenario.Scenario, repeats: int) -> tuple[float, float, Plan]:
     snapshot = _snapshot(sc)
     reply = sc.reply()
-    state = parse_ray_state(reply)
+    state = parse_ray_state(reply, read_at_ms=epoch_ms(NOW))
     result = plan(snapshot, state, Memory(), Policy(), NOW)
     plan_only = _median(repeats, lambda: plan(snapshot, state, Memory(), Policy(), NOW))
     with_parse = _median(
-        repeats, lambda: plan(_snapshot(sc), parse_ray_state(reply), Memory(), Policy(), NOW)
+        repeats,
+        lambda: plan(
+            _snapshot(sc), parse_ray_state(reply, read_at_ms=epoch_ms(NOW)), Memory(), Policy(), NOW
+        ),
     )
     print(f"ours: {plan_only * 1000:.0f} ms (with parsing {with_parse * 1000:.0f} ms)", flush=True)
     return plan_only, with_parse, result

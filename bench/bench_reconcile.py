@@ -27,6 +27,7 @@ import scenario
 
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.plan import Memory, Snapshot
+from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
@@ -60,7 +61,7 @@ def measure(pods: int) -> dict[str, Any]:
         spec = parse_raycluster(sc.raycluster)
         hosts, problems = parse_pods(sc.pods, spec)
         snapshot = Snapshot(spec, tuple(hosts), True, tuple(map(str, problems)))
-        plan(snapshot, parse_ray_state(reply), Memory(), Policy(), NOW)
+        plan(snapshot, parse_ray_state(reply, read_at_ms=epoch_ms(NOW)), Memory(), Policy(), NOW)
 
     out: dict[str, Any] = {"pods": len(sc.pods), "from_scratch_ms": _median_ms(from_scratch)}
     out |= _daemon_path(sc, reply)
@@ -76,7 +77,7 @@ def _daemon_path(sc: scenario.Scenario, reply: Any) -> dict[str, Any]:
     store = {p["metadata"]["name"]: slim_pod(p) for p in sc.pods}
     cache = PodCache()
     cache.hosts(store, spec)
-    state = parse_ray_state(reply)
+    state = parse_ray_state(reply, read_at_ms=epoch_ms(NOW))
     changed = sc.pods[len(sc.pods) // 2]["metadata"]["name"]
 
     def daemon() -> None:

@@ -49,7 +49,6 @@ def child(input_file: str) -> dict[str, Any]:
 
     import kuberay_scaler.app  # noqa: F401  (what the daemon has loaded before it lists)
     from kuberay_scaler.adapters.kube import informer
-    from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
     from kuberay_scaler.core.decision import Observation, decide
     from kuberay_scaler.core.model.plan import Memory
     from kuberay_scaler.core.model.ray import RayObservation
@@ -101,7 +100,7 @@ def child(input_file: str) -> dict[str, Any]:
     gc.collect()
     out["rss_with_pod_cache_mb"] = _status_mb("VmRSS")
     reply = autoscaler_pb2.GetClusterResourceStateReply.FromString(reply_bytes)
-    state = parse_ray_state(reply)
+    state = bench_frame.parse(reply, bench_frame.NOW)
     observed = Observation(
         raycluster=raycluster, gcs=RayObservation(state, 0.0, cluster_id="c"), parsed_pods=parsed
     )

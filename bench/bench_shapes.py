@@ -32,6 +32,7 @@ from ray.core.generated import autoscaler_pb2
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS
 from kuberay_scaler.core.model.plan import Memory, Snapshot
+from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
 
@@ -101,9 +102,13 @@ def reply(shapes: int, tasks: int, entries_per_shape: int) -> Any:
 def time_ours(rc: dict[str, Any], raw: Any, repeats: int) -> dict[str, Any]:
     spec = parse_raycluster(rc)
     snapshot = Snapshot(spec=spec, hosts=(), problems=())
-    result = plan(snapshot, parse_ray_state(raw), Memory(), Policy(), NOW)
+    result = plan(snapshot, parse_ray_state(raw, read_at_ms=epoch_ms(NOW)), Memory(), Policy(), NOW)
     runs = [
-        _timed(lambda: plan(snapshot, parse_ray_state(raw), Memory(), Policy(), NOW))
+        _timed(
+            lambda: plan(
+                snapshot, parse_ray_state(raw, read_at_ms=epoch_ms(NOW)), Memory(), Policy(), NOW
+            )
+        )
         for _ in range(repeats)
     ]
     return {

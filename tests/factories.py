@@ -24,6 +24,7 @@ from kuberay_scaler.core.model.ray import (
     RayNode,
     RayState,
     TaskDemand,
+    epoch_ms,
 )
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
@@ -32,6 +33,7 @@ from kuberay_scaler.core.planner.core import Policy, plan
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SAMPLES = FIXTURES / "rayclusters"  # our own RayClusters (see its README), nothing from outside
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+NOW_MS = epoch_ms(NOW)
 
 
 def sample(name: str) -> dict[str, Any]:
@@ -197,7 +199,8 @@ def node(
         total=frozen_map(total),
         available=frozen_map(available if available is not None else total),
         labels=frozen_map(labels or {}),
-        idle_ms=int((idle_s or 0) * 1000),
+        # Idle for `idle_s` at NOW, the moment the tests plan at.
+        idle_since_ms=NOW_MS - int((idle_s or 0) * 1000) if status is NodeStatus.IDLE else None,
         ip="127.0.0.1",
         is_head=head,
     )

@@ -19,7 +19,7 @@ from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.plan import Plan
-from tests.factories import node_id_of, plan_of, pod
+from tests.factories import NOW_MS, node_id_of, plan_of, pod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import ray_side
@@ -109,7 +109,7 @@ def answers(
             pod(n.instance_id, n.ray_node_type_name, head=n.instance_id == HEAD_POD)
             for n in state.node_states
         ]
-    result = plan_of(rc, pods, parse_ray_state(state))
+    result = plan_of(rc, pods, parse_ray_state(state, read_at_ms=NOW_MS))
     request = ray_side.scheduling_request(rc, state)
     reply = ray_side.schedule(request)
     ours = {

@@ -14,7 +14,7 @@ import yaml
 from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.plan import Memory
-from kuberay_scaler.core.model.ray import RayObservation, RayState
+from kuberay_scaler.core.model.ray import RayObservation, RayState, epoch_ms
 from kuberay_scaler.core.parse.pods import pod_items
 from kuberay_scaler.core.planner.core import Policy
 
@@ -246,8 +246,9 @@ def _is_pod(doc: Any) -> bool:
     )
 
 
-def load_ray_state(path: Path | None) -> RayState | None:
-    """The GCS reply (proto3 JSON); no file means Ray's demand is unknown (the plan holds)."""
+def load_ray_state(path: Path | None, read_at: datetime) -> RayState | None:
+    """The GCS reply (proto3 JSON) as read at `read_at` (its idle durations end then); no file
+    means Ray's demand is unknown (the plan holds)."""
     if path is None:
         return None
     text = read_text(path, "Ray state")
@@ -262,7 +263,7 @@ def load_ray_state(path: Path | None) -> RayState | None:
     except ValueError as err:
         raise InputError(f"Ray state {shown(path)}: {_clip(str(err))}") from None
     try:
-        return parse_ray_state(text)
+        return parse_ray_state(text, read_at_ms=epoch_ms(read_at))
     except RayStateError as err:
         raise InputError(f"Ray state {shown(path)}: {_clip(str(err))}") from None
 
@@ -283,10 +284,11 @@ def plan_files(
     if len(stdin) > 1:
         raise InputError("only one input can be read from standard input (-)")
     rc = load_raycluster(raycluster)
-    state = load_ray_state(ray_state)
+    now = now or datetime.now(UTC)
+    state = load_ray_state(ray_state, now)  # read at the moment planned: durations as given
     gcs = RayObservation(state, observed_at=0.0) if state is not None else None  # None: unknown
     observed = Observation(raycluster=rc, pods=load_pods(pods), gcs=gcs)
-    decision = decide(observed, Memory(), policy, now or datetime.now(UTC))
+    decision = decide(observed, Memory(), policy, now)
     if decision.error is not None:  # cannot happen for a plan made from this very object
         raise InputError(decision.error)
     document = decision.document()

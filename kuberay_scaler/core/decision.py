@@ -555,13 +555,13 @@ def _refused(decision: Decision, d: Drain, now: datetime) -> RefusedDrain:
     failures = (before.failures if before else 0) + 1
     wait = exponential_delay(failures - 1, DRAIN_RETRY_S, MAX_DRAIN_RETRY_S)
     ev = decision.evidence
-    idle_ms = {
-        n.node_id: n.idle_ms
+    since = {
+        n.node_id: n.idle_since_ms
         for pod in d.pods
         for n in (ev.entries.get(pod, ()) if ev else ())
-        if n.idle
+        if n.idle and n.idle_since_ms is not None
     }
-    return RefusedDrain(now + timedelta(seconds=wait), MappingProxyType(idle_ms), failures)
+    return RefusedDrain(now + timedelta(seconds=wait), MappingProxyType(since), failures)
 
 
 def _blocked_doc(b: Blocked) -> dict[str, Any]:

@@ -23,12 +23,12 @@ from ray.core.generated import autoscaler_pb2
 from kuberay_scaler.adapters.ray_gcs.poller import observation_of
 from kuberay_scaler.core.model.drains import DrainReason, HostDrain, SliceDrainResult
 from kuberay_scaler.core.model.outcome import OutcomeKind, PatchOutcome
-from kuberay_scaler.core.model.ray import RayObservation, RayState
+from kuberay_scaler.core.model.ray import RayObservation, RayState, epoch_ms
 from kuberay_scaler.core.model.report import AutoscalingReport
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import Reconciler
-from tests.factories import NOW
+from tests.factories import NOW, NOW_MS
 
 # HTTP status → the outcome the real writer's `classify` gives it.
 STATUS_OUTCOME: dict[int, OutcomeKind] = {
@@ -242,12 +242,20 @@ class FakeGcs:
 
 
 def observation(
-    ray: Any, *, observed_at: float = 0.0, cluster_id: str | None = "cluster-1", epoch: int = 1
+    ray: Any,
+    *,
+    observed_at: float = 0.0,
+    cluster_id: str | None = "cluster-1",
+    epoch: int = 1,
+    read_at_ms: int = NOW_MS,
 ) -> RayObservation:
-    """What the poller publishes for `ray` (a reply, or an already parsed RayState)."""
+    """What the poller publishes for `ray` (a reply read at `read_at_ms`, or an already parsed
+    RayState)."""
     if isinstance(ray, RayState):
         return RayObservation(ray, observed_at, cluster_id, epoch)
-    return observation_of(ray, observed_at=observed_at, cluster_id=cluster_id, epoch=epoch)
+    return observation_of(
+        ray, observed_at=observed_at, cluster_id=cluster_id, epoch=epoch, read_at_ms=read_at_ms
+    )
 
 
 @dataclass
@@ -286,15 +294,19 @@ class Loop:
         if ray is not None:  # the GCS itself now answers this (a fresh read gets it)
             self.gcs.fresh, self.gcs.cluster_id, self.gcs.epoch = ray, cluster_id, epoch
         now = self.clock.monotonic()
+        read_at_ms = epoch_ms(self.clock.wall())
         self.reconciler.observe_gcs(
-            observation(ray, observed_at=now, cluster_id=cluster_id, epoch=epoch)
+            observation(
+                ray, observed_at=now, cluster_id=cluster_id, epoch=epoch, read_at_ms=read_at_ms
+            )
             if ray is not None
             else RayObservation(None, now, cluster_id, epoch, error="unreachable")
         )
 
 
-def reply_of(ray: RayState, version: int = 1) -> Any:
-    """The GetClusterResourceStateReply the GCS would send for `ray` (nodes and tasks)."""
+def reply_of(ray: RayState, version: int = 1, read_at_ms: int = NOW_MS) -> Any:
+    """The GetClusterResourceStateReply the GCS would send for `ray` (nodes and tasks), read at
+    `read_at_ms` (epoch ms: its idle durations end then)."""
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     st = reply.cluster_resource_state
     st.cluster_resource_state_version = version
@@ -307,7 +319,7 @@ def reply_of(ray: RayState, version: int = 1) -> Any:
         node.total_resources.update(n.total)
         node.available_resources.update(n.available)
         node.labels.update(n.labels)
-        node.idle_duration_ms = n.idle_ms
+        node.idle_duration_ms = n.idle_ms(read_at_ms)
         node.node_ip_address = n.ip
     for t in ray.tasks:
         request = st.pending_resource_requests.add()

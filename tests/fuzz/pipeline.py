@@ -21,6 +21,7 @@ from kuberay_scaler.adapters.ray_gcs.poller import observation_of
 from kuberay_scaler.core.decision import Decision, Observation, decide, patch_after_drains
 from kuberay_scaler.core.model.plan import Memory, Plan
 from kuberay_scaler.core.planner.core import Policy
+from tests.factories import NOW_MS
 
 BUSY = 1  # autoscaler.proto NodeStatus RUNNING
 
@@ -46,7 +47,7 @@ def run_daemon_path(rc: dict[str, Any], pods: list[Any], reply: bytes, now: date
     observed = Observation(
         raycluster=rc,
         pods=pods,
-        gcs=observation_of(parsed, observed_at=0.0, cluster_id="c0", epoch=0),
+        gcs=observation_of(parsed, observed_at=0.0, cluster_id="c0", epoch=0, read_at_ms=NOW_MS),
     )
     decision = decide(observed, Memory(), Policy(), now)
     base = copy.deepcopy(rc)

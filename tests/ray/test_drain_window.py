@@ -27,6 +27,7 @@ from kuberay_standins.ray_local import (
     start_hosts,
     stop_all,
 )
+from tests.factories import NOW_MS
 from tests.ray.helpers import DEAD, node_by_id, wait_for_state
 
 pytestmark = pytest.mark.ray
@@ -80,7 +81,9 @@ async def test_the_window_from_the_fresh_read_to_the_last_drain_answer(
     for _ in range(50):  # the read the daemon makes right before draining, as it makes it
         reply = await client.get_cluster_resource_state()
         read_at = time.perf_counter()
-        send, kept = drains_to_send(_decision(key, ids), parse_ray_state(reply), None)
+        send, kept = drains_to_send(
+            _decision(key, ids), parse_ray_state(reply, read_at_ms=NOW_MS), None
+        )
         if not kept:
             break  # a raylet still settling reads as not idle: the daemon would not drain
     assert not kept and len(send) == 1, kept

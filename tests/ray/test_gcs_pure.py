@@ -35,6 +35,7 @@ from kuberay_scaler.adapters.ray_gcs.report import (
 )
 from kuberay_scaler.core.model.ray import Bundle, RayObservation
 from kuberay_scaler.runtime.metrics import REGISTRY
+from tests.factories import NOW_MS
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
 RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
@@ -357,11 +358,13 @@ async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> No
 
 async def test_the_poller_publishes_the_reply_parsed_and_leaves_it_as_it_came() -> None:
     reply = _reply(7, idle_ms=4_200)
-    poller = GcsPoller(FakeSource(iter([("A", reply)])), interval_s=1.0)
+    poller = GcsPoller(FakeSource(iter([("A", reply)])), interval_s=1.0, wall=lambda: NOW_MS)
     observation = await poller.poll_once()
     assert observation.state is not None and observation.version == 7
     (node,) = observation.state.nodes
-    assert (node.node_id, node.idle_ms) == (b"n1".hex(), 4_200)  # hex, the one form of an id
+    assert node.node_id == b"n1".hex()  # hex, the one form of an id
+    assert node.idle_since_ms == NOW_MS - 4_200  # idle since then, by the read time
+    assert node.idle_ms(NOW_MS) == 4_200
     assert reply.cluster_resource_state.node_states[0].idle_duration_ms == 4_200
     assert poller.content_version == 1
 

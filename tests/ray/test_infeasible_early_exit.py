@@ -17,7 +17,7 @@ from kuberay_scaler.adapters.ray_gcs.report import build_autoscaling_state
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.loop.report import report_from_plan
 from kuberay_standins.ray_local import RayDriver, RayHead
-from tests.factories import NOW, cluster, group, plan_of
+from tests.factories import NOW, NOW_MS, cluster, group, plan_of
 from tests.ray.helpers import wait_for_state
 
 pytestmark = pytest.mark.ray
@@ -61,7 +61,9 @@ async def test_a_reported_infeasible_task_fails_fast_in_the_driver(
         state = await wait_for_state(client, _gpu_pending, what="the GPU task pending")
         await asyncio.sleep(5)
         assert "FAILED" not in driver.output(), "failed before anything was reported"
-        result = plan_of(cluster(group("cpu", max_replicas=2)), [], parse_ray_state(state))
+        result = plan_of(
+            cluster(group("cpu", max_replicas=2)), [], parse_ray_state(state, read_at_ms=NOW_MS)
+        )
         assert [i.count for i in result.infeasible] == [1]
         report = report_from_plan(result, int(NOW.timestamp()))
         await client.report(build_autoscaling_state(report))

@@ -17,6 +17,7 @@ from kuberay_scaler.adapters.ray_gcs.drain import DrainReason, deadline_in, drai
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.defaults import PREEMPT_DEADLINE_S
 from kuberay_scaler.core.model.plan import Memory
+from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.model.reasons import ScaleDownKind
 from kuberay_standins.ray_local import (
     HostSpec,
@@ -27,7 +28,7 @@ from kuberay_standins.ray_local import (
     start_hosts,
     stop_all,
 )
-from tests.factories import NOW, cluster, group, plan_of, pod
+from tests.factories import NOW, NOW_MS, cluster, group, plan_of, pod
 from tests.ray.helpers import node_by_id, wait_for_state
 
 pytestmark = pytest.mark.ray
@@ -80,7 +81,7 @@ async def test_busy_node_is_drained_for_preemption_and_deleted_only_once_free(
     rc = cluster(group("cpu", replicas=1, max_replicas=0, cpu="1"))
     pods = [pod(POD, "cpu")]
     state = (await client.get_cluster_resource_state()).cluster_resource_state
-    first = plan_of(rc, pods, parse_ray_state(state))
+    first = plan_of(rc, pods, parse_ray_state(state, read_at_ms=NOW_MS))
     (preempt,) = first.group("cpu").preempt  # type: ignore[union-attr]
     assert not first.group("cpu").deletions  # type: ignore[union-attr]
 
@@ -99,7 +100,8 @@ async def test_busy_node_is_drained_for_preemption_and_deleted_only_once_free(
     )
     memory = Memory(preempting=first.memory.preempting)
     later = NOW + timedelta(seconds=PREEMPT_DEADLINE_S / 2)  # before the notice ends
-    kept = plan_of(rc, pods, parse_ray_state(state), memory=memory, now=later)
+    parsed = parse_ray_state(state, read_at_ms=epoch_ms(later))
+    kept = plan_of(rc, pods, parsed, memory=memory, now=later)
     assert not kept.group("cpu").deletions, "deleted while its work still runs"  # type: ignore[union-attr]
     assert not kept.group("cpu").preempt  # type: ignore[union-attr]  # not drained twice
 
@@ -113,7 +115,8 @@ async def test_busy_node_is_drained_for_preemption_and_deleted_only_once_free(
         ),
         what="the host free (or gone)",
     )
-    done = plan_of(rc, pods, parse_ray_state(state), memory=memory, now=later)
+    parsed = parse_ray_state(state, read_at_ms=epoch_ms(later))
+    done = plan_of(rc, pods, parsed, memory=memory, now=later)
     (gone,) = done.group("cpu").deletions  # type: ignore[union-attr]
     assert gone.pods == (POD,)
     assert gone.reason.kind in (ScaleDownKind.PREEMPTED, ScaleDownKind.ABOVE_MAX)

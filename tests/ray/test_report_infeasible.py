@@ -17,7 +17,7 @@ from kuberay_scaler.adapters.ray_gcs.report import build_autoscaling_state
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.loop.report import report_from_plan
 from kuberay_standins.ray_local import RayDriver, RayHead
-from tests.factories import NOW, cluster, group, plan_of, pod
+from tests.factories import NOW, NOW_MS, cluster, group, plan_of, pod
 from tests.ray.helpers import run_ray_status, wait_for_state
 
 pytestmark = pytest.mark.ray
@@ -70,7 +70,7 @@ async def test_infeasible_demand_reaches_the_gcs_and_ray_status_stays_truthful(
     demand: RayDriver, client: GcsClient, head: RayHead
 ) -> None:
     state = await wait_for_state(client, _all_visible, what="the driver's demand")
-    ray = parse_ray_state(state)
+    ray = parse_ray_state(state, read_at_ms=NOW_MS)
     now = NOW  # the pods' clock (factories); the GCS does not care about report times
     pods = [pod("cpu-abc12", "cpu", running_for_s=30)]
     result = plan_of(_raycluster(), pods, ray, now=now)
@@ -108,7 +108,9 @@ async def test_a_report_written_for_real_shows_the_launch(
 ) -> None:
     state = await wait_for_state(client, _all_visible, what="the driver's demand")
     now = NOW  # the pods' clock (factories); the GCS does not care about report times
-    result = plan_of(_raycluster(), [pod("cpu-abc12", "cpu")], parse_ray_state(state), now=now)
+    result = plan_of(
+        _raycluster(), [pod("cpu-abc12", "cpu")], parse_ray_state(state, read_at_ms=NOW_MS), now=now
+    )
     report = report_from_plan(result, int(now.timestamp()))
     await client.report(build_autoscaling_state(report))
     out = run_ray_status(head)

@@ -13,6 +13,7 @@ from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body
 from kuberay_standins.ray_local import RayDriver, RayHead
+from tests.factories import NOW_MS
 from tests.ray.helpers import wait_for_state
 
 pytestmark = pytest.mark.ray
@@ -54,7 +55,7 @@ async def test_idle_replies_keep_their_body_and_are_parsed_once(
     latest = await poller.poll_once()
     assert latest.state is not None
     assert [n.node_id for n in latest.state.nodes] == [
-        n.node_id for n in parse_ray_state(reply).nodes
+        n.node_id for n in parse_ray_state(reply, read_at_ms=NOW_MS).nodes
     ]
 
     driver = RayDriver.start(head.gcs_address, DEMAND, node_ip=head.ip, env=head.client_env())

@@ -25,6 +25,7 @@ from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     NOW,
+    NOW_MS,
     cluster,
     group,
     head_node,
@@ -113,7 +114,11 @@ def test_an_unusable_gcs_reply_holds_and_is_a_named_problem() -> None:
     rc = cluster(group("cpu", max_replicas=5))
     decision = decide(
         Observation(
-            rc, [], observation_of({"not": "a reply"}, observed_at=0.0, cluster_id=None, epoch=0)
+            rc,
+            [],
+            observation_of(
+                {"not": "a reply"}, observed_at=0.0, cluster_id=None, epoch=0, read_at_ms=NOW_MS
+            ),
         ),
         Memory(),
         Policy(),

@@ -3,7 +3,9 @@
 What must hold: a reply whose body equals the last one parses, with its own idle clocks, to
 exactly what a full parse gives; every field the parse reads changes the body; the versions and
 idle clocks (which a GCS moves on every call) do not. So the skip changes no observation and no
-decision, including when an idle clock crosses an idle timeout.
+decision, including when an idle clock crosses an idle timeout. Idle clocks are idle-since times
+(the read time minus the duration): a node whose idle-since agrees with the last read's keeps
+its very object (the slice map's memo knows it so), one that went busy in between does not.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
-from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks
+from kuberay_scaler.adapters.ray_gcs.unchanged import (
+    SLOP_MS,
+    ReadWindow,
+    reply_body,
+    with_idle_clocks,
+    with_nodes_of,
+)
+from tests.factories import NOW_MS
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
 RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
@@ -104,9 +113,52 @@ def test_a_tick_keeps_the_body_and_the_reused_parse_equals_a_full_one(
     assert _body(before) == _body(after)
     found = reply_body(after)
     assert found is not None
-    reused = with_idle_clocks(parse_ray_state(before), found.idle_ms)
-    assert reused == parse_ray_state(after)
-    assert [n.idle_ms for n in reused.nodes] == [n + ms if n else 0 for n in idle]
+    first = parse_ray_state(before, read_at_ms=NOW_MS)
+    later = NOW_MS + ms  # the tick is read `ms` later: every idle-since stays
+    reused = with_idle_clocks(first, found.idle_ms, ReadWindow.at(later))
+    assert reused == parse_ray_state(after, read_at_ms=later)
+    assert reused is first  # not one node changed
+    assert [n.idle_ms(later) for n in reused.nodes] == [n + ms if n else 0 for n in idle]
+
+
+@given(
+    idle=st.lists(st.integers(1, 10**9), min_size=1, max_size=6),
+    rtt=st.integers(0, 2_000),
+    at=st.integers(0, 2_000),
+    restarted=st.booleans(),
+)
+@settings(max_examples=80, deadline=None)
+def test_an_idle_since_within_the_read_window_is_kept_and_a_restarted_clock_is_not(
+    idle: list[int], rtt: int, at: int, restarted: bool
+) -> None:
+    """The GCS measured each duration somewhere between request and reply: an earlier idle-since
+    inside that window is the same clock (its object kept, by the poller's both paths); a clock
+    that restarted after the last read (the host ran work in between) moves later."""
+    before = _reply(idle)
+    first = parse_ray_state(before, read_at_ms=NOW_MS)
+    elapsed = 10_000  # the next read was asked for 10 s later and answered `rtt` ms after that
+    read = ReadWindow(NOW_MS + elapsed, NOW_MS + elapsed + rtt)
+    after = _copy(before)
+    node0 = after.cluster_resource_state.node_states[0]
+    for node in after.cluster_resource_state.node_states:
+        node.idle_duration_ms += elapsed + min(at, rtt)  # measured `at` ms into the window
+    if restarted:
+        node0.idle_duration_ms = 3_000  # idle again 3 s before the read, after 10 s of work
+    found = reply_body(after)
+    assert found is not None
+    for state in (
+        with_idle_clocks(first, found.idle_ms, read),
+        with_nodes_of(first, parse_ray_state(after, read_at_ms=read.received_ms), read),
+    ):
+        kept = [a is b for a, b in zip(first.nodes, state.nodes, strict=True)]
+        assert kept == [not restarted or i > 0 for i in range(len(idle))]
+        since = state.nodes[0].idle_since_ms
+        assert since is not None and first.nodes[0].idle_since_ms is not None
+        if restarted:
+            assert since == read.received_ms - 3_000 > first.nodes[0].idle_since_ms
+        # However a duration is read, the idle-since is off by at most the window and the slop.
+        true_since = NOW_MS - idle[0] if not restarted else read.sent_ms + min(at, rtt) - 3_000
+        assert abs(since - true_since) <= rtt + SLOP_MS
 
 
 def test_reply_body_leaves_the_reply_as_it_was() -> None:
@@ -215,24 +267,40 @@ def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse
     busy.cluster_resource_state.node_states[1].status = RUNNING
     busy.cluster_resource_state.node_states[1].idle_duration_ms = 0
     replies = [*ticks, busy, _tick(busy, 5_000)]
-    expected = [parse_ray_state(r) for r in replies]
+    read_at = [NOW_MS + 5_000 * i for i in range(len(replies) - 1)] + [NOW_MS + 5_000 * 4]
+    expected = [parse_ray_state(r, read_at_ms=t) for r, t in zip(replies, read_at, strict=True)]
     changes: list[Any] = []
-    poller = GcsPoller(_Replies(replies), interval_s=1.0, on_change=changes.append)
+    wall = _Wall()
+    poller = GcsPoller(_Replies(replies), interval_s=1.0, on_change=changes.append, wall=wall)
 
     async def poll_all() -> list[Any]:
-        return [await poller.poll_once() for _ in expected]
+        out = []
+        for t in read_at:
+            wall.now = t
+            out.append(await poller.poll_once())
+        return out
 
     seen = asyncio.run(poll_all())
     assert [o.state for o in seen] == expected
-    assert seen[3].state is not None and seen[3].state.nodes[3].idle_ms == 605_000
+    assert seen[3].state is not None and seen[3].state.nodes[3].idle_ms(read_at[3]) == 605_000
     assert poller.parses == 2  # the first reply, and the one where node 1 turned busy
     assert len(changes) == 2
 
 
 def test_with_idle_clocks_refuses_clocks_of_another_reply() -> None:
-    state = parse_ray_state(_reply([0, 1000]))
+    state = parse_ray_state(_reply([0, 1000]), read_at_ms=NOW_MS)
     with pytest.raises(ValueError, match="3 idle clocks for 2 nodes"):
-        with_idle_clocks(state, (0, 1, 2))
+        with_idle_clocks(state, (0, 1, 2), ReadWindow.at(NOW_MS))
+
+
+class _Wall:
+    """The poller's wall clock (epoch ms), where the test puts it."""
+
+    def __init__(self) -> None:
+        self.now = NOW_MS
+
+    def __call__(self) -> int:
+        return self.now
 
 
 class _Cpu:
@@ -274,13 +342,16 @@ def test_after_a_real_change_unchanged_nodes_keep_their_objects() -> None:
     first = _reply([0, 60_000, 0])
     changed = _tick(first, 1000)
     changed.cluster_resource_state.node_states[0].available_resources["CPU"] = 7.0
-    poller = GcsPoller(_Replies([first, changed]), interval_s=1.0)
+    wall = _Wall()
+    poller = GcsPoller(_Replies([first, changed]), interval_s=1.0, wall=wall)
 
     async def both() -> list[Any]:
-        return [await poller.poll_once(), await poller.poll_once()]
+        first_seen = await poller.poll_once()
+        wall.now += 1000  # read a second later: node 1's idle-since is the same
+        return [first_seen, await poller.poll_once()]
 
     before, after = asyncio.run(both())
-    assert after.state == parse_ray_state(changed)
+    assert after.state == parse_ray_state(changed, read_at_ms=NOW_MS + 1000)
     assert poller.parses == 2
     kept = [a is b for a, b in zip(before.state.nodes, after.state.nodes, strict=True)]
-    assert kept == [False, False, True]  # node 0 changed, node 1's idle clock moved
+    assert kept == [False, True, True]  # node 0 changed; node 1 idle since the same moment

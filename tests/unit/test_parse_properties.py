@@ -22,7 +22,7 @@ from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.slicemap import build_slice_map
-from tests.factories import NOW, SAMPLES, cluster, group, pod, slice_pods
+from tests.factories import NOW, NOW_MS, SAMPLES, cluster, group, pod, slice_pods
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -177,7 +177,7 @@ def test_mutated_pods_never_raise_and_each_is_a_host_or_a_problem(pods: list[Any
 def test_mutated_cluster_and_pods_map_into_slices(raw: Any, pods: list[Any]) -> None:
     spec = parse_raycluster(raw)
     hosts, _ = parse_pods(pods, spec)
-    ray = parse_ray_state(BASE_REPLY)
+    ray = parse_ray_state(BASE_REPLY, read_at_ms=NOW_MS)
 
     result = build_slice_map(spec, hosts, ray, NOW)
 
@@ -186,7 +186,7 @@ def test_mutated_cluster_and_pods_map_into_slices(raw: Any, pods: list[Any]) -> 
 
 def _parsed_or_rejected(doc: Any) -> RayState | None:
     try:
-        return parse_ray_state(doc)
+        return parse_ray_state(doc, read_at_ms=NOW_MS)
     except RayStateError:
         return None
 

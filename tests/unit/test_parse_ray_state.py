@@ -12,6 +12,7 @@ from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.core.model.ray import HEAD_RESOURCE, GangStrategy, NodeStatus, RayState
+from tests.factories import NOW_MS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
 SLICE = "tpu-group-abcde"
@@ -107,7 +108,7 @@ def realistic_reply() -> Any:
 
 
 def test_nodes_are_read_with_instance_ids_and_labels() -> None:
-    ray = parse_ray_state(realistic_reply())
+    ray = parse_ray_state(realistic_reply(), read_at_ms=NOW_MS)
 
     assert [n.instance_id for n in ray.nodes] == [
         "rc-head-x7k2p",
@@ -120,21 +121,22 @@ def test_nodes_are_read_with_instance_ids_and_labels() -> None:
     assert host0.node_id == HOST0_ID.hex()
     assert host0.node_type == "tpu-group"
     assert host0.status is NodeStatus.IDLE and host0.idle
-    assert host0.idle_ms == 42_000
+    assert host0.idle_ms(NOW_MS) == 42_000
+    assert host0.idle_since_ms == NOW_MS - 42_000  # a point in time: read at NOW_MS
     assert host0.ip == "127.0.0.20"
     assert host0.labels["ray.io/tpu-worker-id"] == "0"
     assert host0.labels["ray.io/tpu-slice-name"] == SLICE
 
 
 def test_tpu_head_resource_only_on_worker_0() -> None:
-    ray = parse_ray_state(realistic_reply())
+    ray = parse_ray_state(realistic_reply(), read_at_ms=NOW_MS)
 
     with_head = [n.instance_id for n in ray.nodes if "TPU-v6e-16-head" in n.total]
     assert with_head == [f"{SLICE}-0"]
 
 
 def test_placement_group_bookkeeping_resources_are_not_capacity() -> None:
-    host1 = parse_ray_state(realistic_reply()).nodes[2]
+    host1 = parse_ray_state(realistic_reply(), read_at_ms=NOW_MS).nodes[2]
 
     assert dict(host1.total) == {
         "CPU": 24.0,
@@ -145,7 +147,7 @@ def test_placement_group_bookkeeping_resources_are_not_capacity() -> None:
 
 
 def test_dead_nodes_are_kept_but_never_joined_to_pods() -> None:
-    ray = parse_ray_state(realistic_reply())
+    ray = parse_ray_state(realistic_reply(), read_at_ms=NOW_MS)
 
     dead = ray.nodes[-1]
     assert dead.status is NodeStatus.DEAD and not dead.alive
@@ -154,7 +156,7 @@ def test_dead_nodes_are_kept_but_never_joined_to_pods() -> None:
 
 
 def test_demand_tasks_gangs_and_constraint() -> None:
-    ray = parse_ray_state(realistic_reply())
+    ray = parse_ray_state(realistic_reply(), read_at_ms=NOW_MS)
 
     [tasks] = ray.tasks  # the count-0 entry is dropped
     assert (dict(tasks.bundle.resources), tasks.count) == ({"CPU": 1.0}, 10)
@@ -174,18 +176,18 @@ def test_demand_tasks_gangs_and_constraint() -> None:
 
 def test_protobuf_and_proto3_json_give_equal_results() -> None:
     reply = realistic_reply()
-    from_proto = parse_ray_state(reply)
+    from_proto = parse_ray_state(reply, read_at_ms=NOW_MS)
 
     as_text = json_format.MessageToJson(reply)
     as_camel = json.loads(as_text)
     as_snake = json_format.MessageToDict(reply, preserving_proto_field_name=True)
 
-    assert parse_ray_state(as_text) == from_proto
-    assert parse_ray_state(as_text.encode()) == from_proto
-    assert parse_ray_state(as_camel) == from_proto
-    assert parse_ray_state(as_snake) == from_proto
-    assert parse_ray_state(reply.cluster_resource_state) == from_proto
-    assert parse_ray_state(as_camel["clusterResourceState"]) == from_proto
+    assert parse_ray_state(as_text, read_at_ms=NOW_MS) == from_proto
+    assert parse_ray_state(as_text.encode(), read_at_ms=NOW_MS) == from_proto
+    assert parse_ray_state(as_camel, read_at_ms=NOW_MS) == from_proto
+    assert parse_ray_state(as_snake, read_at_ms=NOW_MS) == from_proto
+    assert parse_ray_state(reply.cluster_resource_state, read_at_ms=NOW_MS) == from_proto
+    assert parse_ray_state(as_camel["clusterResourceState"], read_at_ms=NOW_MS) == from_proto
 
 
 def test_unknown_fields_from_newer_ray_are_ignored() -> None:
@@ -193,11 +195,13 @@ def test_unknown_fields_from_newer_ray_are_ignored() -> None:
     doc["clusterResourceState"]["someFutureField"] = {"x": 1}
     doc["clusterResourceState"]["nodeStates"][0]["newNodeField"] = 3
 
-    assert parse_ray_state(doc) == parse_ray_state(realistic_reply())
+    assert parse_ray_state(doc, read_at_ms=NOW_MS) == parse_ray_state(
+        realistic_reply(), read_at_ms=NOW_MS
+    )
 
 
 def test_an_empty_reply_is_a_state_with_nothing_in_it() -> None:
-    ray = parse_ray_state({"clusterResourceState": {}})
+    ray = parse_ray_state({"clusterResourceState": {}}, read_at_ms=NOW_MS)
 
     assert ray == RayState(nodes=(), tasks=(), gangs=(), constraint=())
 
@@ -212,7 +216,7 @@ def test_non_finite_resources_are_dropped() -> None:
         }
     }
 
-    ray = parse_ray_state(doc)
+    ray = parse_ray_state(doc, read_at_ms=NOW_MS)
 
     assert dict(ray.nodes[0].total) == {"GPU": 1.0}
     assert dict(ray.tasks[0].bundle.resources) == {"GPU": 1.0}
@@ -239,7 +243,7 @@ def test_input_that_is_not_a_reply_raises_ray_state_error(bad: object, why: str)
     # Documented contract: never an empty state (that would read as "no demand"), never another
     # exception type. The caller treats RayStateError as "demand unknown" and holds.
     with pytest.raises(RayStateError, match=why):
-        parse_ray_state(bad)
+        parse_ray_state(bad, read_at_ms=NOW_MS)
 
 
 FIXTURE_FILES = sorted(FIXTURES.glob("*.json"))
@@ -255,7 +259,7 @@ CPU_HOST = "raycluster-tpu-cpu-group-worker-h2k9d"
 
 
 def captured(name: str) -> RayState:
-    return parse_ray_state((FIXTURES / name).read_text())
+    return parse_ray_state((FIXTURES / name).read_text(), read_at_ms=NOW_MS)
 
 
 def test_the_captured_fixtures_are_there() -> None:
@@ -264,7 +268,7 @@ def test_the_captured_fixtures_are_there() -> None:
 
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
 def test_every_captured_reply_parses_with_exactly_one_head(path: Path) -> None:
-    ray = parse_ray_state(path.read_text())
+    ray = parse_ray_state(path.read_text(), read_at_ms=NOW_MS)
 
     [head] = [n for n in ray.nodes if n.is_head]
     assert head.alive
@@ -277,7 +281,7 @@ def test_captured_protobuf_and_json_agree() -> None:
     text = (FIXTURES / "pinned_slice_bundles.json").read_text()
     message = json_format.Parse(text, autoscaler_pb2.GetClusterResourceStateReply())
 
-    assert parse_ray_state(message) == parse_ray_state(text)
+    assert parse_ray_state(message, read_at_ms=NOW_MS) == parse_ray_state(text, read_at_ms=NOW_MS)
 
 
 def test_captured_idle_tpu_slice() -> None:
@@ -290,7 +294,7 @@ def test_captured_idle_tpu_slice() -> None:
     assert all(n.total["TPU"] == 4.0 and n.total[CAPTURED_SLICE] == 1.0 for n in tpu.values())
     with_head = [pod for pod, n in tpu.items() if "TPU-v6e-16-head" in n.total]
     assert with_head == ["raycluster-tpu-tpu-group-worker-b7x2k"]  # worker 0 only
-    assert all(n.status is NodeStatus.IDLE and n.idle_ms > 0 for n in ray.nodes)
+    assert all(n.status is NodeStatus.IDLE and n.idle_ms(NOW_MS) > 0 for n in ray.nodes)
     assert ray.node_by_instance()[CPU_HOST].node_type == "cpu-group"
     assert (ray.tasks, ray.gangs, ray.constraint) == ((), (), ())
 
@@ -300,7 +304,9 @@ def test_captured_busy_slice_hosts_are_running_without_idle_time() -> None:
 
     tpu = [n for n in ray.nodes if n.node_type == "tpu-group"]
     assert len(tpu) == 4
-    assert all(n.status is NodeStatus.RUNNING and not n.idle and n.idle_ms == 0 for n in tpu)
+    assert all(
+        n.status is NodeStatus.RUNNING and not n.idle and n.idle_since_ms is None for n in tpu
+    )
     assert all("TPU" not in n.available for n in tpu)  # used up: absent, not 0
 
 
@@ -367,6 +373,8 @@ def test_alive_instance_ids_match_the_full_parse(path: Path) -> None:
     )
     dead = reply.cluster_resource_state.node_states.add(instance_id="gone", status=2)  # DEAD
     assert dead.instance_id == "gone"
-    assert alive_instance_ids(reply) == list(parse_ray_state(reply).node_by_instance())
+    assert alive_instance_ids(reply) == list(
+        parse_ray_state(reply, read_at_ms=NOW_MS).node_by_instance()
+    )
     assert "gone" not in (alive_instance_ids(reply) or [])
     assert alive_instance_ids(json_format.MessageToDict(reply)) is None

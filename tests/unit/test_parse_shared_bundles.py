@@ -10,6 +10,7 @@ from ray.core.generated import autoscaler_pb2
 from kuberay_scaler.adapters.ray_gcs import state as ray_state
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.ray import TaskDemand
+from tests.factories import NOW_MS
 
 _resources = st.dictionaries(
     st.sampled_from(["CPU", "GPU", "TPU", "memory", "CPU_group_x", "custom"]),
@@ -48,7 +49,7 @@ def test_shared_bundles_equal_bundles_parsed_one_by_one(
         for r in state.pending_resource_requests
         if r.count > 0
     )
-    parsed = parse_ray_state(reply)
+    parsed = parse_ray_state(reply, read_at_ms=NOW_MS)
     assert parsed.tasks == one_by_one
     # Entries of one shape (equal requests) share one Bundle object.
     kept = [i for i in picks if shapes[i][2] > 0]

@@ -240,8 +240,9 @@ def test_plan_reads_a_reply_through_the_adapter_without_loading_grpc() -> None:
     """`plan` parses a captured reply with the GCS adapter's converter (the core reads no
     protobuf), yet loads no gRPC: the adapter's package face imports nothing."""
     code = (
-        "import sys; from pathlib import Path; from kuberay_scaler.cli.offline import"
-        " load_ray_state; state = load_ray_state(Path(sys.argv[1]));"
+        "import sys; from datetime import UTC, datetime; from pathlib import Path;"
+        " from kuberay_scaler.cli.offline import"
+        " load_ray_state; state = load_ray_state(Path(sys.argv[1]), datetime.now(UTC));"
         " print(len(state.nodes), sorted(m for m in sys.modules if m.split('.')[0] == 'grpc'))"
     )
     done = _python("-c", code, str(ray_state("idle_tpu_slice")))

@@ -17,6 +17,7 @@ import scenario  # noqa: E402
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state  # noqa: E402
 from kuberay_scaler.core.model.plan import Memory  # noqa: E402
 from kuberay_scaler.core.planner.core import Policy, plan  # noqa: E402
+from tests.factories import NOW_MS  # noqa: E402
 
 TINY = scenario.Scale(slices=0.05, demand=0.05)
 
@@ -26,7 +27,7 @@ def rows() -> list[dict[str, object]]:
     sc = scenario.build(scale=TINY, pinned=True)
     result = plan(
         bench_planner._snapshot(sc),
-        parse_ray_state(sc.reply()),
+        parse_ray_state(sc.reply(), read_at_ms=NOW_MS),
         Memory(),
         Policy(),
         bench_planner.NOW,

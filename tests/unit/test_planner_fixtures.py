@@ -12,6 +12,7 @@ from kuberay_scaler.core.model.reasons import InfeasibleKind, ProblemKind
 from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     FIXTURES,
+    NOW_MS,
     cluster,
     deleted_pods,
     group,
@@ -30,7 +31,7 @@ def captured(name: str) -> RayState:
     path = FIXTURES / "ray_state" / f"{name}.json"
     if not path.exists():
         pytest.skip(f"fixture {path.name} not captured yet")
-    return parse_ray_state(path.read_text())
+    return parse_ray_state(path.read_text(), read_at_ms=NOW_MS)
 
 
 def tpu_cluster(tpu_replicas: int = 1, cpu_replicas: int = 1) -> dict[str, Any]:

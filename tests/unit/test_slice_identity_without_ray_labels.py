@@ -8,7 +8,7 @@ import dataclasses
 
 from kuberay_scaler.core.model.ray import RayNode
 from kuberay_scaler.core.slicemap import build_slice_map
-from tests.factories import NOW, slice_pods, state, tpu_slice_nodes
+from tests.factories import NOW, NOW_MS, slice_pods, state, tpu_slice_nodes
 from tests.unit.test_slicemap import TIMEOUTS, TPU_SPEC, hosts_of
 
 
@@ -35,7 +35,7 @@ def test_slice_map_is_the_same_without_any_ray_node_label() -> None:
 
     def summary(result: object) -> list[tuple[object, ...]]:
         return [
-            (s.key, s.state, s.reason, s.pod_names, tuple(sorted(s.node_ids)), s.idle_ms())
+            (s.key, s.state, s.reason, s.pod_names, tuple(sorted(s.node_ids)), s.idle_ms(NOW_MS))
             for s in result.groups["tpu"].slices  # type: ignore[attr-defined]
         ]
 

@@ -18,7 +18,17 @@ from kuberay_scaler.core.model.slices import Slice, SliceMap, SliceState
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.slicemap import SliceTimeouts, build_slice_map
-from tests.factories import NOW, cluster, group, node, pod, slice_pods, state, tpu_slice_nodes
+from tests.factories import (
+    NOW,
+    NOW_MS,
+    cluster,
+    group,
+    node,
+    pod,
+    slice_pods,
+    state,
+    tpu_slice_nodes,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
 TIMEOUTS = SliceTimeouts(max_provision_s=900, missing_node_grace_s=180)
@@ -64,7 +74,7 @@ def test_kuberay_multi_host_cluster_groups_pods_into_complete_slices() -> None:
     assert first.pod_names == tuple(f"tpu-aaaaa-{i}" for i in range(4))
     assert [h.host_index for h in first.hosts] == [0, 1, 2, 3]
     assert len(first.node_ids) == 4
-    assert first.idle_ms() == 90_000
+    assert first.idle_ms(NOW_MS) == 90_000
     assert first.counts_as_capacity
     assert result.problems == ()
 
@@ -210,7 +220,7 @@ def test_a_terminating_host_makes_the_whole_slice_terminating() -> None:
 
     assert (sl.state, sl.reason) == (SliceState.TERMINATING, "1 host(s) terminating")
     assert not sl.counts_as_capacity
-    assert sl.idle_ms() is None
+    assert sl.idle_ms(NOW_MS) is None
 
 
 def test_workers_to_delete_marks_the_whole_slice() -> None:
@@ -307,14 +317,16 @@ def test_captured_idle_slice_joins_its_pods() -> None:
         )
         for i, n in enumerate(names)
     ] + [pod("raycluster-tpu-cpu-group-worker-h2k9d", "cpu-group")]
-    ray = parse_ray_state((FIXTURES / "idle_tpu_slice.json").read_text())
+    ray = parse_ray_state((FIXTURES / "idle_tpu_slice.json").read_text(), read_at_ms=NOW_MS)
 
     result = build_slice_map(spec, hosts_of(pods, spec), ray, NOW, TIMEOUTS)
 
     tpu = only_slice(result, "tpu-group")
     assert (tpu.key, tpu.state) == ("tpu-group-q8m4z", SliceState.COMPLETE)
     assert len(tpu.node_ids) == 4
-    assert tpu.idle_ms() == min(n.idle_ms for n in ray.nodes if n.node_type == "tpu-group")
+    assert tpu.idle_ms(NOW_MS) == min(
+        n.idle_ms(NOW_MS) for n in ray.nodes if n.node_type == "tpu-group"
+    )
     assert only_slice(result, "cpu-group").state is SliceState.COMPLETE
     assert result.problems == ()
 

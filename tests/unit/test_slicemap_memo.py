@@ -1,10 +1,12 @@
 """The slice map's per-slice memo (SliceMemo) changes nothing: over any sequence of frames in
-which pods, Ray nodes and the group change, the memoized map equals the one built afresh, and
-the decision built on it too."""
+which pods, Ray nodes and the group change and time passes, the memoized map equals the one
+built afresh, and the decision built on it too. Idle clocks are idle-since times, so an idle
+slice that nothing touched is the same value frame after frame and comes from the memo."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from hypothesis import example, given, settings
@@ -15,7 +17,7 @@ from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.plan import Memory
-from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayObservation, RayState
+from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayObservation, RayState, epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy
@@ -76,10 +78,13 @@ def _mutate(op: str, i: int, hosts: list[Host], nodes: list[RayNode]) -> tuple[s
         nodes[k] = replace(nodes[k])
     elif op == "node_busy" and nodes:
         k = i % len(nodes)
-        nodes[k] = replace(nodes[k], status=NodeStatus.RUNNING, idle_ms=0)
-    elif op == "node_idle_clock" and nodes:
+        nodes[k] = replace(nodes[k], status=NodeStatus.RUNNING, idle_since_ms=None)
+    elif op == "node_idle_clock" and nodes:  # it ran work in between: idle again, since later
         k = i % len(nodes)
-        nodes[k] = replace(nodes[k], idle_ms=nodes[k].idle_ms + 1000)
+        was = nodes[k].idle_since_ms
+        nodes[k] = replace(
+            nodes[k], status=NodeStatus.IDLE, idle_since_ms=(was or epoch_ms(NOW)) + 1000
+        )
     elif op == "node_wrong_worker" and nodes:
         k = i % len(nodes)
         labels = {**nodes[k].labels, "ray.io/tpu-worker-id": "7"}
@@ -103,9 +108,15 @@ OPS = st.sampled_from(
         "node_gone",
         "doomed",
         "ray_unknown",
+        "time_passes",
         "nothing",
     ]
 )
+
+
+def _later(op: str, i: int, now: Any) -> Any:
+    """`time_passes`: the next frame is `i` seconds later (idle slices may cross a timeout)."""
+    return now + timedelta(seconds=i * 3) if op == "time_passes" else now
 
 
 # A pod whose Ray node is gone, judged once while Ray's view is unknown (complete then: nothing
@@ -119,13 +130,15 @@ NODE_GONE_THEN_BLIND = [("node_gone", 26), ("ray_unknown", 0), ("nothing", 0)]
 def test_memoized_slice_map_equals_the_one_built_afresh(steps: list[tuple[str, int]]) -> None:
     hosts, nodes = _start()
     memo = SliceMemo()
+    now = NOW
     for op, i in [("nothing", 0), *steps]:
         doomed = _mutate(op, i, hosts, nodes)
+        now = _later(op, i, now)
         spec = parse_raycluster(_raycluster(doomed))  # a new spec object every frame, as parsed
         ray = None if op == "ray_unknown" else state(nodes)  # a GCS glitch: Ray's view unknown
-        clock = HostClock.from_timestamps(hosts, ray.node_by_instance() if ray else {}, NOW)
-        memoized = build_slice_map(spec, hosts, ray, NOW, TIMEOUTS, clock, memo)
-        afresh = build_slice_map(spec, hosts, ray, NOW, TIMEOUTS, clock, SliceMemo())
+        clock = HostClock.from_timestamps(hosts, ray.node_by_instance() if ray else {}, now)
+        memoized = build_slice_map(spec, hosts, ray, now, TIMEOUTS, clock, memo)
+        afresh = build_slice_map(spec, hosts, ray, now, TIMEOUTS, clock, SliceMemo())
         assert memoized == afresh
 
 
@@ -143,6 +156,27 @@ def test_unchanged_frames_take_complete_slices_from_the_memo() -> None:
     assert all(a is b for a, b in pairs)
 
 
+def test_idle_slices_come_from_the_memo_as_time_passes() -> None:
+    """Time alone changes no slice: a minute later every slice, idle ones included, is last
+    frame's object, and their idle durations (derived from `now`) have grown by the minute."""
+    hosts, nodes = _start()
+    spec = parse_raycluster(_raycluster())
+    ray = state(nodes)
+    memo = SliceMemo()
+    first = build_slice_map(spec, hosts, ray, NOW, TIMEOUTS, None, memo)
+    later = NOW + timedelta(minutes=1)
+    again = build_slice_map(spec, hosts, ray, later, TIMEOUTS, None, memo)
+    assert memo.hits == len(REPLICAS) + len(CPU_PODS)
+    idle = [s for gs in first.groups.values() for s in gs.slices if s.idle_since_ms() is not None]
+    assert len(idle) == 3 + len(CPU_PODS)  # the odd TPU replicas and the CPU hosts
+    for a, b in zip(first.groups["tpu"].slices, again.groups["tpu"].slices, strict=True):
+        assert a is b
+        if a.idle_since_ms() is not None:
+            grown = b.idle_ms(epoch_ms(later)), a.idle_ms(epoch_ms(NOW))
+            assert grown[0] is not None and grown[1] is not None
+            assert grown[0] - grown[1] == 60_000
+
+
 @given(st.lists(st.tuples(OPS, st.integers(0, 50)), min_size=1, max_size=8))
 @example(NODE_GONE_THEN_BLIND)
 @settings(max_examples=40, deadline=None)
@@ -150,16 +184,18 @@ def test_decisions_with_the_frame_memo_equal_decisions_without(
     steps: list[tuple[str, int]],
 ) -> None:
     hosts, nodes = _start()
+    now = NOW
     for op, i in [("nothing", 0), *steps]:
         doomed = _mutate(op, i, hosts, nodes)
+        now = _later(op, i, now)
         ray = None if op == "ray_unknown" else RayState(tuple(nodes), (), (), ())
         observed = Observation(
             raycluster=_raycluster(doomed),
             gcs=RayObservation(ray, 0.0, cluster_id="c"),
             parsed_pods=(tuple(hosts), ()),
         )
-        memoized = decide(observed, Memory(), Policy(), NOW)
+        memoized = decide(observed, Memory(), Policy(), now)
         slicemap.FRAME_MEMO.clear()  # a frame afresh
-        afresh = decide(observed, Memory(), Policy(), NOW)
+        afresh = decide(observed, Memory(), Policy(), now)
         assert memoized.document() == afresh.document()
         assert memoized.plan == afresh.plan

@@ -9,11 +9,14 @@ one GCS process, goes back (a GCS restarted with fault tolerance keeps its clust
 that counter). Every report the loop sends is a full one, so a GCS that forgot the last one is
 told again at the next reconcile.
 
-A reply whose body (unchanged.py: the reply minus versions and idle clocks) equals the last
-parsed one is not parsed again: the last parse gets the new idle clocks, which equals a full parse
-of it. Change detection then compares parsed values (`RayObservation.content`: versions and idle
-clocks left out). The cadence is charged the median CPU of the last few polls: one poll's CPU
-also counts whatever the event loop ran during its await (a reconcile, pod events).
+Idle clocks become idle-since times on the daemon's wall clock (state.py), from when each reply
+arrived; an idle-since that agrees with the last one's (unchanged.py: within the read's window)
+is kept, node object and all. A reply whose body (unchanged.py: the reply minus versions and idle
+clocks) equals the last parsed one is not parsed again: the last parse gets the new idle clocks,
+which equals a full parse of it. Change detection then compares parsed values
+(`RayObservation.content`: versions and idle clocks left out). The cadence is charged the
+median CPU of the last few polls: one poll's CPU also counts whatever the event loop ran during
+its await (a reconcile, pod events).
 """
 
 from __future__ import annotations
@@ -32,13 +35,23 @@ import structlog
 from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError
 from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
-from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body, with_idle_clocks, with_nodes_of
+from kuberay_scaler.adapters.ray_gcs.unchanged import (
+    ReadWindow,
+    reply_body,
+    with_idle_clocks,
+    with_nodes_of,
+)
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
 log = structlog.get_logger(__name__)
 
 COST_WINDOW = 5  # polls whose median CPU is charged to the next interval
+
+
+def wall_ms() -> int:
+    """The daemon's wall clock in epoch ms (the planner's `now` is on it too)."""
+    return time.time_ns() // 1_000_000
 
 
 class StateSource(Protocol):
@@ -51,12 +64,13 @@ class StateSource(Protocol):
 
 
 def observation_of(
-    reply: Any, *, observed_at: float, cluster_id: str | None, epoch: int
+    reply: Any, *, observed_at: float, cluster_id: str | None, epoch: int, read_at_ms: int
 ) -> RayObservation:
-    """One reply, parsed; an unusable one is an unknown observation that says why."""
+    """One reply, parsed (read at `read_at_ms`, epoch ms); an unusable one is an unknown
+    observation that says why."""
     version = _version(reply)
     try:
-        state = parse_ray_state(reply)
+        state = parse_ray_state(reply, read_at_ms=read_at_ms)
     except RayStateError as err:
         return RayObservation(
             None, observed_at, cluster_id, epoch, version, f"unusable GCS reply: {err}", True
@@ -78,6 +92,7 @@ class GcsPoller:
         on_observation: Callable[[RayObservation], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.process_time,
+        wall: Callable[[], int] = wall_ms,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"poll interval must be positive, got {interval_s}")
@@ -87,6 +102,7 @@ class GcsPoller:
         self._on_observation = on_observation
         self._monotonic = monotonic
         self._cpu_clock = cpu_clock
+        self._wall = wall
         self._epoch = 0
         self._cluster_id: str | None = None
         self._last_version = -1
@@ -130,11 +146,12 @@ class GcsPoller:
     async def poll_once(self) -> RayObservation:
         cpu = self._cpu_clock()
         try:
+            sent = self._wall()
             try:
                 reply = await self._client.get_cluster_resource_state()
             except GcsError as err:
                 return self._publish(self._unknown(err))
-            return self._publish(self._known(reply))
+            return self._publish(self._known(reply, ReadWindow(sent, self._wall())))
         finally:
             # The CPU across the await also holds whatever ran meanwhile (a reconcile, pod
             # events): the median of the last few polls is what a poll itself costs.
@@ -155,6 +172,7 @@ class GcsPoller:
             observed_at=self._monotonic(),
             cluster_id=self._client.cluster_id,
             epoch=self._epoch,
+            read_at_ms=self._wall(),
         )
 
     def _unknown(self, err: GcsError) -> RayObservation:
@@ -167,7 +185,7 @@ class GcsPoller:
         GCS_CONNECTED.set(0)
         return RayObservation(None, self._monotonic(), self._cluster_id, self._epoch, error=error)
 
-    def _known(self, reply: Any) -> RayObservation:
+    def _known(self, reply: Any, read: ReadWindow) -> RayObservation:
         cluster_id = self._client.cluster_id
         version = _version(reply)
         replaced = self._cluster_id is not None and cluster_id != self._cluster_id
@@ -186,27 +204,34 @@ class GcsPoller:
         GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
-        observation = self._observe(reply, cluster_id, version)
+        observation = self._observe(reply, cluster_id, version, read)
         if observation.unusable:
             log.warning("gcs_reply_unusable", error=observation.error, gcs_epoch=self._epoch)
         return observation
 
-    def _observe(self, reply: Any, cluster_id: str | None, version: int) -> RayObservation:
+    def _observe(
+        self, reply: Any, cluster_id: str | None, version: int, read: ReadWindow
+    ) -> RayObservation:
         """The reply parsed, or the last parse with its idle clocks when only those moved."""
         observed_at = self._monotonic()
         body = reply_body(reply)
         if body is not None and self._parsed is not None and body.body == self._parsed[0]:
-            state = with_idle_clocks(self._parsed[1], body.idle_ms)
+            state = with_idle_clocks(self._parsed[1], body.idle_ms, read)
+            self._parsed = (body.body, state)
             return RayObservation(state, observed_at, cluster_id, self._epoch, version)
         self.parses += 1
         observation = observation_of(
-            reply, observed_at=observed_at, cluster_id=cluster_id, epoch=self._epoch
+            reply,
+            observed_at=observed_at,
+            cluster_id=cluster_id,
+            epoch=self._epoch,
+            read_at_ms=read.received_ms,
         )
         if observation.state is None:
             self._parsed = None
             return observation
         # Unchanged nodes keep last parse's objects (the slice map's memo knows them so).
-        state = with_nodes_of(self._parsed[1] if self._parsed else None, observation.state)
+        state = with_nodes_of(self._parsed[1] if self._parsed else None, observation.state, read)
         observation = replace(observation, state=state)
         self._parsed = (body.body, state) if body is not None else None
         return observation

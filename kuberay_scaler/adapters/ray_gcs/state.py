@@ -4,6 +4,11 @@ The one place a GCS reply is read: the poller parses each reply here once, and `
 --ray-state` / `plan --capture` read a captured reply through the same function, so the core
 only ever sees plain data. Node ids leave as hex strings (and go back to bytes only on the wire,
 in drain.py).
+
+Idle clocks leave as points in time: a node Ray reports IDLE for `idle_duration_ms` at the
+moment the reply was read (`read_at_ms`, epoch ms on the daemon's wall clock) has been idle since
+`read_at_ms - idle_duration_ms` (`RayNode.idle_since_ms`); the planner derives durations from
+its own `now`, so an idle node is the same value from one reply to the next.
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ class RayStateError(ValueError):
     """The input is not a GetClusterResourceStateReply in any form we know."""
 
 
-def parse_ray_state(reply: object) -> RayState:
+def parse_ray_state(reply: object, *, read_at_ms: int) -> RayState:
     """Accept the reply message, a ClusterResourceState, or either in proto3 JSON (dict or text).
+    `read_at_ms`: when the reply was read (epoch ms), the moment its idle durations end.
 
     Raises RayStateError, and nothing else, when the input is not one of those. There is no
     tolerant fallback on purpose: an empty RayState would read as "no demand", and unknown demand
@@ -53,7 +59,7 @@ def parse_ray_state(reply: object) -> RayState:
     state = _as_state(reply)
     bundles: dict[bytes, Bundle] = {}  # the GCS lists a shape once per raylet: parse it once
     return RayState(
-        nodes=tuple(_node(n) for n in state.node_states),
+        nodes=tuple(_node(n, read_at_ms) for n in state.node_states),
         tasks=tuple(
             TaskDemand(bundle=_shared_bundle(r.request, bundles), count=int(r.count))
             for r in state.pending_resource_requests
@@ -107,21 +113,24 @@ def _state_from_json(reply: Mapping[Any, Any]) -> Any:
     return message
 
 
-def _node(node: Any) -> RayNode:
+def _node(node: Any, read_at_ms: int) -> RayNode:
     total = _plain_resources(node.total_resources)
     available = _clamped(_plain_resources(node.available_resources), total)
     labels = dict(node.labels)
     if node.dynamic_labels:
         labels.update(node.dynamic_labels)
+    status = _status(node.status)
     return RayNode(
         node_id=bytes(node.node_id).hex(),
         instance_id=node.instance_id,
         node_type=node.ray_node_type_name,
-        status=_status(node.status),
+        status=status,
         total=frozen_map(total),
         available=frozen_map(available),
         labels=frozen_map(labels),
-        idle_ms=int(node.idle_duration_ms),
+        idle_since_ms=(
+            read_at_ms - int(node.idle_duration_ms) if status is NodeStatus.IDLE else None
+        ),
         ip=node.node_ip_address,
         is_head=HEAD_RESOURCE in node.total_resources,
     )

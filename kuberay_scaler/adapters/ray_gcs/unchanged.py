@@ -6,11 +6,19 @@ hash of the raw reply says "nothing changed". `reply_body` serializes the reply 
 fields the parse does not read or that move with time alone zeroed (the versions, each node's
 `node_state_version` and idle clock) and keeps the idle clocks aside; two replies with equal
 bodies parse alike except for those clocks, so `with_idle_clocks` puts the new clocks into the
-previous parse and the result equals a full parse of the new reply, value for value.
+previous parse and the result equals a full parse of the new reply, value for value (up to the
+read's own uncertainty, below).
 
-Idle clocks are never guessed: they come from the reply itself, so an idle clock crossing a
-group's idle timeout is seen on the poll it happens, as with a full parse. At 10k nodes the body
-costs about 14 ms (zero, serialize, restore) against 100-250 ms for `parse_ray_state`.
+Idle clocks are kept as idle-since times (state.py): the reply's duration subtracted from when
+it arrived. The GCS measured that duration somewhere between our request and its reply, so one
+read places the true idle-since within `[received - d - (received - sent), received - d]`. An
+earlier read's idle-since that lies within that window (give or take `SLOP_MS` of Ray's own
+noise) is kept, node object and all: an idle node is then the very same object poll after poll,
+which is what the slice map's memo knows it by. One outside it is replaced: the node was busy in
+between (its idle-since moved later) or this read is tighter (earlier). Idle clocks are never
+guessed: they come from the reply itself, so an idle clock crossing a group's idle timeout is
+seen from `now` in the planner, as with a full parse. At 10k nodes the body costs about 14 ms
+(zero, serialize, restore) against 100-250 ms for `parse_ray_state`.
 """
 
 from __future__ import annotations
@@ -62,39 +70,77 @@ def reply_body(reply: Any) -> ReplyBody | None:
     return ReplyBody(body, idle)
 
 
-def with_idle_clocks(state: RayState, idle_ms: tuple[int, ...]) -> RayState:
+SLOP_MS = 50  # Ray's own noise on an idle duration (each raylet report re-bases it; ms rounding)
+
+
+@dataclass(frozen=True)
+class ReadWindow:
+    """When a reply was asked for and when it arrived (epoch ms, the daemon's wall clock)."""
+
+    sent_ms: int
+    received_ms: int
+
+    @classmethod
+    def at(cls, ms: int) -> ReadWindow:
+        return cls(ms, ms)
+
+
+def agrees(before_since: int, since: int, read: ReadWindow) -> bool:
+    """An earlier idle-since of a node agrees with `since`, this read's (received minus the
+    reply's duration): the true one lies within the read's window, give or take SLOP_MS."""
+    return since - (read.received_ms - read.sent_ms) - SLOP_MS <= before_since <= since + SLOP_MS
+
+
+def with_idle_clocks(state: RayState, idle_ms: tuple[int, ...], read: ReadWindow) -> RayState:
     """`state` (the parse of a reply with an equal body) with the new reply's idle clocks.
 
-    Nodes whose clock did not move are kept as they are (the same objects)."""
+    Nodes whose idle-since agrees with the new reply's are kept as they are (the same objects);
+    `state` itself when every node is."""
     if len(idle_ms) != len(state.nodes):
         raise ValueError(f"{len(idle_ms)} idle clocks for {len(state.nodes)} nodes")
-    if all(n.idle_ms == ms for n, ms in zip(state.nodes, idle_ms, strict=True)):
+    nodes: list[RayNode] | None = None
+    for i, (node, ms) in enumerate(zip(state.nodes, idle_ms, strict=True)):
+        before = node.idle_since_ms
+        if before is None:  # not IDLE (an equal body: the same status as before)
+            continue
+        since = read.received_ms - ms
+        if agrees(before, since, read):
+            continue
+        if nodes is None:
+            nodes = list(state.nodes)
+        nodes[i] = _with_idle_since(node, since)
+    if nodes is None:
         return state
-    nodes = tuple(
-        n if n.idle_ms == ms else _with_idle_ms(n, ms)
-        for n, ms in zip(state.nodes, idle_ms, strict=True)
+    return RayState(
+        nodes=tuple(nodes), tasks=state.tasks, gangs=state.gangs, constraint=state.constraint
     )
-    return RayState(nodes=nodes, tasks=state.tasks, gangs=state.gangs, constraint=state.constraint)
 
 
-def _with_idle_ms(node: RayNode, idle_ms: int) -> RayNode:
+def _with_idle_since(node: RayNode, since: int | None) -> RayNode:
     # `dataclasses.replace` re-runs __init__ (a setattr per field): 4x slower, 10k times a poll.
     copy = object.__new__(RayNode)
     copy.__dict__.update(node.__dict__)
-    copy.__dict__["idle_ms"] = idle_ms
+    copy.__dict__["idle_since_ms"] = since
     return copy
 
 
-def with_nodes_of(previous: RayState | None, state: RayState) -> RayState:
-    """`state` with every node equal to one of `previous` (by value, same node id) replaced by
-    that very object: the slice map's memo knows an unchanged node by identity, and a full parse
-    makes all of them anew. Equal values, so the state is equal to `state`."""
+def with_nodes_of(previous: RayState | None, state: RayState, read: ReadWindow) -> RayState:
+    """`state` with every node equal to one of `previous` (by value, same node id; an idle-since
+    that agrees with this read counts as equal) replaced by that very object: the slice map's
+    memo knows an unchanged node by identity, and a full parse makes all of them anew."""
     if previous is None or not previous.nodes:
         return state
     before = {n.node_id: n for n in previous.nodes}
-    nodes = tuple(_kept(before.get(n.node_id), n) for n in state.nodes)
+    nodes = tuple(_kept(before.get(n.node_id), n, read) for n in state.nodes)
     return RayState(nodes=nodes, tasks=state.tasks, gangs=state.gangs, constraint=state.constraint)
 
 
-def _kept(before: RayNode | None, now: RayNode) -> RayNode:
-    return before if before is not None and before == now else now
+def _kept(before: RayNode | None, now: RayNode, read: ReadWindow) -> RayNode:
+    if before is None:
+        return now
+    if before == now:
+        return before
+    was, since = before.idle_since_ms, now.idle_since_ms
+    if was is None or since is None or not agrees(was, since, read):
+        return now
+    return before if before == _with_idle_since(now, was) else now

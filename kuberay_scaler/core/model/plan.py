@@ -136,11 +136,12 @@ class ReplaceBackoff:
 @dataclass(frozen=True)
 class RefusedDrain:
     """A slice whose drain every host refused (or failed): retried only once its Ray idle state
-    changes (a host's idle duration went back: it was busy and is idle again; or its nodes
+    changes (a host's idle-since moved later: it was busy and is idle again; or its nodes
     differ) or at `until`, whichever comes first."""
 
     until: datetime
-    idle_ms: Mapping[str, int]  # node id → Ray's idle duration when the drain was refused
+    # node id → since when Ray said it was idle (epoch ms) when the drain was refused
+    idle_since_ms: Mapping[str, int]
     failures: int  # consecutive refused rounds; the wait doubles with each
 
 
@@ -189,6 +190,8 @@ class Plan:
     held: Hold | None = None  # the whole plan held (unsynced view, unknown demand)
     # Seconds until the first host that held demand stops settling (planner/capacity.py).
     settle_s: float | None = None
+    # When it was planned (epoch ms): the idle durations its documents show are as of then.
+    now_ms: int = 0
 
     @property
     def changes(self) -> bool:
@@ -215,7 +218,7 @@ class Plan:
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:
         gs = self.slice_map.groups.get(group) if self.slice_map else None
-        return [slice_doc(sl) for sl in gs.slices] if gs else []
+        return [slice_doc(sl, self.now_ms) for sl in gs.slices] if gs else []
 
     def summary(self) -> dict[str, Any]:
         """The plan as the `plan` command and /debug/plan print it (without the patch)."""
@@ -268,9 +271,10 @@ class Plan:
         }
 
 
-def slice_doc(sl: Slice) -> dict[str, Any]:
-    """One slice as people read it: state and why, and each host with its Ray node."""
-    idle_ms = sl.idle_ms()
+def slice_doc(sl: Slice, now_ms: int) -> dict[str, Any]:
+    """One slice as people read it at `now_ms` (epoch ms): state and why, and each host with
+    its Ray node and how long it has been idle."""
+    idle_ms = sl.idle_ms(now_ms)
     return {
         "slice": sl.key,
         "state": sl.state.value,
@@ -285,7 +289,7 @@ def slice_doc(sl: Slice) -> dict[str, Any]:
                 "ray_node": sl.nodes[h.pod_name].node_id if h.pod_name in sl.nodes else None,
                 "ray_status": sl.nodes[h.pod_name].status.value if h.pod_name in sl.nodes else None,
                 "idle_s": (
-                    round(sl.nodes[h.pod_name].idle_ms / 1000, 1)
+                    round(sl.nodes[h.pod_name].idle_ms(now_ms) / 1000, 1)
                     if h.pod_name in sl.nodes and sl.nodes[h.pod_name].idle
                     else None
                 ),

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
 HEAD_RESOURCE = "node:__internal_head__"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def epoch_ms(at: datetime) -> int:
+    """`at` in whole milliseconds since the epoch (exact: no float rounding), the clock idle
+    clocks are kept on (`RayNode.idle_since_ms`); a naive `at` is read as UTC."""
+    return ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MS
 
 
 class NodeStatus(StrEnum):
@@ -101,9 +110,17 @@ class RayNode:
     total: Mapping[str, float]
     available: Mapping[str, float]
     labels: Mapping[str, str]
-    idle_ms: int
+    # Since when Ray says the node has been idle, in epoch ms on the daemon's wall clock (the
+    # adapter subtracts the reply's idle_duration_ms from when it read the reply); None unless
+    # IDLE. A point in time, not a duration: an idle node is equal from one poll to the next.
+    idle_since_ms: int | None
     ip: str
     is_head: bool
+
+    def idle_ms(self, now_ms: int) -> int:
+        """How long it has been idle at `now_ms` (epoch ms); 0 unless idle."""
+        since = self.idle_since_ms
+        return 0 if since is None or not self.idle else max(0, now_ms - since)
 
     @property
     def alive(self) -> bool:
@@ -163,10 +180,11 @@ class RayState:
 
 
 def _busier(node: RayNode, than: RayNode) -> bool:
-    """`node` shows more work than `than`: not idle beats idle; of two idle, the shorter idle."""
+    """`node` shows more work than `than`: not idle beats idle; of two idle, the shorter idle
+    (the later idle-since)."""
     if node.idle != than.idle:
         return not node.idle
-    return node.idle and node.idle_ms < than.idle_ms
+    return node.idle and (node.idle_since_ms or 0) > (than.idle_since_ms or 0)
 
 
 @dataclass(frozen=True)
@@ -198,8 +216,9 @@ class RayObservation:
         return None if self.state is None else list(self.state.node_by_instance())
 
     def content(self) -> object:
-        """What the plan reads of this observation, minus what moves on every poll (versions,
-        idle clocks): equal contents plan alike (the poller wakes the loop when it changes)."""
+        """What the plan reads of this observation, minus what moves on every poll (versions)
+        and the idle-since times (time alone moves a plan from those; the loop's timer replans
+        for them): equal contents plan alike (the poller wakes the loop when it changes)."""
         if self.state is None:  # not the error text: it changes on every retry
             return ("unknown", self.epoch)
         s = self.state

@@ -53,17 +53,25 @@ class Slice:
             if h.pod_name in self.nodes and not self.nodes[h.pod_name].idle
         )
 
-    def idle_ms(self) -> int | None:
-        """How long every host has been idle: the minimum, or None if any host is busy/absent."""
+    def idle_since_ms(self) -> int | None:
+        """Since when every host has been idle (epoch ms): the latest of their idle-since
+        times, or None if the slice is not complete or any host is busy/absent."""
         if self.state is not SliceState.COMPLETE:
             return None
-        durations = []
+        latest: int | None = None
         for host in self.hosts:
             node = self.nodes.get(host.pod_name)
-            if node is None or not node.idle:
+            if node is None or not node.idle or node.idle_since_ms is None:
                 return None
-            durations.append(node.idle_ms)
-        return min(durations) if durations else None
+            if latest is None or node.idle_since_ms > latest:
+                latest = node.idle_since_ms
+        return latest
+
+    def idle_ms(self, now_ms: int) -> int | None:
+        """How long every host has been idle at `now_ms` (epoch ms): the shortest, or None if
+        any host is busy/absent."""
+        since = self.idle_since_ms()
+        return None if since is None else max(0, now_ms - since)
 
     @property
     def counts_as_capacity(self) -> bool:

@@ -43,7 +43,7 @@ class Bin:
     free: dict[str, float]
     labels: Mapping[str, str]
     accelerators: frozenset[str] = frozenset()  # from total resources, not what is free now
-    idle_ms: int | None = None  # None: busy, launching or planned
+    idle_since_ms: int | None = None  # epoch ms; None: busy, launching or planned
     planned: bool = False  # part of a slice this plan adds
     launching: bool = False  # asked for earlier, no Ray node yet (pending pod or no pod)
     # The used part of a worker host that joined just now (capacity.py `_settling_bin`): work
@@ -212,7 +212,9 @@ def preference(
 
     def key(bin_: Bin) -> tuple[int, int, int, int, int, str]:
         wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
-        idle = bin_.idle_ms if bin_.idle_ms is not None else -1
+        # Least idle first: the latest idle-since first, busy ones before every idle one.
+        since = bin_.idle_since_ms
+        idle = -since if since is not None else -(1 << 62)
         return (int(bin_.planned), int(bin_.settling), wasted, int(bin_.launching), idle, bin_.name)
 
     return key

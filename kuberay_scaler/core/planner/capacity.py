@@ -166,7 +166,7 @@ def _node_bin(
         free=dict(resources),
         labels=node.labels,
         accelerators=accelerators,
-        idle_ms=node.idle_ms if node.status is NodeStatus.IDLE else None,
+        idle_since_ms=node.idle_since_ms if node.status is NodeStatus.IDLE else None,
     )
 
 
@@ -227,7 +227,7 @@ def _coming_bin(
 ) -> Bin:
     """A joined host of a slice still coming up: all of it, as a launching host would be."""
     bin_ = _node_bin(node, group, key, node.total, accelerators)
-    bin_.idle_ms, bin_.launching = None, True
+    bin_.idle_since_ms, bin_.launching = None, True
     return bin_
 
 

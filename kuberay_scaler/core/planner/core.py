@@ -34,7 +34,7 @@ from kuberay_scaler.core.model.plan import (
     SliceDeletion,
     Snapshot,
 )
-from kuberay_scaler.core.model.ray import RayState
+from kuberay_scaler.core.model.ray import RayState, epoch_ms
 from kuberay_scaler.core.model.reasons import (
     ClearWorkersToDelete,
     DemandKind,
@@ -112,12 +112,13 @@ def plan(
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
     built it (`decide()` does, so it is built once per frame); otherwise built here."""
     try:
-        return _plan(snapshot, ray, memory, policy, now, evidence)
+        result = _plan(snapshot, ray, memory, policy, now, evidence)
     except Exception:  # a planner bug reached by one group's numbers: find the group
         failed = _failing_groups(snapshot, ray, memory, policy, now)
         if not failed:
             raise  # not one group's doing: the loop counts it (and /healthz says so)
-    return _without_groups(snapshot, ray, memory, policy, now, failed)
+        result = _without_groups(snapshot, ray, memory, policy, now, failed)
+    return replace(result, now_ms=epoch_ms(now))
 
 
 def _failing_groups(
@@ -558,7 +559,7 @@ def _decide(
         return decision
     # Nothing changes: say why, slice kind by slice kind (busy, idle below the timeout, ...).
     timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
-    steady = why_unchanged(g.slices, needed, timeout_s)
+    steady = why_unchanged(g.slices, needed, timeout_s, epoch_ms(now))
     return replace(decision, reasons=(*decision.reasons, *steady))
 
 

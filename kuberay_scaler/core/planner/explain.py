@@ -18,22 +18,29 @@ _STATE_KINDS = {
 
 
 def why_unchanged(
-    slices: GroupSlices, needed: set[SliceRef], timeout_s: float, leaving: Sequence[str] = ()
+    slices: GroupSlices,
+    needed: set[SliceRef],
+    timeout_s: float,
+    now_ms: int,
+    leaving: Sequence[str] = (),
 ) -> list[Unchanged]:
-    """The slices that stay (not in `leaving`), grouped by why they stay."""
+    """The slices that stay (not in `leaving`), grouped by why they stay, at `now_ms`."""
     staying = [s for s in slices.slices if s.key not in leaving]
     if not staying:
         return [Unchanged(UnchangedKind.NO_SLICES)] if not leaving else []
     buckets: dict[UnchangedKind, list[Slice]] = {}
     for sl in staying:
-        buckets.setdefault(_kind(sl, slices.group.name, needed, timeout_s), []).append(sl)
-    return [_reason(kind, members, timeout_s) for kind, members in buckets.items()]
+        kind = _kind(sl, slices.group.name, needed, timeout_s, now_ms)
+        buckets.setdefault(kind, []).append(sl)
+    return [_reason(kind, members, timeout_s, now_ms) for kind, members in buckets.items()]
 
 
-def _kind(sl: Slice, group: str, needed: set[SliceRef], timeout_s: float) -> UnchangedKind:
+def _kind(
+    sl: Slice, group: str, needed: set[SliceRef], timeout_s: float, now_ms: int
+) -> UnchangedKind:
     if sl.state is not SliceState.COMPLETE:
         return _STATE_KINDS[sl.state]
-    idle_ms = sl.idle_ms()
+    idle_ms = sl.idle_ms(now_ms)
     if idle_ms is None:
         return UnchangedKind.BUSY
     if (group, sl.key) in needed:
@@ -41,10 +48,10 @@ def _kind(sl: Slice, group: str, needed: set[SliceRef], timeout_s: float) -> Unc
     return UnchangedKind.IDLE_BELOW_TIMEOUT if idle_ms < timeout_s * 1000 else UnchangedKind.KEPT
 
 
-def _reason(kind: UnchangedKind, members: list[Slice], timeout_s: float) -> Unchanged:
+def _reason(kind: UnchangedKind, members: list[Slice], timeout_s: float, now_ms: int) -> Unchanged:
     first = members[0]
     if kind is UnchangedKind.IDLE_BELOW_TIMEOUT:
-        longest = max((s.idle_ms() or 0) for s in members) / 1000
+        longest = max((s.idle_ms(now_ms) or 0) for s in members) / 1000
         return Unchanged(kind, len(members), first.key, idle_s=longest, timeout_s=timeout_s)
     detail = first.reason if kind in _STATE_KINDS.values() else ""
     if kind is UnchangedKind.BUSY:

@@ -16,7 +16,7 @@ from kuberay_scaler.core.model.plan import (
     RefusedDrain,
     SliceDeletion,
 )
-from kuberay_scaler.core.model.ray import NodeStatus, RayNode
+from kuberay_scaler.core.model.ray import NodeStatus, RayNode, epoch_ms
 from kuberay_scaler.core.model.reasons import (
     Keep,
     KeepKind,
@@ -45,8 +45,9 @@ def idle_deletions(
     (`drain_backing_off`)."""
     group = slices.group
     idle: list[tuple[int, Slice]] = []
+    now_ms = epoch_ms(now) if now is not None else 0
     for sl in slices.by_state(SliceState.COMPLETE):
-        idle_ms = sl.idle_ms()
+        idle_ms = sl.idle_ms(now_ms) if now is not None else None
         if idle_ms is None or idle_ms < timeout_s * 1000 or (group.name, sl.key) in needed:
             continue
         if now is not None and drain_backing_off(sl, refused or {}, now, reasons):
@@ -74,11 +75,11 @@ def drain_backing_off(
     entry = refused.get(sl.key)
     if entry is None or entry.until <= now:
         return False
-    idle_ms = {n.node_id: n.idle_ms for n in sl.nodes.values()}
-    if set(idle_ms) != set(entry.idle_ms):
+    since = {n.node_id: n.idle_since_ms if n.idle else None for n in sl.nodes.values()}
+    if set(since) != set(entry.idle_since_ms):
         return False  # other raylets now: a new situation
-    if any(idle_ms[n] < entry.idle_ms[n] for n in idle_ms):
-        return False  # an idle clock went back: the host was busy since, and is idle again
+    if any(s is None or s > entry.idle_since_ms[n] for n, s in since.items()):
+        return False  # idle since later (or busy now): the host was busy since
     detail = f"{entry.failures} refused round(s); next try by {entry.until.isoformat()}"
     reasons.append(Keep(KeepKind.DRAIN_BACKING_OFF, slice=sl.key, detail=detail))
     return True
@@ -266,7 +267,7 @@ def _remove_one(
         gone = deletion(sl, DeleteKind.SURPLUS, why(ScaleDownKind.PREEMPTED, deadline))
         out.deletions.append(replace(gone, node_ids=()))
     elif _no_work(sl, ev):
-        kind = DeleteKind.IDLE if sl.idle_ms() is not None else DeleteKind.SURPLUS
+        kind = DeleteKind.IDLE if sl.idle_since_ms() is not None else DeleteKind.SURPLUS
         out.deletions.append(deletion(sl, kind, why(ScaleDownKind.ABOVE_MAX)))
     elif deadline is not None and _drained(sl, ev):
         # Drained for preemption, nothing left running: drained again (idle termination,
@@ -296,7 +297,8 @@ def _surplus_order(
         if not sl.nodes and _no_work(sl, ev):
             return (0, 0.0, sl.key)  # nothing joined Ray, none due: no work can be on it
         if sl.nodes and _no_work(sl, ev):  # longest idle first
-            return (1, -float(min(n.idle_ms for n in sl.nodes.values())), sl.key)
+            latest = max(_since_or_latest(n) for n in sl.nodes.values())
+            return (1, float(latest), sl.key)  # the earliest idle-since: the longest idle
         if sl.key in preempting:
             return (2, 0.0, sl.key)
         return (3, _utilisation(sl), sl.key)  # least used first, as Ray's scheduler orders
@@ -348,3 +350,8 @@ def _identified(sl: Slice, group: WorkerGroup) -> bool:
         return True
     labels = sl.hosts[0].labels
     return LABEL_REPLICA_NAME in labels or LABEL_LEGACY_REPLICA in labels
+
+
+def _since_or_latest(node: RayNode) -> int:
+    """A node's idle-since; one not idle counts as idle from the latest moment (never idle)."""
+    return node.idle_since_ms if node.idle and node.idle_since_ms is not None else 1 << 62
