@@ -163,20 +163,25 @@ class RayState:
 
     def _alive_by_instance(self) -> dict[str, RayNode]:
         out: dict[str, RayNode] = {}
+        dead = NodeStatus.DEAD
         for node in self.nodes:
-            if not node.alive or not node.instance_id:
+            instance = node.instance_id
+            if node.status is dead or not instance:
                 continue
-            seen = out.get(node.instance_id)
+            seen = out.get(instance)
             if seen is None or _busier(node, seen):
-                out[node.instance_id] = node
+                out[instance] = node
         return out
 
     def _all_by_instance(self) -> dict[str, tuple[RayNode, ...]]:
-        out: dict[str, list[RayNode]] = {}
+        # Almost every pod has one entry: one tuple each, grown only for the rare second one.
+        out: dict[str, tuple[RayNode, ...]] = {}
         for node in self.nodes:
-            if node.instance_id:
-                out.setdefault(node.instance_id, []).append(node)
-        return {k: tuple(v) for k, v in out.items()}
+            instance = node.instance_id
+            if instance:
+                seen = out.get(instance)
+                out[instance] = (node,) if seen is None else (*seen, node)
+        return out
 
 
 def _busier(node: RayNode, than: RayNode) -> bool:

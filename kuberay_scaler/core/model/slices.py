@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 
 from kuberay_scaler.core.model.cluster import Problem, WorkerGroup
 from kuberay_scaler.core.model.hosts import Host
@@ -23,7 +24,12 @@ class SliceState(StrEnum):
 
 @dataclass(frozen=True)
 class Slice:
-    """One replica of a worker group: `expected_hosts` pods created and deleted together."""
+    """One replica of a worker group: `expected_hosts` pods created and deleted together.
+
+    What is derived from the fields alone (pod names, node ids, idle-since) is computed once
+    per object (cached in its `__dict__`, outside the fields: equality ignores it); the slice
+    memo hands the same object to frame after frame, so a steady slice never computes it again.
+    """
 
     key: str
     group: str
@@ -36,11 +42,11 @@ class Slice:
     created_at: datetime | None
     marked_for_deletion: bool
 
-    @property
+    @cached_property
     def pod_names(self) -> tuple[str, ...]:
         return tuple(h.pod_name for h in self.hosts)
 
-    @property
+    @cached_property
     def node_ids(self) -> tuple[str, ...]:
         return tuple(self.nodes[h.pod_name].node_id for h in self.hosts if h.pod_name in self.nodes)
 
@@ -56,6 +62,10 @@ class Slice:
     def idle_since_ms(self) -> int | None:
         """Since when every host has been idle (epoch ms): the latest of their idle-since
         times, or None if the slice is not complete or any host is busy/absent."""
+        return self._idle_since
+
+    @cached_property
+    def _idle_since(self) -> int | None:
         if self.state is not SliceState.COMPLETE:
             return None
         latest: int | None = None
