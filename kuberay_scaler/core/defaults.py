@@ -66,6 +66,12 @@ MAX_DRAIN_RETRY_S = 300.0
 # A broken slice kept because a host is busy is kept at most this long; then its live hosts are
 # drained for preemption (PREEMPT_DEADLINE_S) and it is replaced whole.
 BROKEN_BUSY_MAX_S = 1800.0
+# A worker host whose Ray container started less than this long ago is whole only just now: the
+# GCS may report the work that moved onto it both as running there and as still pending (each
+# raylet reports its own resources and queued demand apart). Demand its used part can hold waits
+# that long at most before a slice is added for it (planner/capacity.py `_settling_bin`); read
+# from the pod's own `startedAt`, so an offline `plan --capture` decides alike.
+JOIN_SETTLE_S = 30.0
 
 
 def raycluster_api(version: str = CRD_VERSION) -> str:

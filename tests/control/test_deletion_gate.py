@@ -141,6 +141,10 @@ async def test_two_alive_entries_for_one_pod_busy_wins_whatever_the_order() -> N
         await loop.reconciler.reconcile()
         assert workers_to_delete(loop) == [], f"order {first.status}, {second.status}"
         assert spec_group(loop)["replicas"] == 1
+        # The plan itself saw the pod busy (not only the fresh read before the drain): no
+        # deletion planned, so no draining record written and no drain sent.
+        assert loop.writer.calls == [], f"order {first.status}, {second.status}: written"
+        assert loop.gcs.drains == []
 
 
 async def test_available_above_total_absorbs_no_other_groups_demand() -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from kuberay_scaler.cli.capture import META_FILE, PODS_FILE, RAY_STATE_FILE, RAYCLUSTER_FILE
 from kuberay_scaler.cli.offline import plan_capture
+from kuberay_scaler.core.defaults import JOIN_SETTLE_S
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
@@ -64,8 +66,25 @@ def _debug_plan(daemon: DaemonProcess) -> dict[str, Any] | None:
         return None
 
 
+def _settled(cluster: LocalCluster) -> bool:
+    """Every CPU pod's Ray container started more than JOIN_SETTLE_S ago: until then the task
+    its node runs may be the very task still reported pending, and the second pod waits (in
+    the daemon and in an offline plan of a capture alike: the rule reads the pod's startedAt)."""
+    now = datetime.now(UTC)
+    for pod in cluster.worker_pods("cpu-group"):
+        for status in pod.get("status", {}).get("containerStatuses", []):
+            started = status.get("state", {}).get("running", {}).get("startedAt")
+            if not started:
+                return False
+            since = datetime.fromisoformat(started.replace("Z", "+00:00"))
+            if now - since <= timedelta(seconds=JOIN_SETTLE_S + 1):
+                return False
+    return True
+
+
 def _decided(doc: dict[str, Any] | None) -> bool:
-    """The daemon planned with demand known, and the CPU pod's Ray node had joined."""
+    """The daemon planned with demand known, the CPU pod's Ray node had joined and runs a
+    task, and that pod no longer settles (see `_settled`)."""
     if not doc or doc.get("held"):
         return False
     groups = {g["name"]: g for g in doc["groups"]}
@@ -73,7 +92,8 @@ def _decided(doc: dict[str, Any] | None) -> bool:
     return (
         bool(cpu)
         and cpu["replicas"]["target"] == 2
-        and any(s["state"] == "complete" for s in cpu["slices"])
+        and any(s["state"] == "complete" and s["idle_s"] is None for s in cpu["slices"])
+        and not any(r["kind"] == "join_settling" for r in cpu["reasons"])
     )
 
 
@@ -110,7 +130,9 @@ async def test_capture_replans_offline_to_the_daemons_own_decision(
         wait_ready=False,
     )
     try:
-        await cluster.wait_for(lambda: _decided(_debug_plan(daemon)), 240, "the daemon's plan")
+        await cluster.wait_for(
+            lambda: _settled(cluster) and _decided(_debug_plan(daemon)), 240, "the daemon's plan"
+        )
         out = tmp_path / "capture"
         done = await asyncio.to_thread(
             subprocess.run,

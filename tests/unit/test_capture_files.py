@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,8 @@ from google.protobuf import json_format
 
 from kuberay_scaler.cli.capture import REDACTED, read_captured_at, write_capture
 from kuberay_scaler.cli.offline import plan_capture
+from kuberay_scaler.core.defaults import JOIN_SETTLE_S
+from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION as DRAINING
 from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import reply_of
@@ -139,3 +141,22 @@ def test_a_rewritten_capture_file_becomes_private(tmp_path: Path) -> None:
     write_capture(out, rc, {"items": [running]}, reply, {"cluster": "rc"})
 
     assert stat.S_IMODE((out / "pods.json").stat().st_mode) == 0o600
+
+
+def test_a_capture_taken_while_a_worker_settles_replans_to_the_same_hold(tmp_path: Path) -> None:
+    """Issue 22: the settle after a worker joins reads only the pod's own `startedAt` and the
+    moment planned at, both in a capture (the daemon's pod view keeps `startedAt` too): the
+    offline plan holds exactly while the daemon would, and asks for the worker after."""
+    rc = cluster(group("cpu", replicas=1, max_replicas=3))
+    worker = pod("cpu-0", "cpu", age_s=12, running_for_s=10)
+    assert slim_pod(worker)["status"]["containerStatuses"] == worker["status"]["containerStatuses"]
+    lagging = state([head_node(), *cpu_nodes(["cpu-0"], free_cpu=0)], [tasks({"CPU": 8}, 1)])
+    reply = json_format.MessageToDict(reply_of(lagging))
+    held_for = JOIN_SETTLE_S - 10
+    for at, target, holds in ((NOW, 1, True), (NOW + timedelta(seconds=held_for), 2, False)):
+        meta = {"captured_at": at.isoformat(), "cluster": "rc"}
+        out = write_capture(tmp_path / str(target), rc, {"items": [worker]}, reply, meta)
+        doc = plan_capture(out, Policy())
+        (cpu,) = [g for g in doc["groups"] if g["name"] == "cpu"]
+        assert cpu["replicas"]["target"] == target, at
+        assert any(r["kind"] == "join_settling" for r in cpu["reasons"]) is holds, at

@@ -188,6 +188,8 @@ class Plan:
     slice_map: SliceMap | None
     memory: Memory
     held: Hold | None = None  # the whole plan held (unsynced view, unknown demand)
+    # Seconds until the first host that held demand stops settling (planner/capacity.py).
+    settle_s: float | None = None
     # When it was planned (epoch ms): the idle durations its documents show are as of then.
     now_ms: int = 0
 
@@ -201,14 +203,17 @@ class Plan:
     @property
     def next_idle_expiry_s(self) -> float | None:
         """Seconds from this plan's observation until the first idle slice that stays reaches
-        its idle timeout; None when no slice is idle below its timeout. Idle clocks move with
-        time alone, so the loop plans again then instead of waiting for its resync timer."""
+        its idle timeout, or a host that held demand stops settling; None when neither is due.
+        Those clocks move with time alone, so the loop plans again then instead of waiting for
+        its resync timer."""
         waits = [
             r.timeout_s - r.idle_s
             for g in self.groups
             for r in g.reasons
             if isinstance(r, Unchanged) and r.kind is UnchangedKind.IDLE_BELOW_TIMEOUT
         ]
+        if self.settle_s is not None:  # the demand it held may need a slice then
+            waits.append(self.settle_s)
         return max(0.0, min(waits)) if waits else None
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:

@@ -29,6 +29,8 @@ class HoldKind(StrEnum):
     PLAN_FAILED = "plan_failed"  # planning this group raised; it is skipped, the others planned
     CONSERVATIVE_UPSCALING = "conservative_upscaling"  # waiting for launching slices
     NO_ROOM = "no_room"  # the demand needs more slices than the group may add
+    # Demand held by hosts that joined just now: it may be their own work still reported pending.
+    JOIN_SETTLING = "join_settling"
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ def _hold_text(h: Hold) -> str:
             return "Conservative upscaling: waiting for launching slices"
         case HoldKind.NO_ROOM:
             return "needs more slices than allowed"
+        case HoldKind.JOIN_SETTLING:
+            return (
+                f"{h.count} host(s) whose Ray container started less than {h.detail} ago hold "
+                "demand their own work may still be reported as: no slice added for it yet"
+            )
 
 
 class DemandKind(StrEnum):

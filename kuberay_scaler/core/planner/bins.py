@@ -46,6 +46,10 @@ class Bin:
     idle_since_ms: int | None = None  # epoch ms; None: busy, launching or planned
     planned: bool = False  # part of a slice this plan adds
     launching: bool = False  # asked for earlier, no Ray node yet (pending pod or no pod)
+    # The used part of a worker host that joined just now (capacity.py `_settling_bin`): work
+    # Ray may still report pending. Last of the bins there are (before planned ones), so it only
+    # ever holds demand that would otherwise open a slice, never demand an existing host takes.
+    settling: bool = False
     used: bool = field(default=False)
 
 
@@ -193,21 +197,24 @@ def bundle_size(bundle: Bundle) -> tuple[int, float]:
     return (int(needs_accelerator(bundle)), sum(bundle.resources.values()))
 
 
-def preference(bundle_wants_accelerator: bool) -> Callable[[Bin], tuple[int, int, int, int, str]]:
+def preference(
+    bundle_wants_accelerator: bool,
+) -> Callable[[Bin], tuple[int, int, int, int, int, str]]:
     """Order bins for one kind of demand.
 
     Running hosts before launching ones (work that fits a running host must not keep a
     launching replica alive while that host is scaled down), busy hosts first and idle ones
     least-idle first, so the longest-idle slices stay free to be scaled down; accelerator hosts
     last for demand that needs no accelerator, so they are not held up by CPU work a plain
-    host can take.
+    host can take. The used part of a host that just joined (`settling`) after every other
+    existing or launching bin: what it holds would otherwise be a new slice.
     """
 
-    def key(bin_: Bin) -> tuple[int, int, int, int, str]:
+    def key(bin_: Bin) -> tuple[int, int, int, int, int, str]:
         wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
         # Least idle first: the latest idle-since first, busy ones before every idle one.
         since = bin_.idle_since_ms
         idle = -since if since is not None else -(1 << 62)
-        return (int(bin_.planned), wasted, int(bin_.launching), idle, bin_.name)
+        return (int(bin_.planned), int(bin_.settling), wasted, int(bin_.launching), idle, bin_.name)
 
     return key

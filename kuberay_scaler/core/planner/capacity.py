@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
@@ -23,6 +24,9 @@ class Capacity:
     # Whole hosts are only needed when Ray has a request_resources floor: without one, `total`
     # stays empty (half the bins of a 100k-host frame).
     with_total: bool = True
+    # The used part of worker hosts whose Ray container started less than the settle time ago,
+    # with the seconds left until it stops counting (see `_settling_bin`).
+    settling: list[tuple[Bin, float]] = field(default_factory=list)
 
     def lists(self) -> tuple[list[Bin], ...]:
         return (self.available, self.total) if self.with_total else (self.available,)
@@ -35,6 +39,8 @@ def build_capacity(
     replacing: Collection[str] = (),
     with_total: bool = True,
     bins: bool = True,
+    now: datetime | None = None,
+    settle_s: float = 0.0,
 ) -> Capacity:
     """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
 
@@ -45,6 +51,8 @@ def build_capacity(
     launched for the demand it will serve, and Ray reports each raylet's free resources and
     the demand queued at each raylet apart, so one reply can show work that just moved onto a
     host that joined as taken there and as still pending.
+    The same reply at a slice's last host's join (or a single-host worker's) is the settle:
+    see `_settling_bin`, a pure function of the pod's own `startedAt` and `now`.
     """
     cap = Capacity(with_total=with_total)
     unidentified = _unidentified_pods(slice_map)
@@ -52,6 +60,7 @@ def build_capacity(
         _count_virtual(cap, slice_map, shapes, unidentified)
         return cap
     owner = _slice_of_pod(slice_map)
+    started = _started_at(slice_map) if now is not None and settle_s > 0 else {}
     for node in ray.nodes:
         if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
             continue
@@ -64,6 +73,14 @@ def build_capacity(
             cap.available.append(_coming_bin(node, group, key, accelerators))
         else:
             cap.available.append(_node_bin(node, group, key, node.available, accelerators))
+            since = started.get(node.instance_id) if state is SliceState.COMPLETE else None
+            if since is not None and now is not None and not node.is_head:
+                # A start stamped ahead of `now` (clock skew) settles no longer than settle_s.
+                left = settle_s - max(0.0, (now - since).total_seconds())
+                settling = _settling_bin(node, group, key, accelerators) if left > 0 else None
+                if settling is not None:
+                    cap.available.append(settling)
+                    cap.settling.append((settling, left))
         if with_total:
             cap.total.append(_node_bin(node, group, key, node.total, accelerators))
     for name, gs in slice_map.groups.items():
@@ -150,6 +167,58 @@ def _node_bin(
         labels=node.labels,
         accelerators=accelerators,
         idle_since_ms=node.idle_since_ms if node.status is NodeStatus.IDLE else None,
+    )
+
+
+def _started_at(slice_map: SliceMap) -> dict[str, datetime]:
+    """When each running worker host's Ray container started (`startedAt` of its pod)."""
+    return {
+        host.pod_name: host.running_since
+        for gs in slice_map.groups.values()
+        for sl in gs.slices
+        if sl.state is SliceState.COMPLETE
+        for host in sl.hosts
+        if host.running_since is not None and not host.is_head
+    }
+
+
+def _settling_bin(
+    node: RayNode, group: str | None, key: str | None, accelerators: frozenset[str]
+) -> Bin | None:
+    """What of a worker host that joined just now Ray may still report as pending demand, as
+    a bin of its own (None when nothing on it is used).
+
+    Ray reports each raylet's free resources and the demand queued at each raylet apart: the
+    moment work moves from the raylet it waited on to a host that just joined, one reply can
+    show it taken on the host and still pending. No single reply tells that apart from other
+    work that took the host, so for the settle time after the host's Ray container started
+    its used resources may serve pending demand again. A resource nothing uses counts at what
+    is free on it: work holds less running than it asked to be placed (an actor asks 1 CPU to
+    be placed and holds none), so the pending copy of an actor on a TPU host asks CPU the host
+    shows free. At most the host's total (in practice its used part), and for at most the
+    settle time: demand beyond that gets its slice at once.
+
+    Sorted after every existing and launching bin (`Bin.settling`), it only holds demand that
+    would otherwise open a slice; which slices demand needs is as without it, so scale-down is
+    unaffected (its own slice is busy anyway).
+    """
+    used = {
+        name: amount - node.available.get(name, 0.0)
+        for name, amount in node.total.items()
+        if amount - node.available.get(name, 0.0) > 0
+    }
+    if not used:
+        return None
+    free = {name: used.get(name, node.available.get(name, 0.0)) for name in node.total}
+    return Bin(
+        name=f"{node.instance_id or node.node_id}/settling",
+        group=group,
+        slice_key=key,
+        free=free,
+        labels=node.labels,
+        accelerators=accelerators,
+        launching=True,
+        settling=True,
     )
 
 

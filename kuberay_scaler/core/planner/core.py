@@ -12,6 +12,7 @@ from typing import Any
 
 from kuberay_scaler.core.defaults import (
     BROKEN_BUSY_MAX_S,
+    JOIN_SETTLE_S,
     MAX_REPLACE_BACKOFF_S,
     PREEMPT_DEADLINE_S,
     REPLACE_BACKOFF_S,
@@ -80,6 +81,9 @@ class Policy:
     # How long a broken slice with a busy host is kept before it is drained for preemption and
     # replaced (KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
     broken_busy_max_s: float = BROKEN_BUSY_MAX_S
+    # How long after its Ray container started a worker host's used resources may still be
+    # work reported pending (see JOIN_SETTLE_S); 0 turns the settle off.
+    join_settle_s: float = JOIN_SETTLE_S
 
 
 @dataclass
@@ -209,7 +213,14 @@ def _plan(
     replacing = _replacing(groups, memory, now)
     demand = bool(ray.tasks or ray.gangs or ray.constraint)
     capacity = build_capacity(
-        slice_map, ray, shapes, replacing, with_total=bool(ray.constraint), bins=demand
+        slice_map,
+        ray,
+        shapes,
+        replacing,
+        with_total=bool(ray.constraint),
+        bins=demand,
+        now=now,
+        settle_s=policy.join_settle_s,
     )
     mode = spec.autoscaler.upscaling_mode
     rooms = {n: _room(g, capacity, ray, memory, mode, now) for n, g in groups.items()}
@@ -253,6 +264,7 @@ def _plan(
         if key in alive and key not in _surplus_keys(decisions):
             preempting.setdefault(key, deadline)
     decisions.sort(key=lambda d: d.index)
+    decisions, settle_s = _settling(decisions, capacity, policy)
     problems += [
         PlanProblem(
             ProblemKind.WAITS_ON_EXISTING_NODE,
@@ -277,8 +289,31 @@ def _plan(
             broken_busy_since=MappingProxyType(busy.since_out),
             refused=MappingProxyType(_live_refused(memory, slice_map, now)),
         ),
+        settle_s=settle_s,
     )
     return finish_recorded_drains(result, memory.draining, ev, now)
+
+
+def _settling(
+    decisions: list[GroupDecision], cap: Capacity, policy: Policy
+) -> tuple[list[GroupDecision], float | None]:
+    """Name the demand that hosts just joined held (`Hold(JOIN_SETTLING)` in their group's
+    reasons), and the seconds until the first of them stops settling (the loop plans again
+    then: the same reply may need a slice by that time)."""
+    used = [(b, left) for b, left in cap.settling if b.used]
+    if not used:
+        return decisions, None
+    hosts = Counter(b.group for b, _ in used)
+    detail = f"{policy.join_settle_s:g}s"
+    out = [
+        replace(
+            d, reasons=(*d.reasons, Hold(HoldKind.JOIN_SETTLING, d.group, detail, hosts[d.group]))
+        )
+        if d.group in hosts
+        else d
+        for d in decisions
+    ]
+    return out, min(left for _, left in used)
 
 
 def _surplus_keys(decisions: list[GroupDecision]) -> set[str]:
