@@ -87,16 +87,15 @@ class HostClock:
         cls, hosts: Iterable[Host], joined: Iterable[str], now: datetime
     ) -> HostClock:
         """For one-shot use without history (offline `plan`): trust the pods' own timestamps."""
+        hosts = hosts if isinstance(hosts, tuple | list) else list(hosts)
         present = joined if isinstance(joined, Mapping) else dict.fromkeys(joined)
-        missing: dict[str, float] = {}
-        created: dict[str, datetime] = {}
         running = HostPhase.RUNNING
-        for host in hosts:
-            if host.created_at is not None:
-                created[host.pod_name] = host.created_at
-            started = host.running_since
-            if host.phase is running and started is not None and host.pod_name not in present:
-                missing[host.pod_name] = max(0.0, (now - started).total_seconds())
+        created = {h.pod_name: h.created_at for h in hosts if h.created_at is not None}
+        missing = {
+            h.pod_name: max(0.0, (now - h.running_since).total_seconds())
+            for h in hosts
+            if h.phase is running and h.running_since is not None and h.pod_name not in present
+        }
 
         def age(start: datetime) -> float:
             return max(0.0, (now - start).total_seconds())

@@ -147,6 +147,15 @@ class RayState:
         the gate all ask), read-only."""
         return self._memo("_node_by_instance", self._alive_by_instance)
 
+    def alive_nodes(self) -> tuple[RayNode, ...]:
+        """The nodes not DEAD, in reply order. Built once per state."""
+        found: tuple[RayNode, ...] | None = self.__dict__.get("_alive_nodes")
+        if found is None:
+            dead = NodeStatus.DEAD
+            found = tuple(n for n in self.nodes if n.status is not dead)
+            object.__setattr__(self, "_alive_nodes", found)
+        return found
+
     def entries_by_instance(self) -> Mapping[str, tuple[RayNode, ...]]:
         """Every entry (any status) per instance id, in reply order: what the deletion gate
         judges, since a pod may carry more than one raylet. Built once per state, read-only."""

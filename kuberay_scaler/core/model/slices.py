@@ -89,13 +89,44 @@ class Slice:
         return self.state in (SliceState.COMPLETE, SliceState.PENDING)
 
 
+_COMING = (SliceState.PENDING, SliceState.PARTIAL)
+
+
 @dataclass(frozen=True)
 class GroupSlices:
+    """A group's slices. The views by state are built once per object (cached, outside the
+    fields); the slice memo hands an unchanged group's object on, so a steady group of 10^4
+    slices is not walked again for them."""
+
     group: WorkerGroup
     slices: tuple[Slice, ...]
 
     def by_state(self, state: SliceState) -> tuple[Slice, ...]:
-        return tuple(s for s in self.slices if s.state is state)
+        return self._by_state.get(state, ())
+
+    @cached_property
+    def _by_state(self) -> dict[SliceState, tuple[Slice, ...]]:
+        out: dict[SliceState, list[Slice]] = {}
+        for s in self.slices:
+            out.setdefault(s.state, []).append(s)
+        return {state: tuple(members) for state, members in out.items()}
+
+    @cached_property
+    def coming_up(self) -> tuple[Slice, ...]:
+        """Pending and partial slices, in order: the ones with hosts still to join."""
+        return tuple(s for s in self.slices if s.state in _COMING)
+
+    @cached_property
+    def idle_by_since(self) -> tuple[tuple[int, str, Slice], ...]:
+        """Complete slices idle on every host, longest idle first (earliest idle-since, then
+        key): (idle-since, key, slice)."""
+        idle = []
+        for s in self.by_state(SliceState.COMPLETE):
+            since = s.idle_since_ms()
+            if since is not None:
+                idle.append((since, s.key, s))
+        idle.sort(key=lambda t: (t[0], t[1]))
+        return tuple(idle)
 
 
 @dataclass(frozen=True)
