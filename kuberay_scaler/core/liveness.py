@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kuberay_scaler.core.model.hosts import Host, HostClock, HostPhase
+from kuberay_scaler.core.model.hosts import Elapsed, Host, HostClock, HostPhase
 
 __all__ = ["HostClock", "LivenessTracker"]
 
@@ -43,6 +43,7 @@ class LivenessTracker:
         self._grace_s = grace_s
         self._stale_after_s = stale_after_s
         self._pods: dict[str, _Pod] = {}
+        self._first_seen: dict[str, float] = {}  # pod name -> first seen; new per listing
         self._last_seen: dict[str, float] = {}  # instance id (pod name) -> last fresh reply with it
         self._latest: frozenset[str] = frozenset()  # alive instances in the latest fresh reply
         self._streak_start: float | None = None  # first reply of the current fresh streak
@@ -53,6 +54,7 @@ class LivenessTracker:
     def observe_pods(self, now: float, hosts: Iterable[Host]) -> None:
         """Record the pods of one listing; pods no longer listed are forgotten."""
         current: dict[str, _Pod] = {}
+        first_seen: dict[str, float] = {}
         for host in hosts:
             known = self._pods.get(host.pod_name)
             if known is None or (host.uid and known.uid and host.uid != known.uid):
@@ -60,7 +62,9 @@ class LivenessTracker:
             if host.phase is HostPhase.RUNNING and known.first_running is None:
                 known.first_running = now
             current[host.pod_name] = known
+            first_seen[host.pod_name] = known.first_seen
         self._pods = current
+        self._first_seen = first_seen  # a new dict: clocks handed out keep theirs
 
     def observe_ray(self, now: float, epoch: object, alive: Iterable[str] | None) -> None:
         """Record one GCS observation: alive instance ids, or None when the reply is unknown."""
@@ -91,10 +95,13 @@ class LivenessTracker:
 
     def clock(self, now: float) -> HostClock:
         """The view the slice map reads at monotonic time `now`."""
-        age = {name: max(0.0, now - p.first_seen) for name, p in self._pods.items()}
+
+        def age(first_seen: float) -> float:
+            return max(0.0, now - first_seen)
+
         return HostClock(
             missing_s=MappingProxyType(self._missing(now)),
-            age_s=MappingProxyType(age),
+            age_s=Elapsed(self._first_seen, age),
             settling=self._settling(now),
             seen=frozenset(self._last_seen),
         )

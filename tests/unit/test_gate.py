@@ -198,3 +198,73 @@ def test_a_blocked_deletion_is_counted_by_path_and_logged_at_error() -> None:
     assert count() == before + 1
     (line,) = [x for x in logs if x["log_level"] == "error"]
     assert line["path"] == "above_max" and line["kind"] == "gate_absent"
+
+
+# `gate()` itself: the planner paths agree with it by themselves, so no test above and no
+# control test fails when it passes everything. These hand it deletions a path got wrong.
+
+
+def test_the_gate_drops_a_deletion_a_path_got_wrong_and_puts_the_target_back() -> None:
+    """After the drains: tpu-b's drain was never answered (a path that forgot it): its pods
+    may not be named, whatever the plan says; the slice stays and replicas go back up."""
+    from kuberay_scaler.core.planner.gate import Blocked
+
+    decision = _idle_decision("tpu-a", "tpu-b")
+    planned = decision.plan.group("tpu")
+    assert planned is not None and {x.slice_key for x in planned.deletions} == {"tpu-a", "tpu-b"}
+    results = DrainResults(accepted=frozenset(node_id_of(f"tpu-a-{i}") for i in range(4)))
+    writes = after_drains(decision, results)
+    assert writes.blocked == (
+        Blocked("tpu", "tpu-b", "tpu-b-0", KeepKind.GATE_NOT_DRAINED, "idle"),
+    )
+    d = writes.plan.group("tpu")
+    assert d is not None and [x.slice_key for x in d.deletions] == ["tpu-a"]
+    assert d.target == 1
+    assert Keep(KeepKind.GATE_NOT_DRAINED, slice="tpu-b", detail="tpu-b-0") in d.reasons
+    assert writes.patch is not None
+    named = {n for op in writes.patch.ops if isinstance(op.get("value"), list) for n in op["value"]}
+    assert not {f"tpu-b-{i}" for i in range(4)} & named
+
+
+def _hosts_and_nodes(keys: tuple[str, ...], rc: dict) -> tuple[list, list]:  # type: ignore[type-arg]
+    pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
+    nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
+    return parse_pods(pods, parse_raycluster(rc))[0], nodes
+
+
+def test_the_gate_refuses_a_host_absent_from_ray_even_with_every_drain_accepted() -> None:
+    """The plan's own gate (every drain assumed accepted): a Running host whose Ray node is
+    absent from the reply, not for the whole grace, keeps its slice whole."""
+    from kuberay_scaler.core.planner.gate import gate
+
+    plan = _idle_decision("tpu-a", "tpu-b").plan
+    hosts, nodes = _hosts_and_nodes(("tpu-a", "tpu-b"), cluster(tpu_group(replicas=2)))
+    shown = state([n for n in nodes if n.instance_id != "tpu-b-2"])
+    clock = HostClock(missing_s=MappingProxyType({"tpu-b-2": 10.0}), seen=frozenset({"tpu-b-2"}))
+    ev = evidence_for(hosts, shown, clock, GRACE, NOW)
+    gated, blocked = gate(plan, ev, frozenset(n.node_id for n in nodes), NOW)
+    assert [(b.slice_key, b.pod, b.kind, b.path) for b in blocked] == [
+        ("tpu-b", "tpu-b-2", KeepKind.GATE_ABSENT, "idle")
+    ]
+    d = gated.group("tpu")
+    assert d is not None and [x.slice_key for x in d.deletions] == ["tpu-a"] and d.target == 1
+
+
+def test_the_gate_refuses_everything_ray_unknown_and_never_puts_a_target_above_max() -> None:
+    """No fresh GCS reply: no Running host may be named; surplus deletions put back leave
+    the target at maxReplicas (KubeRay clamps to it), not above."""
+    from kuberay_scaler.core.planner.gate import gate
+
+    keys = ("tpu-a", "tpu-b", "tpu-c")
+    rc = cluster(tpu_group(replicas=3, max_replicas=1))
+    hosts, nodes = _hosts_and_nodes(keys, rc)
+    pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
+    observed = Observation(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c"))
+    plan = decide(observed, Memory(), Policy(), NOW).plan
+    planned = plan.group("tpu")
+    assert planned is not None and len(planned.deletions) == 2 and planned.target == 1
+    ev = evidence_for(hosts, None, HostClock(seen=frozenset(h.pod_name for h in hosts)), GRACE, NOW)
+    gated, blocked = gate(plan, ev, frozenset(n.node_id for n in nodes), NOW)
+    assert len(blocked) == 2 and {b.kind for b in blocked} == {KeepKind.GATE_RAY_UNKNOWN}
+    d = gated.group("tpu")
+    assert d is not None and d.deletions == () and d.target == 1

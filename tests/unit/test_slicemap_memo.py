@@ -151,9 +151,16 @@ def test_unchanged_frames_take_complete_slices_from_the_memo() -> None:
     assert memo.hits == 0
     again = build_slice_map(spec, hosts, ray, NOW, TIMEOUTS, None, memo)
     assert memo.hits == len(REPLICAS) + len(CPU_PODS)  # every slice is complete
+    assert memo.group_hits == 2  # both groups taken whole: nothing in them changed
     assert again == first
     pairs = zip(first.groups["cpu"].slices, again.groups["cpu"].slices, strict=True)
     assert all(a is b for a, b in pairs)
+    # One pod of the TPU group changes: that group is judged slice by slice (its unchanged
+    # slices still from the memo), the CPU group is taken whole.
+    hosts[0] = replace(hosts[0], phase=HostPhase.PENDING, detail="Unschedulable")
+    third = build_slice_map(spec, hosts, ray, NOW, TIMEOUTS, None, memo)
+    assert memo.group_hits == 3
+    assert third == build_slice_map(spec, hosts, ray, NOW, TIMEOUTS, None, SliceMemo())
 
 
 def test_idle_slices_come_from_the_memo_as_time_passes() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Generic, TypeVar
+
+_T = TypeVar("_T")
 
 
 class HostPhase(StrEnum):
@@ -46,6 +49,26 @@ def _empty() -> Mapping[str, float]:
     return MappingProxyType({})
 
 
+class Elapsed(Mapping[str, float], Generic[_T]):
+    """Seconds since each pod's start, worked out when read: a frame reads the ages of the
+    pods of slices not judged complete only, so a 10k-pod frame does not compute 10k of them.
+    `starts` must not change afterwards (its owner builds a new one instead)."""
+
+    __slots__ = ("_seconds", "_starts")
+
+    def __init__(self, starts: Mapping[str, _T], seconds: Callable[[_T], float]) -> None:
+        self._starts, self._seconds = starts, seconds
+
+    def __getitem__(self, key: str) -> float:
+        return self._seconds(self._starts[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._starts)
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+
 @dataclass(frozen=True)
 class HostClock:
     """Durations in seconds per pod name, as the slice map needs them."""
@@ -64,14 +87,17 @@ class HostClock:
         cls, hosts: Iterable[Host], joined: Iterable[str], now: datetime
     ) -> HostClock:
         """For one-shot use without history (offline `plan`): trust the pods' own timestamps."""
-        present = set(joined)
-        missing: dict[str, float] = {}
-        age: dict[str, float] = {}
-        for host in hosts:
-            if host.created_at is not None:
-                age[host.pod_name] = max(0.0, (now - host.created_at).total_seconds())
-            running = host.phase is HostPhase.RUNNING and host.running_since is not None
-            if running and host.pod_name not in present:
-                assert host.running_since is not None
-                missing[host.pod_name] = max(0.0, (now - host.running_since).total_seconds())
-        return cls(MappingProxyType(missing), MappingProxyType(age), seen=frozenset(present))
+        hosts = hosts if isinstance(hosts, tuple | list) else list(hosts)
+        present = joined if isinstance(joined, Mapping) else dict.fromkeys(joined)
+        running = HostPhase.RUNNING
+        created = {h.pod_name: h.created_at for h in hosts if h.created_at is not None}
+        missing = {
+            h.pod_name: max(0.0, (now - h.running_since).total_seconds())
+            for h in hosts
+            if h.phase is running and h.running_since is not None and h.pod_name not in present
+        }
+
+        def age(start: datetime) -> float:
+            return max(0.0, (now - start).total_seconds())
+
+        return cls(MappingProxyType(missing), Elapsed(created, age), seen=frozenset(present))

@@ -147,6 +147,15 @@ class RayState:
         the gate all ask), read-only."""
         return self._memo("_node_by_instance", self._alive_by_instance)
 
+    def alive_nodes(self) -> tuple[RayNode, ...]:
+        """The nodes not DEAD, in reply order. Built once per state."""
+        found: tuple[RayNode, ...] | None = self.__dict__.get("_alive_nodes")
+        if found is None:
+            dead = NodeStatus.DEAD
+            found = tuple(n for n in self.nodes if n.status is not dead)
+            object.__setattr__(self, "_alive_nodes", found)
+        return found
+
     def entries_by_instance(self) -> Mapping[str, tuple[RayNode, ...]]:
         """Every entry (any status) per instance id, in reply order: what the deletion gate
         judges, since a pod may carry more than one raylet. Built once per state, read-only."""
@@ -163,20 +172,25 @@ class RayState:
 
     def _alive_by_instance(self) -> dict[str, RayNode]:
         out: dict[str, RayNode] = {}
+        dead = NodeStatus.DEAD
         for node in self.nodes:
-            if not node.alive or not node.instance_id:
+            instance = node.instance_id
+            if node.status is dead or not instance:
                 continue
-            seen = out.get(node.instance_id)
+            seen = out.get(instance)
             if seen is None or _busier(node, seen):
-                out[node.instance_id] = node
+                out[instance] = node
         return out
 
     def _all_by_instance(self) -> dict[str, tuple[RayNode, ...]]:
-        out: dict[str, list[RayNode]] = {}
+        # Almost every pod has one entry: one tuple each, grown only for the rare second one.
+        out: dict[str, tuple[RayNode, ...]] = {}
         for node in self.nodes:
-            if node.instance_id:
-                out.setdefault(node.instance_id, []).append(node)
-        return {k: tuple(v) for k, v in out.items()}
+            instance = node.instance_id
+            if instance:
+                seen = out.get(instance)
+                out[instance] = (node,) if seen is None else (*seen, node)
+        return out
 
 
 def _busier(node: RayNode, than: RayNode) -> bool:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 
 from kuberay_scaler.core.model.cluster import Problem, WorkerGroup
 from kuberay_scaler.core.model.hosts import Host
@@ -23,7 +24,12 @@ class SliceState(StrEnum):
 
 @dataclass(frozen=True)
 class Slice:
-    """One replica of a worker group: `expected_hosts` pods created and deleted together."""
+    """One replica of a worker group: `expected_hosts` pods created and deleted together.
+
+    What is derived from the fields alone (pod names, node ids, idle-since) is computed once
+    per object (cached in its `__dict__`, outside the fields: equality ignores it); the slice
+    memo hands the same object to frame after frame, so a steady slice never computes it again.
+    """
 
     key: str
     group: str
@@ -36,11 +42,11 @@ class Slice:
     created_at: datetime | None
     marked_for_deletion: bool
 
-    @property
+    @cached_property
     def pod_names(self) -> tuple[str, ...]:
         return tuple(h.pod_name for h in self.hosts)
 
-    @property
+    @cached_property
     def node_ids(self) -> tuple[str, ...]:
         return tuple(self.nodes[h.pod_name].node_id for h in self.hosts if h.pod_name in self.nodes)
 
@@ -56,6 +62,10 @@ class Slice:
     def idle_since_ms(self) -> int | None:
         """Since when every host has been idle (epoch ms): the latest of their idle-since
         times, or None if the slice is not complete or any host is busy/absent."""
+        return self._idle_since
+
+    @cached_property
+    def _idle_since(self) -> int | None:
         if self.state is not SliceState.COMPLETE:
             return None
         latest: int | None = None
@@ -79,13 +89,44 @@ class Slice:
         return self.state in (SliceState.COMPLETE, SliceState.PENDING)
 
 
+_COMING = (SliceState.PENDING, SliceState.PARTIAL)
+
+
 @dataclass(frozen=True)
 class GroupSlices:
+    """A group's slices. The views by state are built once per object (cached, outside the
+    fields); the slice memo hands an unchanged group's object on, so a steady group of 10^4
+    slices is not walked again for them."""
+
     group: WorkerGroup
     slices: tuple[Slice, ...]
 
     def by_state(self, state: SliceState) -> tuple[Slice, ...]:
-        return tuple(s for s in self.slices if s.state is state)
+        return self._by_state.get(state, ())
+
+    @cached_property
+    def _by_state(self) -> dict[SliceState, tuple[Slice, ...]]:
+        out: dict[SliceState, list[Slice]] = {}
+        for s in self.slices:
+            out.setdefault(s.state, []).append(s)
+        return {state: tuple(members) for state, members in out.items()}
+
+    @cached_property
+    def coming_up(self) -> tuple[Slice, ...]:
+        """Pending and partial slices, in order: the ones with hosts still to join."""
+        return tuple(s for s in self.slices if s.state in _COMING)
+
+    @cached_property
+    def idle_by_since(self) -> tuple[tuple[int, str, Slice], ...]:
+        """Complete slices idle on every host, longest idle first (earliest idle-since, then
+        key): (idle-since, key, slice)."""
+        idle = []
+        for s in self.by_state(SliceState.COMPLETE):
+            since = s.idle_since_ms()
+            if since is not None:
+                idle.append((since, s.key, s))
+        idle.sort(key=lambda t: (t[0], t[1]))
+        return tuple(idle)
 
 
 @dataclass(frozen=True)

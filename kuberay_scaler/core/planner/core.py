@@ -49,7 +49,7 @@ from kuberay_scaler.core.model.reasons import (
     ScaleUp,
     Waiting,
 )
-from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
+from kuberay_scaler.core.model.slices import GroupSlices, SliceMap
 from kuberay_scaler.core.planner.bins import bins_for_new_slice
 from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
 from kuberay_scaler.core.planner.explain import why_unchanged
@@ -259,7 +259,7 @@ def _plan(
     ]
     preempting.update(busy.preempting_out)
     # Deadlines set after the drains (a partly drained slice) outlive the plans between.
-    alive = {s.key for gs in slice_map.groups.values() for s in gs.slices}
+    alive = _slice_keys(slice_map) if memory.preempting else set()
     for key, deadline in memory.preempting.items():
         if key in alive and key not in _surplus_keys(decisions):
             preempting.setdefault(key, deadline)
@@ -339,9 +339,15 @@ class _Judged:
     memory: Memory
 
 
+def _slice_keys(slice_map: SliceMap) -> set[str]:
+    return {s.key for gs in slice_map.groups.values() for s in gs.slices}
+
+
 def _live_refused(memory: Memory, slice_map: SliceMap, now: datetime) -> dict[str, Any]:
     """Refused-drain backoffs of slices that still exist (forgotten a while after they end)."""
-    keys = {s.key for gs in slice_map.groups.values() for s in gs.slices}
+    if not memory.refused:
+        return {}
+    keys = _slice_keys(slice_map)
     return {
         k: v for k, v in memory.refused.items() if k in keys and v.until + timedelta(hours=1) > now
     }
@@ -444,16 +450,14 @@ def _host_bound_hold(group: WorkerGroup) -> Hold:
 def _conservative_limit(g: _Group, cap: Capacity, ray: RayState) -> int:
     """Launching hosts stay within the size of the Ray cluster, but one slice may always start."""
     hosts = g.slices.group.num_of_hosts
-    alive = sum(1 for n in ray.nodes if n.alive)
-    launching = cap.virtual.get(g.slices.group.name, 0) + len(
-        g.slices.by_state(SliceState.PENDING) + g.slices.by_state(SliceState.PARTIAL)
-    )
+    alive = len(ray.alive_nodes())
+    launching = cap.virtual.get(g.slices.group.name, 0) + len(g.slices.coming_up)
     return max(1, math.ceil(alive / hosts)) - launching
 
 
 def _fit_demand(ray: RayState, cap: Capacity, rooms: Mapping[str, GroupRoom]) -> DemandFit:
     fit = DemandFit()
-    alive = [n for n in ray.nodes if n.alive]
+    alive = list(ray.alive_nodes())
     # The request_resources floor counts whole hosts; slices it adds also serve pending demand.
     total = Pool(cap.total)
     available = Pool(cap.available)
@@ -588,13 +592,7 @@ def _above_max(
 
 
 def _launching_hosts(g: _Group, launching_slices: int) -> int:
-    pending = [
-        h
-        for s in g.slices.slices
-        if s.state in (SliceState.PENDING, SliceState.PARTIAL)
-        for h in s.hosts
-        if h.pod_name not in s.nodes
-    ]
+    pending = [h for s in g.slices.coming_up for h in s.hosts if h.pod_name not in s.nodes]
     return len(pending) + max(0, launching_slices) * g.slices.group.num_of_hosts
 
 

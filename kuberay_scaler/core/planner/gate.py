@@ -77,17 +77,33 @@ def evidence_for(
     now: datetime,
     deadlines: Mapping[str, datetime] | None = None,
 ) -> Evidence:
-    hosts = list(hosts)
+    hosts = hosts if isinstance(hosts, tuple) else tuple(hosts)
     if clock is None:  # one-shot use (offline `plan`): the pods' own timestamps
         clock = HostClock.from_timestamps(hosts, ray.node_by_instance() if ray else {}, now)
     return Evidence(
-        hosts=MappingProxyType({h.pod_name: h for h in hosts}),
+        hosts=_by_name(hosts),
         entries=ray.entries_by_instance() if ray else MappingProxyType({}),
         ray_known=ray is not None,
         clock=clock,
         grace_s=grace_s,
         deadlines=MappingProxyType(dict(deadlines or {})),
     )
+
+
+# The last hosts tuple and its by-name view: the daemon hands the pod cache's tuple on frame
+# after frame while no pod changed (a pure memo: a tuple never changes; one entry, replaced
+# whole, so concurrent callers at worst build it again).
+_LAST_BY_NAME: tuple[tuple[Host, ...], Mapping[str, Host]] = ((), MappingProxyType({}))
+
+
+def _by_name(hosts: tuple[Host, ...]) -> Mapping[str, Host]:
+    global _LAST_BY_NAME
+    last = _LAST_BY_NAME
+    if last[0] is hosts:
+        return last[1]
+    view = MappingProxyType({h.pod_name: h for h in hosts})
+    _LAST_BY_NAME = (hosts, view)
+    return view
 
 
 def pod_blocker(

@@ -45,15 +45,21 @@ def idle_deletions(
     (`drain_backing_off`)."""
     group = slices.group
     idle: list[tuple[int, Slice]] = []
-    now_ms = epoch_ms(now) if now is not None else 0
-    for sl in slices.by_state(SliceState.COMPLETE):
-        idle_ms = sl.idle_ms(now_ms) if now is not None else None
-        if idle_ms is None or idle_ms < timeout_s * 1000 or (group.name, sl.key) in needed:
-            continue
-        if now is not None and drain_backing_off(sl, refused or {}, now, reasons):
-            continue
-        idle.append((idle_ms, sl))
-    idle.sort(key=lambda pair: (-pair[0], pair[1].key))  # longest idle first
+    if now is None:
+        return []
+    now_ms = epoch_ms(now)
+    # Longest idle first; past the first one below the timeout, all the others are too.
+    for since, key, sl in slices.idle_by_since:
+        idle_ms = max(0, now_ms - since)
+        if idle_ms < timeout_s * 1000:
+            break
+        if (group.name, key) not in needed:
+            idle.append((idle_ms, sl))
+    if refused and idle:  # in slice order, as their reasons are said
+        order = {s.key: i for i, s in enumerate(slices.slices)}
+        idle.sort(key=lambda pair: order[pair[1].key])
+        idle = [(ms, sl) for ms, sl in idle if not drain_backing_off(sl, refused, now, reasons)]
+    idle.sort(key=lambda pair: (-pair[0], pair[1].key))  # ties (clamped at 0) by key
     chosen = idle[: max(0, keep_at_least)]
     if len(chosen) < len(idle):
         reasons.append(
@@ -197,7 +203,8 @@ class Surplus:
     preempting: dict[str, datetime] = field(default_factory=dict)  # slice key → deadline
     still_draining: list[ScaleDown] = field(default_factory=list)  # preempted, not done yet
     waiting: list[Keep] = field(default_factory=list)  # hosts absent from Ray, not long enough
-    running: int = 0  # slices the group runs
+    # Slices the group runs (when not above maxReplicas: an upper bound, never above it).
+    running: int = 0
 
     @property
     def leaving(self) -> int:
@@ -230,6 +237,9 @@ def surplus_removals(
     in a multi-host group cannot be told apart and are never chosen.
     """
     group = slices.group
+    at_most = len(slices.slices) - len(slices.by_state(SliceState.TERMINATING))
+    if at_most <= group.max_replicas:  # not above: no need to look at each slice
+        return Surplus(running=at_most)
     live = [
         s for s in slices.slices if s.state is not SliceState.TERMINATING and _identified(s, group)
     ]
