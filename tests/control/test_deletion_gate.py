@@ -190,7 +190,9 @@ async def test_a_refused_drain_backs_off_instead_of_retrying_every_round() -> No
         loop.see_ray(state(nodes))
         await loop.reconciler.reconcile({"timer"})
     assert len(loop.gcs.drains) <= 2 * 4, f"{len(loop.gcs.drains)} DrainNode calls"
-    assert len(loop.writer.calls) <= 2, f"{len(loop.writer.calls)} RayCluster writes"
+    # One write: the draining record, kept for the retry and never written again (with the
+    # record rewritten on the retry round this was 2).
+    assert len(loop.writer.calls) == 1, f"{len(loop.writer.calls)} RayCluster writes"
     assert workers_to_delete(loop) == []
 
 

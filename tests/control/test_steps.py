@@ -326,6 +326,27 @@ async def test_recorder_dry_run_records_decisions_without_events() -> None:
     assert {d["dry_run"] for d in recorder.status.recent} == {True}
 
 
+@pytest.mark.parametrize("event", [True, False], ids=["the RayCluster exists", "no object"])
+async def test_recorder_says_a_target_not_served_in_an_error_line_and_an_event_where_it_can(
+    event: bool,
+) -> None:
+    """Issue 20: a target not served says so in an error line, and in an Event on the
+    RayCluster when there is one to attach it to (a 401/403 on the pods; not a name naming
+    nothing, nor a CRD version not served)."""
+    from structlog.testing import capture_logs
+
+    events = FakeEvents()
+    recorder = Recorder(events, Progress(0.0, 60.0, 3), wall=lambda: NOW)
+    problem = "pods of RayCluster default/rc: not allowed to list/watch them (HTTP 403)"
+    with capture_logs() as logs:
+        recorder.not_served(problem, event=event)
+    await asyncio.gather(*list(recorder._background))
+    assert [(x["log_level"], x["problem"]) for x in logs if x["event"] == "target not served"] == [
+        ("error", problem)
+    ]
+    assert events.recorded == ([("TargetNotServed", problem)] if event else [])
+
+
 def _blocked_count(path: str) -> float:
     value = REGISTRY.get_sample_value("kuberay_scaler_deletions_blocked_total", {"path": path})
     return value or 0.0

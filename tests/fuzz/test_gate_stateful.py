@@ -14,7 +14,8 @@ the test's own record of the world (not the daemon's code): every Ray node of it
 drain accepted in this execution, or (b) is DEAD, or no reply the daemon got showed it for the
 whole grace; or (c) it never had a node and is not Running; or (d) its slice's preemption
 deadline passed. And no path disagrees with the gate (nothing blocked). `FUZZ_EXAMPLES` sets
-the number of runs (`make test`: 60; `make fuzz`: 5000).
+the number of runs (`make test`: 200; `make fuzz`: 5000). At 60, a mutation making the gate's
+own grace check pass every absent host was found in 2 of 10 seeded runs; at 200 in 7 of 10.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from kuberay_scaler.core.planner.gate import quiet
 from kuberay_scaler.core.slicemap import SliceTimeouts
 from tests.factories import NOW, cluster, group, head_node, node, node_id_of, pod
 
-EXAMPLES = max(1, int(os.environ.get("FUZZ_EXAMPLES", "60")))
+EXAMPLES = max(1, int(os.environ.get("FUZZ_EXAMPLES", "200")))
 COVERED: Counter[str] = Counter()  # pods named, by the gate clause that let them go
 GRACE_S = 120.0
 POLICY = Policy(
