@@ -67,7 +67,7 @@ async def test_idle_replies_keep_their_body_and_are_parsed_once(
             await asyncio.sleep(0.2)
         else:
             raise AssertionError("the driver's demand was never parsed")
-        assert poller.parses >= 2
+        assert poller.parses + poller.reparses >= 2  # the demand re-read (alone or in full)
         assert {k: v for k, v in observed.state.tasks[0].bundle.resources.items()} == {"CPU": 64.0}
     finally:
         driver.stop()

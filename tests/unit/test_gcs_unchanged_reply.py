@@ -25,6 +25,7 @@ from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import (
     SLOP_MS,
     ReadWindow,
+    reparsed,
     reply_body,
     with_idle_clocks,
     with_nodes_of,
@@ -283,7 +284,8 @@ def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse
     seen = asyncio.run(poll_all())
     assert [o.state for o in seen] == expected
     assert seen[3].state is not None and seen[3].state.nodes[3].idle_ms(read_at[3]) == 605_000
-    assert poller.parses == 2  # the first reply, and the one where node 1 turned busy
+    assert poller.parses == 1  # the first reply in full
+    assert poller.reparses == 1  # the one where node 1 turned busy: that node alone re-read
     assert len(changes) == 2
 
 
@@ -352,6 +354,76 @@ def test_after_a_real_change_unchanged_nodes_keep_their_objects() -> None:
 
     before, after = asyncio.run(both())
     assert after.state == parse_ray_state(changed, read_at_ms=NOW_MS + 1000)
-    assert poller.parses == 2
+    assert (poller.parses, poller.reparses) == (1, 1)
     kept = [a is b for a, b in zip(before.state.nodes, after.state.nodes, strict=True)]
     assert kept == [False, True, True]  # node 0 changed; node 1 idle since the same moment
+
+
+CHANGES = st.sampled_from(
+    [
+        "idle_moves",
+        "node_busy",
+        "node_resources",
+        "node_added",
+        "node_gone",
+        "node_moved",
+        "demand",
+        "demand_gone",
+        "gang",
+        "nothing",
+    ]
+)
+
+
+@given(
+    idle=st.lists(st.integers(0, 10**6), min_size=1, max_size=6),
+    changes=st.lists(st.tuples(CHANGES, st.integers(0, 20)), min_size=1, max_size=4),
+)
+@settings(max_examples=120, deadline=None)
+def test_reparsing_what_changed_equals_a_full_parse(
+    idle: list[int], changes: list[tuple[str, int]]
+) -> None:
+    """Whatever changed between two replies (nodes added, gone, reordered, changed; demand),
+    re-reading only the changed parts gives what a full parse gives (with unchanged nodes'
+    objects kept), and a node whose bytes did not change is the very object of the last parse."""
+    before = _reply(idle)
+    previous = parse_ray_state(before, read_at_ms=NOW_MS)
+    old = reply_body(before)
+    assert old is not None
+    after = _tick(before, 1000)
+    nodes = after.cluster_resource_state.node_states
+    for change, i in changes:
+        k = i % len(nodes) if len(nodes) else 0
+        if change == "node_busy" and len(nodes):
+            nodes[k].status, nodes[k].idle_duration_ms = RUNNING, 0
+        elif change == "node_resources" and len(nodes):
+            nodes[k].available_resources["CPU"] = 1.0 + i
+        elif change == "node_added":
+            _node(after.cluster_resource_state, 100 + i, idle_ms=5000 + i, status=IDLE)
+        elif change == "node_gone" and len(nodes):
+            del nodes[k]
+        elif change == "node_moved" and len(nodes) > 1:
+            moved = autoscaler_pb2.NodeState()
+            moved.CopyFrom(nodes[k])
+            del nodes[k]
+            nodes.add().CopyFrom(moved)
+        elif change == "demand":
+            task = after.cluster_resource_state.pending_resource_requests.add(count=1 + i)
+            task.request.resources_bundle.update({"CPU": 2.0})
+        elif change == "demand_gone":
+            del after.cluster_resource_state.pending_resource_requests[:]
+        elif change == "gang":
+            gang = after.cluster_resource_state.pending_gang_resource_requests.add()
+            gang.details = f"pg{i}:SPREAD|PENDING"
+            gang.requests.add().resources_bundle.update({"CPU": 1.0})
+    read = ReadWindow(NOW_MS + 1000, NOW_MS + 1000 + (changes[0][1] % 7))
+    new = reply_body(after)
+    assert new is not None
+    got = reparsed(previous, old, after, new, read)
+    full = parse_ray_state(after, read_at_ms=read.received_ms)
+    assert got == with_nodes_of(previous, full, read)
+    assert [n.node_id for n in got.nodes] == [n.node_id for n in full.nodes]
+    unchanged = {raw for raw in new.nodes if raw in set(old.nodes)}
+    for raw, node in zip(new.nodes, got.nodes, strict=True):
+        if raw in unchanged:
+            assert any(node is p for p in previous.nodes)

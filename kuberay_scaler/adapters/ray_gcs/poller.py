@@ -37,6 +37,8 @@ from kuberay_scaler.adapters.ray_gcs.errors import GcsError
 from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import (
     ReadWindow,
+    ReplyBody,
+    reparsed,
     reply_body,
     with_idle_clocks,
     with_nodes_of,
@@ -107,8 +109,10 @@ class GcsPoller:
         self._cluster_id: str | None = None
         self._last_version = -1
         self._content: object = None
-        self._parsed: tuple[bytes, RayState] | None = None  # last parsed body and its parse
-        self.parses = 0  # full parses (the rest reused the last one)
+        self._content_of: tuple[object, object, object] = (None, None, None)
+        self._parsed: tuple[ReplyBody, RayState] | None = None  # last body and its parse
+        self.parses = 0  # full parses
+        self.reparses = 0  # replies of which only what changed was parsed (unchanged.reparsed)
         self._cadence = Cadence(ceiling_s=interval_s)
         self._last_cost_s = 0.0
         self._costs: deque[float] = deque(maxlen=COST_WINDOW)
@@ -212,12 +216,19 @@ class GcsPoller:
     def _observe(
         self, reply: Any, cluster_id: str | None, version: int, read: ReadWindow
     ) -> RayObservation:
-        """The reply parsed, or the last parse with its idle clocks when only those moved."""
+        """The reply parsed: the last parse with its idle clocks when only those moved, the last
+        parse with what changed re-read when little did, a full parse otherwise."""
         observed_at = self._monotonic()
         body = reply_body(reply)
-        if body is not None and self._parsed is not None and body.body == self._parsed[0]:
-            state = with_idle_clocks(self._parsed[1], body.idle_ms, read)
-            self._parsed = (body.body, state)
+        last = self._parsed
+        if body is not None and last is not None:
+            before, previous = last
+            if body.body == before.body:
+                state = with_idle_clocks(previous, body.idle_ms, read)
+            else:
+                self.reparses += 1
+                state = reparsed(previous, before, reply, body, read)
+            self._parsed = (body, state)
             return RayObservation(state, observed_at, cluster_id, self._epoch, version)
         self.parses += 1
         observation = observation_of(
@@ -233,14 +244,23 @@ class GcsPoller:
         # Unchanged nodes keep last parse's objects (the slice map's memo knows them so).
         state = with_nodes_of(self._parsed[1] if self._parsed else None, observation.state, read)
         observation = replace(observation, state=state)
-        self._parsed = (body.body, state) if body is not None else None
+        self._parsed = (body, state) if body is not None else None
         return observation
 
     def _publish(self, observation: RayObservation) -> RayObservation:
         self.latest = observation
         if self._on_observation is not None:
             self._on_observation(observation)
-        content = observation.content()
+        # The same state object, GCS and epoch as last time: the same content (not rebuilt).
+        same = (observation.state, observation.epoch, observation.cluster_id)
+        state, epoch, cluster_id = self._content_of
+        unchanged = (
+            observation.state is not None
+            and observation.state is state
+            and (observation.epoch, observation.cluster_id) == (epoch, cluster_id)
+        )
+        self._content_of = same
+        content = self._content if unchanged else observation.content()
         if content != self._content:
             self._content = content
             self.content_version += 1

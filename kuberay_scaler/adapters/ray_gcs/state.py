@@ -57,17 +57,34 @@ def parse_ray_state(reply: object, *, read_at_ms: int) -> RayState:
     must never look like zero (the caller holds instead).
     """
     state = _as_state(reply)
-    bundles: dict[bytes, Bundle] = {}  # the GCS lists a shape once per raylet: parse it once
+    tasks, gangs, constraint = parse_demand(state)
     return RayState(
         nodes=tuple(_node(n, read_at_ms) for n in state.node_states),
-        tasks=tuple(
-            TaskDemand(bundle=_shared_bundle(r.request, bundles), count=int(r.count))
-            for r in state.pending_resource_requests
-            if r.count > 0
-        ),
-        gangs=tuple(g for g in (_gang(g) for g in state.pending_gang_resource_requests) if g),
-        constraint=_constraint(state.cluster_resource_constraints),
+        tasks=tasks,
+        gangs=gangs,
+        constraint=constraint,
     )
+
+
+Demand = tuple[tuple[TaskDemand, ...], tuple[GangDemand, ...], tuple[TaskDemand, ...]]
+
+
+def parse_demand(state: Any) -> Demand:
+    """A ClusterResourceState message's demand: tasks, gangs and the request_resources floor
+    (what `parse_ray_state` puts beside the nodes; unchanged.py re-reads it alone)."""
+    bundles: dict[bytes, Bundle] = {}  # the GCS lists a shape once per raylet: parse it once
+    tasks = tuple(
+        TaskDemand(bundle=_shared_bundle(r.request, bundles), count=int(r.count))
+        for r in state.pending_resource_requests
+        if r.count > 0
+    )
+    gangs = tuple(g for g in (_gang(g) for g in state.pending_gang_resource_requests) if g)
+    return tasks, gangs, _constraint(state.cluster_resource_constraints)
+
+
+def parse_node(node: Any, read_at_ms: int) -> RayNode:
+    """One NodeState message, read at `read_at_ms` (what `parse_ray_state` makes of each)."""
+    return _node(node, read_at_ms)
 
 
 def alive_instance_ids(reply: object) -> list[str] | None:
