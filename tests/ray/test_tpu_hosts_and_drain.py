@@ -151,7 +151,9 @@ async def test_idle_single_host_drain_is_accepted_and_the_node_dies(
     )
     assert result.may_delete
     assert result.drained_node_ids == (host.node_id.hex(),)
-    await wait_for_state(client, lambda s: _status(s, host.node_id) == DEAD, what="cpu-drained-0 dead")
+    await wait_for_state(
+        client, lambda s: _status(s, host.node_id) == DEAD, what="cpu-drained-0 dead"
+    )
 
 
 async def test_partly_busy_slice_is_kept_and_lists_hosts_already_drained(
