@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint demo e2e bench bench-quick bench-planner fuzz soak clean image ray-matrix
+.PHONY: install test test-random lint demo e2e bench bench-quick bench-planner fuzz soak clean image ray-matrix
 
 # PYTHONWARNINGS=ignore: setuptools' editable-install banner (printed once per package, the same
 # every time, nothing to act on) would be all a newcomer sees for the first minute.
@@ -20,6 +20,14 @@ install: $(STAMP)
 
 test: install
 	$(BIN)/pytest -q
+
+# The same suite in a random order (pytest-randomly; SEED=n repeats an order, printed at the start).
+ifndef SEED
+SEED := $(shell python3 -c 'import random; print(random.randrange(10**6))')
+endif
+test-random: install
+	@echo "== random order, seed $(SEED) (make test-random SEED=$(SEED) repeats it) =="
+	$(BIN)/pytest -q -p randomly -p no:cacheprovider --randomly-seed=$(SEED)
 
 lint: install
 	$(BIN)/ruff check .

@@ -96,6 +96,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "n": len(values),
             "missed": sum(1 for r in rows if r[kind] is None),
             **{f"p{q}": _quantile(values, q / 100) for q in (50, 90, 99)},
+            "max": values[-1] if values else None,
         }
     ratios = sorted(
         r["ray-v2"] / r["ours"]
@@ -110,13 +111,14 @@ def markdown(result: dict[str, Any]) -> str:
     """The table docs and reports show."""
     s = result["summary"]
     lines = [
-        "| spec edit → patch (s) | n | missed | p50 | p90 | p99 |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| spec edit → patch (s) | n | missed | p50 | p90 | p99 | max |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for kind in KINDS:
         k = s[kind]
         lines.append(
-            f"| {kind} | {k['n']} | {k['missed']} | {k['p50']} | {k['p90']} | {k['p99']} |"
+            f"| {kind} | {k['n']} | {k['missed']} | {k['p50']} | {k['p90']} | {k['p99']}"
+            f" | {k.get('max')} |"
         )
     lines.append(f"\nMedian per-trial ratio Ray v2 / ours: {s['ratio_ray-v2_over_ours']['median']}")
     return "\n".join(lines)

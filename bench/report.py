@@ -43,6 +43,7 @@ def render(results: dict[str, Any], plots_dir: Path | None) -> str:
     ]
     lines += _goals(results)
     lines += _reaction(results["live"].get("reaction"), plots_dir)
+    lines += _spec_edit(results.get("spec_edit"))
     lines += _idle(results["live"].get("idle", {}), plots_dir)
     lines += _reconcile(results.get("reconcile", []))
     lines += _gcs(results.get("gcs_poll", []))
@@ -109,10 +110,11 @@ def _goals(results: dict[str, Any]) -> list[str]:
             (f"reconcile at {rec[-1]['pods']} pods < 50 ms", f"{ms:.0f} ms", "< 50 ms", ms < 50)
         )
     rows += _goals_23(results)
+    rows += _goals_22(results.get("spec_edit"))
     if not rows:
         return []
     lines = [
-        "### Goals (issues 13, 20, 23), on this run",
+        "### Goals (issues 13, 20, 22, 23), on this run",
         "",
         "| goal | measured | target | |",
         "| --- | --- | --- | --- |",
@@ -120,6 +122,25 @@ def _goals(results: dict[str, Any]) -> list[str]:
     for name, measured, target, ok in rows:
         lines.append(f"| {name} | {measured} | {target} | {'met' if ok else '**missed**'} |")
     return [*lines, ""]
+
+
+def _goals_22(data: dict[str, Any] | None) -> list[tuple[str, str, str, bool | None]]:
+    """Issue 22 item 1: a spec edit acted on within p50 ≤ 2 s, p99 ≤ 5 s under KubeRay's Role."""
+    if not data:
+        return []
+    ours = data["summary"]["ours"]
+    rows: list[tuple[str, str, str, bool | None]] = []
+    for q, bound in (("p50", 2.0), ("p99", 5.0)):
+        if ours[q] is not None:
+            rows.append(
+                (
+                    f"spec edit → patch {q} ≤ {bound:.0f} s",
+                    f"{ours[q]:.2f} s",
+                    f"≤ {bound:.0f} s",
+                    ours[q] <= bound and ours["missed"] == 0,
+                )
+            )
+    return rows
 
 
 def _goals_23(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
@@ -273,6 +294,38 @@ def _reaction(data: dict[str, Any] | None, plots_dir: Path | None) -> list[str]:
         )
     if plots_dir is not None:
         lines += ["", f"![reaction]({_plot_reaction(data, plots_dir)})"]
+    return [*lines, ""]
+
+
+def _spec_edit(data: dict[str, Any] | None) -> list[str]:
+    """bench/bench_spec_edit.py: a `maxReplicas` edit → the patch acting on it, under KubeRay's
+    Role (RayCluster GET only). Below 100 trials p99 is about the maximum."""
+    if not data:
+        return []
+    s = data["summary"]
+    n = len(data["trials"])
+    loads = [t["load1"] for t in data["trials"]]
+    lines = [
+        f"### Spec edit → patch, under KubeRay's Role ({n} paired trials)",
+        "",
+        "`maxReplicas` raised by one on both clusters at the same instant, pending demand"
+        " waiting for it; the time until each autoscaler's patch raises `replicas`."
+        + (" With fewer than 100 trials p99 is about the maximum." if n < 100 else ""),
+        "",
+        "| | p50 | p90 | p99 | max | trials without a patch in 30 s"
+        " | median ratio Ray / ours, per trial |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    ratio = s.get("ratio_ray-v2_over_ours", {}).get("median")
+    for kind in ("ours", "ray-v2"):
+        k = s[kind]
+        lines.append(
+            f"| {LABEL[kind]} | {_fmt(k['p50'], ' s')} | {_fmt(k['p90'], ' s')} |"
+            f" {_fmt(k['p99'], ' s')} | {_fmt(k.get('max'), ' s')} | {k['missed']} |"
+            f" {_fmt(ratio, '×', 1) if ratio and kind != 'ours' else ''} |"
+        )
+    if loads:
+        lines += ["", f"1-min load average during the trials: {min(loads)}–{max(loads)}."]
     return [*lines, ""]
 
 

@@ -48,6 +48,8 @@ def hosts(head: RayHead) -> Iterator[dict[str, RayHost]]:
     specs = [
         *tpu_slice_specs(SLICE, tpu_ips, instance_ids=TPU_PODS),
         _cpu_spec(31, "cpu-idle-0"),
+        # Drained to death by its own test; the others read cpu-idle-0 alive in any order.
+        _cpu_spec(34, "cpu-drained-0"),
         _cpu_spec(32, "cpu-pair-0"),
         _cpu_spec(33, "cpu-pair-1"),
     ]
@@ -138,18 +140,20 @@ async def test_busy_slice_refuses_idle_drain_and_is_not_deleted(
 async def test_idle_single_host_drain_is_accepted_and_the_node_dies(
     hosts: dict[str, RayHost], client: GcsClient
 ) -> None:
-    host = hosts["cpu-idle-0"]
+    host = hosts["cpu-drained-0"]
     await wait_for_state(
         client,
         lambda s: _status(s, host.node_id) == IDLE_STATUS,
-        what="cpu-idle-0 idle",
+        what="cpu-drained-0 idle",
     )
     result = await drain_slice(
         client, [host.node_id.hex()], reason_message="idle slice", deadline_ms=deadline_in(60)
     )
     assert result.may_delete
     assert result.drained_node_ids == (host.node_id.hex(),)
-    await wait_for_state(client, lambda s: _status(s, host.node_id) == DEAD, what="cpu-idle-0 dead")
+    await wait_for_state(
+        client, lambda s: _status(s, host.node_id) == DEAD, what="cpu-drained-0 dead"
+    )
 
 
 async def test_partly_busy_slice_is_kept_and_lists_hosts_already_drained(

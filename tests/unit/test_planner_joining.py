@@ -9,15 +9,17 @@ from datetime import timedelta
 import pytest
 
 from kuberay_scaler.core.defaults import JOIN_SETTLE_S
-from kuberay_scaler.core.model.ray import RayNode
+from kuberay_scaler.core.model.ray import GangStrategy, RayNode
 from kuberay_scaler.core.model.reasons import Hold, HoldKind
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     NOW,
+    bundle,
     cluster,
     cpu_nodes,
     deleted_pods,
+    gang,
     group,
     head_node,
     plan_of,
@@ -152,3 +154,18 @@ def test_a_single_host_worker_just_up_holds_the_task_it_took() -> None:
     assert targets(plan_of(rc, pods, lagging)) == {"cpu": 1}
     more = state([head_node(), *cpu_nodes(["cpu-0"], free_cpu=0)], [tasks({"CPU": 8}, 3)])
     assert targets(plan_of(rc, pods, more)) == {"cpu": 3}
+
+
+def test_a_strict_spread_gang_never_counts_one_host_just_up_twice() -> None:
+    """The used part of a worker just up is a bin of its own beside the host's free part; a
+    STRICT_SPREAD placement group may take only one of the two: two bundles on one host are
+    two hosts' demand, so a second worker is asked for."""
+    rc = cluster(group("cpu", replicas=1, max_replicas=10))
+    pods = [pod("cpu-0", "cpu", age_s=12)]
+    half = cpu_nodes(["cpu-0"], free_cpu=4)
+    spread = gang(GangStrategy.STRICT_SPREAD, bundle({"CPU": 4}), bundle({"CPU": 4}))
+    result = plan_of(rc, pods, state([head_node(), *half], gangs=[spread]))
+    assert targets(result) == {"cpu": 2}
+    packed = gang(GangStrategy.PACK, bundle({"CPU": 4}), bundle({"CPU": 4}))
+    held = plan_of(rc, pods, state([head_node(), *half], gangs=[packed]))
+    assert targets(held) == {"cpu": 1}  # PACK may share the host: its used part may be it

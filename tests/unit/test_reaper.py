@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,7 +46,10 @@ def test_orphans_are_processes_of_a_session_whose_owner_is_dead() -> None:
     value = f"{gone.stdout.strip()}:dead-owner"
     sleeper = _marked_sleeper(value)
     try:
-        assert sleeper.pid in {o.pid for o in reaper.orphans()}
+        # A made-up orphan is an orphan to every reaper: a pytest session starting beside this
+        # one (another checkout, CI) reaps it on sight (SIGKILL), and that too is it being found.
+        found = sleeper.pid in {o.pid for o in reaper.orphans()}
+        assert found or sleeper.poll() == -signal.SIGKILL, "the orphan was not found"
         live = _marked_sleeper(f"{os.getpid()}:live-owner")
         try:
             assert live.pid not in {o.pid for o in reaper.orphans()}
@@ -89,7 +93,9 @@ def test_orphan_dirs_are_those_of_a_session_whose_owner_is_dead(
     live = scratch_dir("krs-unit-")
     try:
         found = reaper.orphan_dirs()
-        assert orphan in found and live not in found
+        # As above: a session starting beside this one removes a dead owner's dir on sight.
+        assert orphan in found or not orphan.exists()
+        assert live not in found
     finally:
         shutil.rmtree(orphan, ignore_errors=True)
         shutil.rmtree(live, ignore_errors=True)

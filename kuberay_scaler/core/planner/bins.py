@@ -50,6 +50,9 @@ class Bin:
     # Ray may still report pending. Last of the bins there are (before planned ones), so it only
     # ever holds demand that would otherwise open a slice, never demand an existing host takes.
     settling: bool = False
+    # The other bin of the same host (a settling bin and its host's live one): one host under
+    # STRICT_SPREAD, never two.
+    twin: Bin | None = None
     used: bool = field(default=False)
 
 

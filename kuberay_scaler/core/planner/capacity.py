@@ -72,13 +72,15 @@ def build_capacity(
         if state is SliceState.PENDING:
             cap.available.append(_coming_bin(node, group, key, accelerators))
         else:
-            cap.available.append(_node_bin(node, group, key, node.available, accelerators))
+            live = _node_bin(node, group, key, node.available, accelerators)
+            cap.available.append(live)
             since = started.get(node.instance_id) if state is SliceState.COMPLETE else None
             if since is not None and now is not None and not node.is_head:
                 # A start stamped ahead of `now` (clock skew) settles no longer than settle_s.
                 left = settle_s - max(0.0, (now - since).total_seconds())
                 settling = _settling_bin(node, group, key, accelerators) if left > 0 else None
                 if settling is not None:
+                    settling.twin, live.twin = live, settling
                     cap.available.append(settling)
                     cap.settling.append((settling, left))
         if with_total:

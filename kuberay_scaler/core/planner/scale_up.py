@@ -237,7 +237,7 @@ def _keep_for_waiting_gang(gang: GangDemand, pool: Pool) -> None:
     trial = _GangTrial()
     distinct = gang.strategy is GangStrategy.STRICT_SPREAD
     for unit in sorted(gang_units(gang), key=bundle_size, reverse=True):
-        used = {id(b) for b, _ in trial.taken} if distinct else set()
+        used = _hosts_taken(trial) if distinct else set()
         target = pool.first_fit(unit, False, used)
         if target is not None:
             take(target, unit)
@@ -278,7 +278,7 @@ def _place_gang_with_new_slices(
     trial = _GangTrial()
     distinct = gang.strategy is GangStrategy.STRICT_SPREAD
     for unit in sorted(gang_units(gang), key=bundle_size, reverse=True):
-        used = {id(b) for b, _ in trial.taken} if distinct else set()
+        used = _hosts_taken(trial) if distinct else set()
         options = candidates(unit, rooms.values())
         target = pool.first_fit(unit, _spares_accelerators(unit, options), used)
         if target is None:
@@ -293,6 +293,14 @@ def _place_gang_with_new_slices(
         trial.taken.append((target, unit))
     _commit(gang, trial, pool)
     return True
+
+
+def _hosts_taken(trial: _GangTrial) -> set[int]:
+    """Ids of the bins a STRICT_SPREAD unit may no longer take: those taken, and their twins
+    (the other bin of the same host, see `Bin.twin`)."""
+    out = {id(b) for b, _ in trial.taken}
+    out.update(id(b.twin) for b, _ in trial.taken if b.twin is not None)
+    return out
 
 
 def _first_fit(unit: Bundle, bins: Iterable[Bin], used: set[int]) -> Bin | None:
