@@ -143,6 +143,7 @@ async def test_sidecar_role_grants_the_service_account_what_the_daemon_uses(
         ("ray.io", "rayclusters", "patch", SIDECAR_NAME),
         ("", "events", "create", ""),
     ]
+    await _authorizer_sees(admin, ns, *wanted[0])
     for group, resource, verb, name in wanted:
         answer = await _review(admin, ns, verb, group, resource, name)
         assert answer.get("allowed"), f"{verb} {resource} {name}: {answer}"
@@ -151,6 +152,24 @@ async def test_sidecar_role_grants_the_service_account_what_the_daemon_uses(
         assert not answer.get("allowed"), f"{verb} another RayCluster: {answer}"
     answer = await _review(admin, ns, "list", "ray.io", "rayclusters", "")
     assert not answer.get("allowed"), "listing every RayCluster of the namespace"
+
+
+# The RBAC authorizer answers from its own watch of Roles and RoleBindings, so a binding just
+# created is seen a moment later (CI-2 of 2026-12-02 asked first and got allowed: False).
+# 60 s is far above any propagation seen; only a grant that never comes waits it out.
+AUTHORIZER_SEES_S = 60.0
+
+
+async def _authorizer_sees(
+    admin: Kube, ns: str, group: str, resource: str, verb: str, name: str
+) -> None:
+    """Wait until the authorizer has the namespace's new Role and RoleBinding (a grant)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + AUTHORIZER_SEES_S
+    while not (await _review(admin, ns, verb, group, resource, name)).get("allowed"):
+        if loop.time() > deadline:
+            return  # the assertions that follow say what is missing
+        await asyncio.sleep(0.2)
 
 
 async def _review(

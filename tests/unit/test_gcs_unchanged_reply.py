@@ -162,6 +162,21 @@ def test_an_idle_since_within_the_read_window_is_kept_and_a_restarted_clock_is_n
         assert abs(since - true_since) <= rtt + SLOP_MS
 
 
+def test_parts_are_computed_only_for_a_body_that_changed() -> None:
+    reply = _reply([0, 5000])
+    first = reply_body(reply)
+    assert first is not None and first.parts is not None
+    again = reply_body(_tick(reply, 1000), first.body)
+    assert again is not None and again.body == first.body and again.parts is None
+    busy = _tick(reply, 1000)
+    busy.cluster_resource_state.node_states[1].status = RUNNING
+    changed = reply_body(busy, first.body)
+    assert changed is not None and changed.parts is not None
+    assert changed.parts.rest == first.parts.rest  # the demand did not change
+    assert changed.parts.nodes[0] == first.parts.nodes[0]
+    assert changed.parts.nodes[1] != first.parts.nodes[1]
+
+
 def test_reply_body_leaves_the_reply_as_it_was() -> None:
     reply = _reply([0, 5000, 0, 9000])
     raw = reply.SerializeToString(deterministic=True)
@@ -423,7 +438,8 @@ def test_reparsing_what_changed_equals_a_full_parse(
     full = parse_ray_state(after, read_at_ms=read.received_ms)
     assert got == with_nodes_of(previous, full, read)
     assert [n.node_id for n in got.nodes] == [n.node_id for n in full.nodes]
-    unchanged = {raw for raw in new.nodes if raw in set(old.nodes)}
-    for raw, node in zip(new.nodes, got.nodes, strict=True):
+    assert new.parts is not None and old.parts is not None  # no `last`: parts computed
+    unchanged = {raw for raw in new.parts.nodes if raw in set(old.parts.nodes)}
+    for raw, node in zip(new.parts.nodes, got.nodes, strict=True):
         if raw in unchanged:
             assert any(node is p for p in previous.nodes)

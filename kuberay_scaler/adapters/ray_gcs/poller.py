@@ -219,16 +219,17 @@ class GcsPoller:
         """The reply parsed: the last parse with its idle clocks when only those moved, the last
         parse with what changed re-read when little did, a full parse otherwise."""
         observed_at = self._monotonic()
-        body = reply_body(reply)
         last = self._parsed
+        body = reply_body(reply, last[0].body if last is not None else None)
         if body is not None and last is not None:
             before, previous = last
-            if body.body == before.body:
+            if body.parts is None:  # the same body as the last: only idle clocks moved
                 state = with_idle_clocks(previous, body.idle_ms, read)
+                self._parsed = (before, state)  # its parts stand for this reply's too
             else:
                 self.reparses += 1
                 state = reparsed(previous, before, reply, body, read)
-            self._parsed = (body, state)
+                self._parsed = (body, state)
             return RayObservation(state, observed_at, cluster_id, self._epoch, version)
         self.parses += 1
         observation = observation_of(
