@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -301,6 +302,7 @@ async def live_world(ip: str, prefix: str) -> AsyncIterator[World]:
             proc.stop()
         await asyncio.to_thread(head.stop)
         await api.stop()
+        shutil.rmtree(workdir, ignore_errors=True)  # nothing left in /tmp after a bench
 
 
 @dataclass

@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -211,6 +212,7 @@ async def measure(hosts: int, window_s: float, trials: int, seed: int = 3) -> di
             process.kill()
         await server.stop(None)
         await api.stop()
+        shutil.rmtree(workdir, ignore_errors=True)  # nothing left in /tmp after a bench
     return out
 
 
