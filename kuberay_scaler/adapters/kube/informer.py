@@ -239,7 +239,6 @@ class Informer:
         self._store.clear()
         self._store.update(fresh)
         self._resource_version = resource_version
-        self._watch_progressed = False
         self.failure_status = None
         self._last_relist_at = self._clock()
         self._backoff.reset()
