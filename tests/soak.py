@@ -1,16 +1,19 @@
 """`make soak MINUTES=n`: the demo harness under a random workload and random faults for n minutes.
 
 Stand-ins (API server, operator, kubelet) + a real Ray head + one real Ray host per Running worker
-pod + the real daemon as a subprocess. A workload loop runs Ray drivers one after another (tasks,
-actors, SlicePlacementGroups, `request_resources`, idle periods); a fault loop injects watch cuts,
+pod + the real daemon as a subprocess. Two workload lanes run Ray drivers side by side, each one
+driver after another: the TPU lane (SlicePlacementGroups, idle periods) and the CPU lane (tasks,
+actors, `request_resources` of 2-CPU shapes only a CPU host has); a fault loop injects watch cuts,
 410s, 409s, 422s, 429s, 5xx, an API-server restart, a GCS restart, a killed Ray host, a pod deleted
 behind everyone's back and a paused operator; the daemon is SIGKILLed and restarted twice. Every
 RayCluster write goes through tests/invariants.py. At the end: faults by kind, decisions by kind,
 violations (must be 0), daemon RSS at start and end, reconcile p50/p99; exit 1 on any violation.
 
 Dense enough to judge real work, whatever the machine's load: idle timeouts of seconds, a
-scripted opening (a TPU slice held by `request_resources`, one of its Ray hosts killed, the
-replacement awaited, the slice released) and then the random workload. The run needs at least
+scripted opening on the TPU lane (a TPU slice held by `request_resources`, one of its Ray hosts
+killed, the replacement awaited, the slice released: minutes, as the missing-node grace runs)
+while the CPU lane cycles its group up and down, so a slow slice never starves the run of
+writes; random drivers are killed after DRIVER_LIFETIME_S. The run needs at least
 `--min-writes` judged daemon writes (10 a minute by default), among them a scale-down, a
 replacement, and drains; it runs past `--minutes` until it has them (at most
 `--extra-minutes` more) and fails if it still has not.
@@ -59,7 +62,8 @@ from tests.invariants import (
 # counts that as ONE host of 8 chips, so a 2-host group could never serve it.
 SLICE_TOPOLOGY = "2x2x2"
 SLICE_GENERATION = "v4"
-DRIVER_LIFETIME_S = 240.0
+# A driver whose demand cannot be met (a fault took its slice) is killed: its lane goes on.
+DRIVER_LIFETIME_S = 100.0
 SETTLE_S = 150.0
 DAEMON_KILLS_AT = (0.15, 0.30)  # fractions of the run; the last daemon lives 70 % of it
 RSS_WARMUP_S = 30.0
@@ -80,6 +84,10 @@ DAEMON_ENV = {
     "KUBERAY_SCALER_MISSING_NODE_GRACE_S": "60",
     "KUBERAY_SCALER_REPLACE_BACKOFF_S": "10",
 }
+# Faults that could take the opening's slice or its driver (the opening must be able to finish).
+RAY_SIDE_FAULTS = frozenset(
+    {"GCS restart", "Ray host killed", "pod deleted behind everyone's back"}
+)
 OPENING_STEP_S = 180.0  # each step of the scripted opening waits at most this long
 WRITES_PER_MINUTE = 10
 DRAINING_ANNOTATION = "kuberay-scaler.ray.io/draining"
@@ -99,15 +107,24 @@ def soak_raycluster() -> dict[str, Any]:
 
 # --- the workload ----------------------------------------------------------------------------
 
+# The CPU lane's tasks, actors and bundles need 2 CPUs: a cpu-group host has 2, a TPU host 1, so
+# they scale the CPU group even while a slice is up (with 1 they ran on the slice's hosts).
+CPU_LANE_CPUS = 2
+# After a driver a lane usually waits (bounded) for its group to scale down, so each driver makes
+# a cycle of writes; otherwise the next demand meets the idle hosts before they go (a race kept).
+WAIT_SCALED_DOWN = 0.7
+SCALED_DOWN_WAIT_S = 60.0
+LANE_GROUP = {"tpu": "tpu-group", "cpu": "cpu-group"}
+
 
 def _tasks(rng: random.Random) -> tuple[str, str]:
     n, secs = rng.randint(1, 5), rng.uniform(1, 8)
     body = f"""
-@ray.remote(num_cpus=1)
+@ray.remote(num_cpus={CPU_LANE_CPUS})
 def work(i):
     time.sleep({secs:.1f})
     return i
-ray.get([work.remote(i) for i in range({n})], timeout=200)
+ray.get([work.remote(i) for i in range({n})], timeout=90)
 """
     return f"CPU tasks ({n})", body
 
@@ -115,12 +132,12 @@ ray.get([work.remote(i) for i in range({n})], timeout=200)
 def _actor(rng: random.Random) -> tuple[str, str]:
     secs = rng.uniform(3, 20)
     body = f"""
-@ray.remote(num_cpus=1)
+@ray.remote(num_cpus={CPU_LANE_CPUS})
 class Holder:
     def ping(self):
         return 1
 holder = Holder.remote()
-ray.get(holder.ping.remote(), timeout=200)
+ray.get(holder.ping.remote(), timeout=90)
 time.sleep({secs:.1f})
 """
     return "an actor", body
@@ -132,14 +149,14 @@ def _slice(rng: random.Random) -> tuple[str, str]:
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray.util.tpu import SlicePlacementGroup
 handle = SlicePlacementGroup(topology={SLICE_TOPOLOGY!r}, accelerator_version={SLICE_GENERATION!r},
-                             num_slices=1, head_reservation_timeout_s=200)
-ray.get(handle.placement_group.ready(), timeout=200)
+                             num_slices=1, head_reservation_timeout_s=90)
+ray.get(handle.placement_group.ready(), timeout=90)
 @ray.remote(num_cpus=0, resources={{"TPU": 4}})
 def on_host(rank):
     time.sleep({secs:.1f})
     return rank
 strategy = PlacementGroupSchedulingStrategy(placement_group=handle.placement_group)
-ray.get([on_host.options(scheduling_strategy=strategy).remote(i) for i in range(2)], timeout=200)
+ray.get([on_host.options(scheduling_strategy=strategy).remote(i) for i in range(2)], timeout=90)
 handle.shutdown()
 """
     return "a slice reservation", body
@@ -149,11 +166,11 @@ def _request_resources(rng: random.Random) -> tuple[str, str]:
     n, secs = rng.randint(1, 3), rng.uniform(5, 20)
     body = f"""
 from ray.autoscaler.sdk import request_resources
-request_resources(bundles=[{{"CPU": 1}}] * {n})
+request_resources(bundles=[{{"CPU": {CPU_LANE_CPUS}}}] * {n})
 time.sleep({secs:.1f})
 request_resources(bundles=[])
 """
-    return f"request_resources ({n} CPU)", body
+    return f"request_resources ({n} x {CPU_LANE_CPUS} CPU)", body
 
 
 def _held_slice(release: Path) -> str:
@@ -169,12 +186,12 @@ request_resources(bundles=[])
 """
 
 
-WORKLOADS: list[Callable[[random.Random], tuple[str, str]]] = [
-    _tasks,
-    _actor,
-    _slice,
-    _request_resources,
-]
+Workload = Callable[[random.Random], tuple[str, str]]
+# The lanes run side by side; a lane's drivers run one after another.
+LANES: dict[str, list[Workload]] = {
+    "tpu": [_slice],
+    "cpu": [_tasks, _actor, _request_resources],
+}
 
 
 # --- what the run judged ----------------------------------------------------------------------
@@ -253,14 +270,14 @@ class Soak:
     workload: Counter[str] = field(default_factory=Counter)
     blind_since: float | None = None
     demand_epoch: int = 0
-    driver: RayDriver | None = None
+    drivers: dict[str, RayDriver] = field(default_factory=dict)  # lane -> its running driver
     stopping: bool = False
     only: tuple[str, ...] = ()  # fault names to draw from (all when empty)
     workloads: tuple[str, ...] = ()  # tasks, actor, slice, request_resources (all when empty)
     writes: Counter[str] = field(default_factory=Counter)  # the daemon's writes, by kind
     opening: bool = True  # the scripted opening first (a replacement, a slice scale-down)
     min_writes: int = 0  # judged daemon writes the run needs (plus the kinds Density names)
-    # Random faults wait for the opening (the daemon kills do not): it must be able to finish.
+    # Ray-side faults wait for the opening (API faults and daemon kills do not).
     opened: asyncio.Event = field(default_factory=asyncio.Event)
 
     def density(self) -> Density:
@@ -338,22 +355,37 @@ class Soak:
     # -- workload --------------------------------------------------------------------------
 
     async def run_workload(self) -> None:
-        if self.opening:
+        lanes = [asyncio.create_task(self.run_lane(lane)) for lane in LANES]
+        try:
+            await asyncio.gather(*lanes)
+        finally:
+            for lane in lanes:
+                lane.cancel()
+
+    async def run_lane(self, lane: str) -> None:
+        if lane == "tpu" and self.opening:
             await self.run_opening()
-        while not self.stopping:
-            if self.rng.random() < 0.2:
+        kinds = [w for w in LANES[lane] if not self.workloads or w.__name__[1:] in self.workloads]
+        while kinds and not self.stopping:
+            if lane == "tpu" and self.rng.random() < 0.2:  # the CPU lane idles between cycles
                 idle = self.rng.uniform(5, 40)
                 self.workload["idle period"] += 1
-                self.say(f"workload: idle for {idle:.0f} s")
+                self.say(f"workload ({lane}): idle for {idle:.0f} s")
                 await asyncio.sleep(idle)
                 continue
-            kinds = [w for w in WORKLOADS if not self.workloads or w.__name__[1:] in self.workloads]
             what, body = self.rng.choice(kinds)(self.rng)
             self.workload[what.split(" (")[0]] += 1
             self.demand_epoch += 1
-            self.say(f"workload: {what}")
-            await self._run_driver(body)
-            await asyncio.sleep(self.rng.uniform(0, 10))
+            self.say(f"workload ({lane}): {what}")
+            await self._run_driver(lane, body)
+            if self.rng.random() < WAIT_SCALED_DOWN:
+                await self._scaled_down(LANE_GROUP[lane])
+            await asyncio.sleep(self.rng.uniform(0, 5))
+
+    async def _scaled_down(self, group: str) -> None:
+        """Wait (bounded) until `group` has no worker pod."""
+        deadline = time.monotonic() + SCALED_DOWN_WAIT_S
+        await _until(lambda: not self.cluster.worker_pods(group), deadline, every=0.5)
 
     async def run_opening(self) -> None:
         """A TPU slice held by `request_resources`; one of its Ray hosts killed (the daemon must
@@ -364,7 +396,9 @@ class Soak:
         self.demand_epoch += 1
         release = self.cluster.workdir / "release-held-slice"
         self.say("workload: opening: request_resources for one TPU slice")
-        driver = self.driver = await self._start_driver(_held_slice(release))
+        driver = await self._start_driver(_held_slice(release))
+        if driver is not None:
+            self.drivers["tpu"] = driver
         try:
             first = await self._slice_up(set())
             if first is None:
@@ -387,7 +421,7 @@ class Soak:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     await asyncio.to_thread(driver.process.wait, 60)
                 await asyncio.to_thread(driver.stop)
-            self.driver = None
+            self.drivers.pop("tpu", None)
             self.say("workload: opening: slice released")
 
     async def _slice_up(self, not_these: set[str]) -> tuple[str, set[str]] | None:
@@ -425,20 +459,21 @@ class Soak:
             self.say(f"workload: driver failed to start: {error}")
             return None
 
-    async def _run_driver(self, body: str) -> None:
-        self.driver = await self._start_driver(body)
-        if self.driver is None:
+    async def _run_driver(self, lane: str, body: str) -> None:
+        driver = await self._start_driver(body)
+        if driver is None:
             await asyncio.sleep(5)
             return
-        driver = self.driver
+        self.drivers[lane] = driver
         with contextlib.suppress(subprocess.TimeoutExpired):  # a stuck driver is killed below
             await asyncio.to_thread(driver.process.wait, DRIVER_LIFETIME_S)
         code = driver.process.poll()
         if code != 0 and not self.stopping:
             tail = driver.output().strip().splitlines()[-3:]
-            self.say(f"workload: driver ended with {code}: {' | '.join(tail)[-400:]}")
+            ended = "was killed after its lifetime" if code is None else f"ended with {code}"
+            self.say(f"workload ({lane}): driver {ended}: {' | '.join(tail)[-400:]}")
         await asyncio.to_thread(driver.stop)
-        self.driver = None
+        self.drivers.pop(lane, None)
 
     # -- faults ----------------------------------------------------------------------------
 
@@ -453,11 +488,16 @@ class Soak:
                 kills_at.pop(0)
                 await self.kill_daemon()
                 continue
-            if not self.opened.is_set():
+            # While the opening runs, only faults that leave its slice's Ray side alone.
+            opening = not self.opened.is_set()
+            choices = [
+                (n, f)
+                for n, f in self._faults()
+                if (not self.only or n in self.only) and not (opening and n in RAY_SIDE_FAULTS)
+            ]
+            if not choices:
                 continue
-            name, fault = self.rng.choice(
-                [(n, f) for n, f in self._faults() if not self.only or n in self.only]
-            )
+            name, fault = self.rng.choice(choices)
             self.faults[name] += 1
             self.say(f"fault: {name}")
             try:
@@ -588,12 +628,12 @@ async def _first_answer(address: str, token: str | None, then: Callable[[], None
         return
 
 
-async def _until(done: Callable[[], bool], deadline: float) -> None:
+async def _until(done: Callable[[], bool], deadline: float, every: float = 2.0) -> None:
     """Poll `done` (it reads logs and counters: nothing to await) until true or `deadline`."""
     while time.monotonic() < deadline:
         if done():
             return
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(every)
 
 
 def _stale_lists(cluster: LocalCluster) -> list[str]:
@@ -752,8 +792,8 @@ async def run_soak(
             for task in tasks[:2]:
                 with contextlib.suppress(BaseException):
                     await task
-            if soak.driver is not None:
-                await asyncio.to_thread(soak.driver.stop)
+            for driver in list(soak.drivers.values()):
+                await asyncio.to_thread(driver.stop)
             await soak.settle()
             checker = await finish_local_cluster(soak.feed, cluster)
         finally:

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from tests.soak import DRAINING_ANNOTATION, Density, write_kinds
+from tests.soak import (
+    CPU_LANE_CPUS,
+    DRAINING_ANNOTATION,
+    LANE_GROUP,
+    LANES,
+    Density,
+    soak_raycluster,
+    write_kinds,
+)
 
 
 def _cluster(replicas: int, doomed: list[str] | None = None, draining: str = "") -> dict[str, Any]:
@@ -39,3 +47,16 @@ def test_a_run_needs_enough_writes_of_every_kind_and_a_drain() -> None:
         "no replacement write",
         "no slice drained",
     ]
+
+
+def _cpus(group: dict[str, Any]) -> float:
+    return float(group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+
+
+def test_the_cpu_lane_fits_only_cpu_hosts() -> None:
+    """The CPU lane must scale the CPU group: were its shapes to fit a TPU host, they would run on
+    a slice that is up and the lane would write nothing (a run judged 13 writes that way)."""
+    groups = {g["groupName"]: g for g in soak_raycluster()["spec"]["workerGroupSpecs"]}
+    assert set(LANE_GROUP.values()) == set(groups)
+    assert set(LANES) == set(LANE_GROUP)
+    assert _cpus(groups["tpu-group"]) < CPU_LANE_CPUS <= _cpus(groups["cpu-group"])
