@@ -376,23 +376,6 @@ async def test_an_unusable_reply_is_unknown_and_says_so() -> None:
     assert observation.error is not None and "unusable" in observation.error
 
 
-def test_polls_are_frequent_while_cheap_and_spaced_out_when_costly() -> None:
-    from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
-
-    cadence = Cadence(ceiling_s=5.0)
-    quiet = {"demand_pending": False, "last_change": 0.0, "now": 100.0}
-    busy = {"demand_pending": True, "last_change": 0.0, "now": 100.0}
-    assert cadence.next_interval(cost_s=0.0005, **quiet) == 0.25  # small cluster, idle
-    assert cadence.next_interval(cost_s=0.0005, **busy) == 0.1  # demand pending: faster
-    moved = {"demand_pending": False, "last_change": 98.0, "now": 100.0}
-    assert cadence.next_interval(cost_s=0.0005, **moved) == 0.1  # the state just moved
-    assert cadence.next_interval(cost_s=0.05, **quiet) == 5.0  # 10k nodes idle: the ceiling
-    assert cadence.next_interval(cost_s=0.005, **busy) == pytest.approx(0.5)  # 1 % of a core
-    assert cadence.next_interval(cost_s=0.05, **busy) == 5.0  # waiting demand, 10k nodes
-    assert cadence.next_interval(cost_s=0.02, **moved) == pytest.approx(0.4)  # 5 % of a core
-    assert Cadence(ceiling_s=0.05).next_interval(cost_s=0.0005, **quiet) == 0.05
-
-
 async def test_preemption_drain_sends_reason_preemption() -> None:
     client = FakeDrainClient({b"a": "accept", b"b": "accept"})
     result = await drain_slice(

@@ -320,41 +320,6 @@ class _Wall:
         return self.now
 
 
-class _Cpu:
-    """A CPU clock the test moves: each poll's await 'costs' what the test says."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-
-class _Costly(_Replies):
-    def __init__(self, replies: list[Any], cpu: _Cpu, costs: list[float]) -> None:
-        super().__init__(replies)
-        self.cpu, self.costs = cpu, costs
-
-    async def get_cluster_resource_state(self) -> Any:
-        self.cpu.now += self.costs.pop(0)
-        return await super().get_cluster_resource_state()
-
-
-def test_a_reconcile_during_one_poll_is_not_charged_to_the_poll_cadence() -> None:
-    reply = _reply([0, 1000])
-    replies = [reply] + [_tick(reply, 1000 * i) for i in range(1, 7)]
-    cpu = _Cpu()
-    # Polls cost 10 ms; during the fourth the event loop also ran a 2 s reconcile.
-    source = _Costly(replies, cpu, [0.01, 0.01, 0.01, 2.01, 0.01, 0.01, 0.01])
-    poller = GcsPoller(source, interval_s=5.0, cpu_clock=lambda: cpu.now)
-    charged = []
-
-    async def poll_all() -> None:
-        for _ in range(7):
-            await poller.poll_once()
-            charged.append(poller._last_cost_s)
-
-    asyncio.run(poll_all())
-    assert charged == pytest.approx([0.01] * 7)
-
-
 def test_after_a_real_change_unchanged_nodes_keep_their_objects() -> None:
     first = _reply([0, 60_000, 0])
     changed = _tick(first, 1000)

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from ray.core.generated import (
     autoscaler_pb2,
     autoscaler_pb2_grpc,
@@ -52,6 +53,12 @@ _UNREACHABLE = frozenset(
 # while a 30 s cap kept a daemon blind (not ready) long after the head came back.
 MAX_RECONNECT_BACKOFF_S = 2.0
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
+_STATE_METHOD = "/ray.rpc.autoscaler.AutoscalerStateService/GetClusterResourceState"
+# Always version 0: a version above the GCS's own counter trips a RAY_CHECK and kills the GCS.
+# The same request every time, serialized once.
+_STATE_REQUEST = autoscaler_pb2.GetClusterResourceStateRequest(
+    last_seen_cluster_resource_state_version=0
+).SerializeToString()
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -71,6 +78,7 @@ class _Connection:
     channel: Any  # grpc.aio.Channel
     autoscaler: Any  # AutoscalerStateServiceStub
     cluster_id: str
+    state_bytes: Any  # GetClusterResourceState, its reply left as bytes (see get_..._bytes)
     version_floor_known: bool = False
 
 
@@ -146,11 +154,18 @@ class GcsClient:
         await self.close()
 
     async def get_cluster_resource_state(self) -> autoscaler_pb2.GetClusterResourceStateReply:
-        # Always 0: a version above the GCS's own counter trips a RAY_CHECK and kills the GCS.
-        request = autoscaler_pb2.GetClusterResourceStateRequest(
-            last_seen_cluster_resource_state_version=0
-        )
-        return await self._call("GetClusterResourceState", request)
+        reply = await self.get_cluster_resource_state_bytes()
+        try:
+            return autoscaler_pb2.GetClusterResourceStateReply.FromString(reply)
+        except DecodeError as err:
+            GCS_ERRORS.labels("GetClusterResourceState", "DECODE").inc()
+            raise GcsCallError("GetClusterResourceState", "DECODE", str(err)) from None
+
+    async def get_cluster_resource_state_bytes(self) -> bytes:
+        """`GetClusterResourceState`'s reply as it came off the wire (the poller decodes it
+        itself, so it can tell its own CPU from what the event loop ran during the call: grpc.aio
+        returns the bytes as they are when the call has no response deserializer)."""
+        return bytes(await self._call("GetClusterResourceState", _STATE_REQUEST, raw=True))
 
     async def get_cluster_status(self) -> autoscaler_pb2.GetClusterStatusReply:
         return await self._call("GetClusterStatus", autoscaler_pb2.GetClusterStatusRequest())
@@ -189,10 +204,12 @@ class GcsClient:
         )
         return await self._call("DrainNode", request, cluster_id=cluster_id)
 
-    async def _call(self, method: str, request: Any, *, cluster_id: str | None = None) -> Any:
+    async def _call(
+        self, method: str, request: Any, *, cluster_id: str | None = None, raw: bool = False
+    ) -> Any:
         conn = await self._connection()
         sent_id = cluster_id or conn.cluster_id
-        rpc = getattr(conn.autoscaler, method)
+        rpc = conn.state_bytes if raw else getattr(conn.autoscaler, method)
         started = self._monotonic()
         try:
             reply = await rpc(
@@ -239,7 +256,11 @@ class GcsClient:
         self._backoff.reset()
         self._note_cluster_id(cluster_id)
         stub = autoscaler_pb2_grpc.AutoscalerStateServiceStub(channel)
-        return _Connection(channel=channel, autoscaler=stub, cluster_id=cluster_id)
+        # No serializer either way: the request is sent as the bytes given, the reply returned so.
+        state_bytes = channel.unary_unary(_STATE_METHOD)
+        return _Connection(
+            channel=channel, autoscaler=stub, cluster_id=cluster_id, state_bytes=state_bytes
+        )
 
     def _connect_failed(self, err: GcsError) -> None:
         self._next_connect_at = self._monotonic() + self._backoff.next_delay()

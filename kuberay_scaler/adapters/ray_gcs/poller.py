@@ -14,9 +14,13 @@ arrived; an idle-since that agrees with the last one's (unchanged.py: within the
 is kept, node object and all. A reply whose body (unchanged.py: the reply minus versions and idle
 clocks) equals the last parsed one is not parsed again: the last parse gets the new idle clocks,
 which equals a full parse of it. Change detection then compares parsed values
-(`RayObservation.content`: versions and idle clocks left out). The cadence is charged the
-median CPU of the last few polls: one poll's CPU also counts whatever the event loop ran during
-its await (a reconcile, pod events).
+(`RayObservation.content`: versions and idle clocks left out).
+
+The cadence (cadence.py) is charged the poll's own work only: the client hands over the reply as
+bytes, and the poller's thread CPU is taken around what it does synchronously with them (decode,
+body, parse, publish), never across the RPC's await, during which the event loop runs whatever
+else is due (a reconcile, pod events). The charge is the median of the last `COST_WINDOW` polls,
+so a one-off cost (the first full parse, a collector pass) does not space out the next polls.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
+from google.protobuf.message import DecodeError
+from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.cadence import Cadence
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError
@@ -48,7 +54,8 @@ from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
 log = structlog.get_logger(__name__)
 
-COST_WINDOW = 5  # polls whose median CPU is charged to the next interval
+COST_WINDOW = 3  # polls whose median own CPU is charged to the next interval
+_Reply = autoscaler_pb2.GetClusterResourceStateReply
 
 
 def wall_ms() -> int:
@@ -57,7 +64,9 @@ def wall_ms() -> int:
 
 
 class StateSource(Protocol):
-    """What the poller needs from `GcsClient`."""
+    """What the poller needs from `GcsClient`. A source that also has
+    `get_cluster_resource_state_bytes` (`GcsClient` does) is polled through it: the poller
+    decodes the reply itself, inside the CPU it charges to the cadence."""
 
     @property
     def cluster_id(self) -> str | None: ...
@@ -93,12 +102,15 @@ class GcsPoller:
         on_change: Callable[[RayObservation], None] | None = None,
         on_observation: Callable[[RayObservation], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
-        cpu_clock: Callable[[], float] = time.process_time,
+        cpu_clock: Callable[[], float] = time.thread_time,
         wall: Callable[[], int] = wall_ms,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"poll interval must be positive, got {interval_s}")
         self._client = client
+        self._fetch: Callable[[], Any] = getattr(
+            client, "get_cluster_resource_state_bytes", client.get_cluster_resource_state
+        )
         self._interval_s = interval_s
         self._on_change = on_change
         self._on_observation = on_observation
@@ -114,7 +126,8 @@ class GcsPoller:
         self.parses = 0  # full parses
         self.reparses = 0  # replies of which only what changed was parsed (unchanged.reparsed)
         self._cadence = Cadence(ceiling_s=interval_s)
-        self._last_cost_s = 0.0
+        self._last_cost_s = 0.0  # what the cadence is charged: median of the last polls' own CPU
+        self.last_poll_cpu_s = 0.0  # the last poll's own CPU (its synchronous work)
         self._costs: deque[float] = deque(maxlen=COST_WINDOW)
         self._last_change = monotonic()
         self.content_version = 0  # rises whenever the content (not the version) changed
@@ -148,19 +161,41 @@ class GcsPoller:
         )
 
     async def poll_once(self) -> RayObservation:
-        cpu = self._cpu_clock()
+        sent = self._wall()
+        # Charged: what runs after the reply is in, synchronously. The await itself also runs
+        # every other task that is due (a reconcile, pod events): their CPU is not the poll's.
         try:
-            sent = self._wall()
-            try:
-                reply = await self._client.get_cluster_resource_state()
-            except GcsError as err:
-                return self._publish(self._unknown(err))
-            return self._publish(self._known(reply, ReadWindow(sent, self._wall())))
+            reply = await self._fetch()
+        except GcsError as err:
+            cpu = self._cpu_clock()
+            observation = self._unknown(err)
+        else:
+            cpu = self._cpu_clock()
+            observation = self._read(reply, ReadWindow(sent, self._wall()))
+        try:
+            return self._publish(observation)
         finally:
-            # The CPU across the await also holds whatever ran meanwhile (a reconcile, pod
-            # events): the median of the last few polls is what a poll itself costs.
-            self._costs.append(self._cpu_clock() - cpu)
-            self._last_cost_s = statistics.median(self._costs)
+            self._charge(self._cpu_clock() - cpu)
+
+    def _charge(self, cost_s: float) -> None:
+        self.last_poll_cpu_s = cost_s
+        self._costs.append(cost_s)
+        self._last_cost_s = statistics.median(self._costs)
+
+    def _read(self, reply: Any, read: ReadWindow) -> RayObservation:
+        if isinstance(reply, bytes):
+            try:
+                reply = _Reply.FromString(reply)
+            except DecodeError as err:
+                return self._undecodable(err)
+        return self._known(reply, read)
+
+    def _undecodable(self, err: DecodeError) -> RayObservation:
+        error = f"unusable GCS reply: cannot decode: {err}"
+        log.warning("gcs_reply_unusable", error=error, gcs_epoch=self._epoch)
+        return RayObservation(
+            None, self._monotonic(), self._cluster_id, self._epoch, error=error, unusable=True
+        )
 
     async def read_now(self) -> RayObservation:
         """A read of its own (say right before draining), parsed like a poll but neither

@@ -1,0 +1,211 @@
+"""The GCS poll cadence (adapters/ray_gcs/cadence.py) and what the poller charges to it.
+
+What must hold: an idle cluster is polled at the target interval while that costs at most the
+idle cap of a core, and further apart (cost / cap) beyond it, never past the configured ceiling;
+moving state and pending demand are polled faster, never slower than idle. A poll is charged its
+own synchronous work only: CPU that other coroutines burn while the RPC is awaited is not its.
+Clocks are injected: nothing here depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from ray.core.generated import autoscaler_pb2
+
+from kuberay_scaler.adapters.ray_gcs.cadence import (
+    BUSY_FLOOR_S,
+    IDLE_CAP,
+    IDLE_INTERVAL_S,
+    Cadence,
+)
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.core.model.ray import RayObservation
+
+IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
+QUIET = {"demand_pending": False, "last_change": 0.0, "now": 100.0}
+PENDING = {"demand_pending": True, "last_change": 0.0, "now": 100.0}
+MOVED = {"demand_pending": False, "last_change": 98.0, "now": 100.0}
+
+
+def test_idle_small_clusters_are_polled_at_the_target_interval() -> None:
+    cadence = Cadence(ceiling_s=5.0)
+    assert IDLE_INTERVAL_S == 0.4
+    assert cadence.next_interval(cost_s=0.0, **QUIET) == IDLE_INTERVAL_S
+    assert cadence.next_interval(cost_s=0.0005, **QUIET) == IDLE_INTERVAL_S  # 100 pods
+    # Up to the cap the target holds: 19 ms every 0.4 s is under 5 % of a core.
+    assert cadence.next_interval(cost_s=0.019, **QUIET) == IDLE_INTERVAL_S
+
+
+def test_idle_polls_above_the_cap_stretch_to_cost_over_cap_up_to_the_ceiling() -> None:
+    cadence = Cadence(ceiling_s=5.0)
+    # 10k nodes: ~30 ms of own work a poll -> 0.6 s apart, 5 % of a core.
+    assert cadence.next_interval(cost_s=0.03, **QUIET) == pytest.approx(0.03 / IDLE_CAP)
+    assert cadence.next_interval(cost_s=0.03, **QUIET) == pytest.approx(0.6)
+    assert cadence.next_interval(cost_s=0.2, **QUIET) == pytest.approx(4.0)
+    assert cadence.next_interval(cost_s=1.0, **QUIET) == 5.0  # the ceiling
+
+
+def test_moving_state_and_pending_demand_poll_faster_never_slower_than_idle() -> None:
+    cadence = Cadence(ceiling_s=5.0)
+    assert cadence.next_interval(cost_s=0.0005, **MOVED) == BUSY_FLOOR_S
+    assert cadence.next_interval(cost_s=0.0005, **PENDING) == BUSY_FLOOR_S
+    assert cadence.next_interval(cost_s=0.002, **PENDING) == pytest.approx(0.2)  # 1 % of a core
+    assert cadence.next_interval(cost_s=0.01, **MOVED) == pytest.approx(0.2)  # 5 % of a core
+    # Where the busy budget would wait longer than idle does, idle's interval holds.
+    assert cadence.next_interval(cost_s=0.03, **PENDING) == pytest.approx(0.6)
+    assert cadence.next_interval(cost_s=0.05, **PENDING) == pytest.approx(1.0)
+    for cost in (0.0, 0.001, 0.01, 0.03, 0.1, 0.5, 2.0):
+        idle = cadence.next_interval(cost_s=cost, **QUIET)
+        assert cadence.next_interval(cost_s=cost, **PENDING) <= idle
+        assert cadence.next_interval(cost_s=cost, **MOVED) <= idle
+
+
+def test_the_ceiling_wins_even_below_the_target() -> None:
+    assert Cadence(ceiling_s=0.1).next_interval(cost_s=0.0005, **QUIET) == 0.1
+    assert Cadence(ceiling_s=0.1).next_interval(cost_s=0.5, **MOVED) == 0.1
+    assert Cadence(ceiling_s=1.0).next_interval(cost_s=0.5, **QUIET) == 1.0
+
+
+def test_the_moving_window_ends_five_seconds_after_the_change() -> None:
+    cadence = Cadence(ceiling_s=5.0)
+    assert cadence.next_interval(cost_s=0.0, demand_pending=False, last_change=95.1, now=100.0) == (
+        BUSY_FLOOR_S
+    )
+    assert cadence.next_interval(cost_s=0.0, demand_pending=False, last_change=95.0, now=100.0) == (
+        IDLE_INTERVAL_S
+    )
+
+
+# ---- what a poll is charged -----------------------------------------------------------------
+
+
+class _Cpu:
+    """A CPU clock only the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _reply(version: int) -> Any:
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    state = reply.cluster_resource_state
+    state.cluster_resource_state_version = version
+    node = state.node_states.add(node_id=b"n1", instance_id="pod-1", status=IDLE)
+    node.idle_duration_ms = 1000 * version
+    return reply
+
+
+class _BytesSource:
+    """Like `GcsClient`: the reply as bytes. While a call is in flight, another task runs (the
+    test's `busy`), as the event loop runs a reconcile or pod events during a real RPC."""
+
+    cluster_id = "A"
+
+    def __init__(self, replies: list[bytes], busy: asyncio.Event, done: asyncio.Event) -> None:
+        self.replies, self.busy, self.done = replies, busy, done
+
+    async def get_cluster_resource_state(self) -> Any:  # never used when the bytes call exists
+        raise AssertionError("the poller should read bytes")
+
+    async def get_cluster_resource_state_bytes(self) -> bytes:
+        self.done.clear()
+        self.busy.set()
+        await self.done.wait()  # the other task runs now
+        return self.replies.pop(0)
+
+
+def test_cpu_other_coroutines_burn_during_the_call_is_not_charged_to_the_poll() -> None:
+    cpu, clock = _Cpu(), _Cpu()
+    own_s, reconcile_s = 0.004, 2.0
+
+    def own_work(_: RayObservation) -> None:
+        cpu.now += own_s  # what the poll itself does with the reply (here: after the parse)
+
+    async def run() -> list[float]:
+        busy, done = asyncio.Event(), asyncio.Event()
+        replies = [_reply(v).SerializeToString() for v in range(1, 8)]
+        poller = GcsPoller(
+            _BytesSource(replies, busy, done),
+            interval_s=5.0,
+            cpu_clock=cpu,
+            monotonic=clock,
+            on_observation=own_work,
+        )
+
+        async def reconciler() -> None:  # a 2 s reconcile during every poll's await
+            while True:
+                await busy.wait()
+                busy.clear()
+                cpu.now += reconcile_s
+                await asyncio.sleep(0)
+                done.set()
+
+        other = asyncio.create_task(reconciler())
+        charged = []
+        for _ in range(7):
+            observation = await poller.poll_once()
+            assert observation.known
+            charged.append(poller.last_poll_cpu_s)
+        other.cancel()
+        clock.now += 10.0  # the first poll's change is 10 s old: idle
+        assert poller.next_interval() == IDLE_INTERVAL_S  # charged 4 ms, not 2 s
+        return charged
+
+    assert asyncio.run(run()) == pytest.approx([own_s] * 7)
+
+
+def test_the_charge_is_the_median_of_the_last_polls_so_one_full_parse_does_not_space_them() -> None:
+    cpu = _Cpu()
+    costs = iter([0.3, 0.002, 0.002, 0.002])
+
+    def own_work(_: RayObservation) -> None:
+        cpu.now += next(costs)
+
+    class Source:
+        cluster_id = "A"
+        version = 0
+
+        async def get_cluster_resource_state(self) -> Any:
+            self.version += 1
+            return _reply(self.version)
+
+    async def run() -> list[float]:
+        poller = GcsPoller(Source(), interval_s=5.0, cpu_clock=cpu, on_observation=own_work)
+        charged = []
+        for _ in range(4):
+            await poller.poll_once()
+            charged.append(poller._last_cost_s)
+        return charged
+
+    # The first (a full parse, 300 ms) is charged alone; two cheap polls outvote it.
+    assert asyncio.run(run()) == pytest.approx([0.3, 0.151, 0.002, 0.002])
+
+
+def test_a_reply_that_does_not_decode_is_unusable_and_no_new_epoch() -> None:
+    class Source:
+        cluster_id = "A"
+
+        def __init__(self) -> None:
+            self.replies = [_reply(1).SerializeToString(), b"\xff\xff\xff", _reply(2)]
+
+        async def get_cluster_resource_state(self) -> Any:
+            raise AssertionError("the poller should read bytes")
+
+        async def get_cluster_resource_state_bytes(self) -> Any:
+            return self.replies.pop(0)
+
+    async def run() -> list[RayObservation]:
+        poller = GcsPoller(Source(), interval_s=5.0)
+        return [await poller.poll_once() for _ in range(3)]
+
+    first, garbage, after = asyncio.run(run())
+    assert first.known and after.known
+    assert not garbage.known and garbage.unusable
+    assert garbage.error is not None and "cannot decode" in garbage.error
+    assert (first.epoch, garbage.epoch, after.epoch) == (0, 0, 0)
