@@ -59,13 +59,16 @@ class _State(autoscaler_pb2_grpc.AutoscalerStateServiceServicer):  # type: ignor
         self.reply = reply
         self.idle = [n for n in reply.cluster_resource_state.node_states if n.idle_duration_ms]
         self.calls = 0
+        self.last_call = time.monotonic()
 
     async def GetClusterResourceState(self, request: Any, context: Any) -> Any:
         self.calls += 1
+        now = time.monotonic()  # idle clocks grow with the time that passed, as a GCS's do
+        elapsed_ms, self.last_call = round((now - self.last_call) * 1000), now
         state = self.reply.cluster_resource_state
         state.cluster_resource_state_version += 1
         for node in self.idle:
-            node.idle_duration_ms += 1000
+            node.idle_duration_ms += elapsed_ms
         return self.reply
 
     async def ReportAutoscalingState(self, request: Any, context: Any) -> Any:

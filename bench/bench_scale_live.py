@@ -72,6 +72,7 @@ class GcsStandIn(
         self.reply.cluster_resource_state.CopyFrom(state)
         self.calls = 0
         self.changed_at = 0.0  # when the demand last changed (monotonic)
+        self.last_call = time.monotonic()
         # Copies of DEMAND the existing nodes could take: demand beyond them needs new hosts.
         self.room = sum(
             int(n.available_resources.get("CPU", 0.0) // DEMAND["CPU"]) for n in state.node_states
@@ -87,12 +88,18 @@ class GcsStandIn(
 
     async def GetClusterResourceState(self, request: Any, context: Any) -> Any:
         self.calls += 1
+        # Idle clocks grow with the time that passed, as a GCS's do (a fixed step per call made
+        # every idle node look busy in between whenever polls were not exactly 1 s apart).
+        now = time.monotonic()
+        elapsed_ms = round((now - self.last_call) * 1000)
+        self.last_call = now
         state = self.reply.cluster_resource_state
         state.cluster_resource_state_version += 1
+        idle = autoscaler_pb2.NodeStatus.Value("IDLE")
         for node in state.node_states:
             node.node_state_version += 1
-            if node.status == autoscaler_pb2.NodeStatus.Value("IDLE"):
-                node.idle_duration_ms += 1000
+            if node.status == idle:
+                node.idle_duration_ms += elapsed_ms
         return self.reply
 
     async def GetClusterStatus(self, request: Any, context: Any) -> Any:
