@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
@@ -30,6 +31,7 @@ from kuberay_scaler.adapters.ray_gcs.unchanged import (
     with_idle_clocks,
     with_nodes_of,
 )
+from kuberay_scaler.adapters.ray_gcs.wire import wire_read
 from tests.factories import NOW_MS
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
@@ -184,6 +186,22 @@ def test_reply_body_leaves_the_reply_as_it_was() -> None:
     assert reply.SerializeToString(deterministic=True) == raw
 
 
+def test_without_restore_only_a_changed_reply_keeps_its_clocks() -> None:
+    reply = _reply([0, 5000])
+    first = reply_body(reply)
+    assert first is not None
+    same = _tick(reply, 1000)
+    assert reply_body(same, first.body, restore=False) is not None
+    assert [n.idle_duration_ms for n in same.cluster_resource_state.node_states] == [0, 0]
+    busy = _tick(reply, 1000)
+    busy.cluster_resource_state.node_states[0].status = IDLE
+    busy.cluster_resource_state.node_states[0].idle_duration_ms = 10
+    raw = busy.SerializeToString(deterministic=True)
+    changed = reply_body(busy, first.body, restore=False)
+    assert changed is not None and changed.parts is not None  # parsed next: restored
+    assert busy.SerializeToString(deterministic=True) == raw
+
+
 _ZERO: dict[int, Any] = {
     FieldDescriptor.TYPE_STRING: "",
     FieldDescriptor.TYPE_BYTES: b"",
@@ -262,6 +280,37 @@ def test_every_field_but_versions_and_idle_clocks_changes_the_body() -> None:
     assert _body(reply) == base  # every mutation undone
 
 
+def _wire_body(reply: Any) -> bytes:
+    return wire_read(reply.SerializeToString(deterministic=True)).body
+
+
+def test_every_field_but_versions_and_idle_clocks_changes_the_wire_body() -> None:
+    """The same walk over the bytes view (wire.py): what the poller compares a reply by before
+    it decodes it."""
+    reply = _reply([0, 5000])
+    base = _wire_body(reply)
+    seen_moving, seen_other = set(), 0
+    for path in _mutations(reply, "reply"):
+        if _is_moving(path):
+            assert _wire_body(reply) == base, f"{path} moves on every call yet changed the body"
+            seen_moving.add(path.rsplit(".", 1)[-1])
+        else:
+            assert _wire_body(reply) != base, f"a change of {path} went unseen"
+            seen_other += 1
+    assert seen_moving == MOVING | MOVING_PER_NODE
+    assert seen_other > 40
+    assert _wire_body(reply) == base
+
+
+def test_the_wire_read_has_the_idle_clocks_and_the_version() -> None:
+    reply = _tick(_reply([0, 5000, 0, 7]), 1000)
+    read = wire_read(reply.SerializeToString())
+    assert read.idle_ms == (0, 6000, 0, 1007)
+    assert read.version == 8
+    with pytest.raises(DecodeError):
+        wire_read(b"\xff\xff\xff")
+
+
 class _Replies:
     """A StateSource that answers with the replies it is given, in turn."""
 
@@ -274,7 +323,17 @@ class _Replies:
         return self.replies.pop(0)
 
 
-def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse_would() -> None:
+class _WireReplies(_Replies):
+    """Like `GcsClient`: the replies as bytes, for the poller to decode (or not)."""
+
+    async def get_cluster_resource_state_bytes(self) -> bytes:
+        return bytes(self.replies.pop(0).SerializeToString(deterministic=True))
+
+
+@pytest.mark.parametrize("source", [_Replies, _WireReplies])
+def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse_would(
+    source: type[_Replies],
+) -> None:
     first = _reply([0, 60_000, 0, 590_000])
     ticks = [first]
     for _ in range(3):
@@ -287,7 +346,7 @@ def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse
     expected = [parse_ray_state(r, read_at_ms=t) for r, t in zip(replies, read_at, strict=True)]
     changes: list[Any] = []
     wall = _Wall()
-    poller = GcsPoller(_Replies(replies), interval_s=1.0, on_change=changes.append, wall=wall)
+    poller = GcsPoller(source(replies), interval_s=1.0, on_change=changes.append, wall=wall)
 
     async def poll_all() -> list[Any]:
         out = []
@@ -320,12 +379,13 @@ class _Wall:
         return self.now
 
 
-def test_after_a_real_change_unchanged_nodes_keep_their_objects() -> None:
+@pytest.mark.parametrize("source", [_Replies, _WireReplies])
+def test_after_a_real_change_unchanged_nodes_keep_their_objects(source: type[_Replies]) -> None:
     first = _reply([0, 60_000, 0])
     changed = _tick(first, 1000)
     changed.cluster_resource_state.node_states[0].available_resources["CPU"] = 7.0
     wall = _Wall()
-    poller = GcsPoller(_Replies([first, changed]), interval_s=1.0, wall=wall)
+    poller = GcsPoller(source([first, changed]), interval_s=1.0, wall=wall)
 
     async def both() -> list[Any]:
         first_seen = await poller.poll_once()
