@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
@@ -31,7 +30,6 @@ from kuberay_scaler.adapters.ray_gcs.unchanged import (
     with_idle_clocks,
     with_nodes_of,
 )
-from kuberay_scaler.adapters.ray_gcs.wire import wire_read
 from tests.factories import NOW_MS
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
@@ -280,37 +278,6 @@ def test_every_field_but_versions_and_idle_clocks_changes_the_body() -> None:
     assert _body(reply) == base  # every mutation undone
 
 
-def _wire_body(reply: Any) -> bytes:
-    return wire_read(reply.SerializeToString(deterministic=True)).body
-
-
-def test_every_field_but_versions_and_idle_clocks_changes_the_wire_body() -> None:
-    """The same walk over the bytes view (wire.py): what the poller compares a reply by before
-    it decodes it."""
-    reply = _reply([0, 5000])
-    base = _wire_body(reply)
-    seen_moving, seen_other = set(), 0
-    for path in _mutations(reply, "reply"):
-        if _is_moving(path):
-            assert _wire_body(reply) == base, f"{path} moves on every call yet changed the body"
-            seen_moving.add(path.rsplit(".", 1)[-1])
-        else:
-            assert _wire_body(reply) != base, f"a change of {path} went unseen"
-            seen_other += 1
-    assert seen_moving == MOVING | MOVING_PER_NODE
-    assert seen_other > 40
-    assert _wire_body(reply) == base
-
-
-def test_the_wire_read_has_the_idle_clocks_and_the_version() -> None:
-    reply = _tick(_reply([0, 5000, 0, 7]), 1000)
-    read = wire_read(reply.SerializeToString())
-    assert read.idle_ms == (0, 6000, 0, 1007)
-    assert read.version == 8
-    with pytest.raises(DecodeError):
-        wire_read(b"\xff\xff\xff")
-
-
 class _Replies:
     """A StateSource that answers with the replies it is given, in turn."""
 
@@ -323,14 +290,14 @@ class _Replies:
         return self.replies.pop(0)
 
 
-class _WireReplies(_Replies):
-    """Like `GcsClient`: the replies as bytes, for the poller to decode (or not)."""
+class _BytesReplies(_Replies):
+    """Like `GcsClient`: the replies as bytes, for the poller to decode."""
 
     async def get_cluster_resource_state_bytes(self) -> bytes:
         return bytes(self.replies.pop(0).SerializeToString(deterministic=True))
 
 
-@pytest.mark.parametrize("source", [_Replies, _WireReplies])
+@pytest.mark.parametrize("source", [_Replies, _BytesReplies])
 def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse_would(
     source: type[_Replies],
 ) -> None:
@@ -379,7 +346,7 @@ class _Wall:
         return self.now
 
 
-@pytest.mark.parametrize("source", [_Replies, _WireReplies])
+@pytest.mark.parametrize("source", [_Replies, _BytesReplies])
 def test_after_a_real_change_unchanged_nodes_keep_their_objects(source: type[_Replies]) -> None:
     first = _reply([0, 60_000, 0])
     changed = _tick(first, 1000)

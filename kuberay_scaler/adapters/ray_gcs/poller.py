@@ -49,7 +49,6 @@ from kuberay_scaler.adapters.ray_gcs.unchanged import (
     with_idle_clocks,
     with_nodes_of,
 )
-from kuberay_scaler.adapters.ray_gcs.wire import WireRead, wire_read
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
@@ -184,11 +183,12 @@ class GcsPoller:
         self._last_cost_s = statistics.median(self._costs)
 
     def _read(self, reply: Any, read: ReadWindow) -> RayObservation:
-        try:
-            wire = wire_read(reply) if isinstance(reply, bytes) else None
-            return self._known(reply, read, wire)
-        except DecodeError as err:
-            return self._undecodable(err)
+        if isinstance(reply, bytes):
+            try:
+                reply = _Reply.FromString(reply)
+            except DecodeError as err:
+                return self._undecodable(err)
+        return self._known(reply, read)
 
     def _undecodable(self, err: DecodeError) -> RayObservation:
         error = f"unusable GCS reply: cannot decode: {err}"
@@ -224,9 +224,9 @@ class GcsPoller:
         GCS_CONNECTED.set(0)
         return RayObservation(None, self._monotonic(), self._cluster_id, self._epoch, error=error)
 
-    def _known(self, reply: Any, read: ReadWindow, wire: WireRead | None = None) -> RayObservation:
+    def _known(self, reply: Any, read: ReadWindow) -> RayObservation:
         cluster_id = self._client.cluster_id
-        version = wire.version if wire is not None else _version(reply)
+        version = _version(reply)
         replaced = self._cluster_id is not None and cluster_id != self._cluster_id
         restarted = not replaced and version <= self._last_version
         if replaced or restarted:
@@ -243,36 +243,20 @@ class GcsPoller:
         GCS_CONNECTED.set(1)
         self._cluster_id = cluster_id
         self._last_version = version
-        observation = self._observe(reply, cluster_id, version, read, wire)
+        observation = self._observe(reply, cluster_id, version, read)
         if observation.unusable:
             log.warning("gcs_reply_unusable", error=observation.error, gcs_epoch=self._epoch)
         return observation
 
     def _observe(
-        self,
-        reply: Any,
-        cluster_id: str | None,
-        version: int,
-        read: ReadWindow,
-        wire: WireRead | None,
+        self, reply: Any, cluster_id: str | None, version: int, read: ReadWindow
     ) -> RayObservation:
         """The reply parsed: the last parse with its idle clocks when only those moved, the last
-        parse with what changed re-read when little did, a full parse otherwise. A reply that
-        came as bytes (`wire`: read without decoding) is decoded only when its body changed."""
+        parse with what changed re-read when little did, a full parse otherwise."""
         observed_at = self._monotonic()
         last = self._parsed
-        if wire is not None:
-            if last is not None and wire.body == last[0].body:  # nothing but clocks moved
-                state = with_idle_clocks(last[1], wire.idle_ms, read)
-                self._parsed = (last[0], state)
-                return RayObservation(state, observed_at, cluster_id, self._epoch, version)
-            reply = _Reply.FromString(reply)
-            # Parts to tell what changed; keyed by the wire body, what the next reply is read as.
-            found = reply_body(reply)
-            body = None if found is None else replace(found, body=wire.body)
-        else:
-            # Dropped when its body is the last one's: no need to restore its clocks.
-            body = reply_body(reply, last[0].body if last is not None else None, restore=False)
+        # The reply is dropped when its body is the last one's: no need to restore its clocks.
+        body = reply_body(reply, last[0].body if last is not None else None, restore=False)
         if body is not None and last is not None:
             before, previous = last
             if body.parts is None:  # the same body as the last: only idle clocks moved
