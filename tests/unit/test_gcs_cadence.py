@@ -19,6 +19,8 @@ from kuberay_scaler.adapters.ray_gcs.cadence import (
     BUSY_FLOOR_S,
     IDLE_CAP,
     IDLE_INTERVAL_S,
+    IDLE_MID_CAP,
+    IDLE_MID_MAX_S,
     Cadence,
 )
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
@@ -35,15 +37,25 @@ def test_idle_small_clusters_are_polled_at_the_target_interval() -> None:
     assert IDLE_INTERVAL_S == 0.4
     assert cadence.next_interval(cost_s=0.0, **QUIET) == IDLE_INTERVAL_S
     assert cadence.next_interval(cost_s=0.0005, **QUIET) == IDLE_INTERVAL_S  # 100 pods
-    # Up to the cap the target holds: 19 ms every 0.4 s is under 5 % of a core.
-    assert cadence.next_interval(cost_s=0.019, **QUIET) == IDLE_INTERVAL_S
+    # Up to 0.7 % of a core the target holds: 2.8 ms every 0.4 s.
+    assert cadence.next_interval(cost_s=0.0028, **QUIET) == pytest.approx(IDLE_INTERVAL_S)
+
+
+def test_polls_that_are_not_cheap_keep_to_the_mid_cap_for_at_most_a_second() -> None:
+    cadence = Cadence(ceiling_s=5.0)
+    # 1k nodes, ~4-7 ms a poll: 0.7 % of a core, ~0.6-1 s apart.
+    assert cadence.next_interval(cost_s=0.0042, **QUIET) == pytest.approx(0.0042 / IDLE_MID_CAP)
+    assert cadence.next_interval(cost_s=0.007, **QUIET) == pytest.approx(IDLE_MID_MAX_S)
+    # Costlier polls wait that second, until the 5 % cap asks for more.
+    assert cadence.next_interval(cost_s=0.02, **QUIET) == pytest.approx(IDLE_MID_MAX_S)
+    assert cadence.next_interval(cost_s=0.05, **QUIET) == pytest.approx(IDLE_MID_MAX_S)
 
 
 def test_idle_polls_above_the_cap_stretch_to_cost_over_cap_up_to_the_ceiling() -> None:
     cadence = Cadence(ceiling_s=5.0)
-    # 10k nodes: ~30 ms of own work a poll -> 0.6 s apart, 5 % of a core.
-    assert cadence.next_interval(cost_s=0.03, **QUIET) == pytest.approx(0.03 / IDLE_CAP)
-    assert cadence.next_interval(cost_s=0.03, **QUIET) == pytest.approx(0.6)
+    # 10k nodes: ~60 ms of own work a poll under load -> 1.2 s apart, 5 % of a core.
+    assert cadence.next_interval(cost_s=0.06, **QUIET) == pytest.approx(0.06 / IDLE_CAP)
+    assert cadence.next_interval(cost_s=0.06, **QUIET) == pytest.approx(1.2)
     assert cadence.next_interval(cost_s=0.2, **QUIET) == pytest.approx(4.0)
     assert cadence.next_interval(cost_s=1.0, **QUIET) == 5.0  # the ceiling
 
@@ -55,8 +67,8 @@ def test_moving_state_and_pending_demand_poll_faster_never_slower_than_idle() ->
     assert cadence.next_interval(cost_s=0.002, **PENDING) == pytest.approx(0.2)  # 1 % of a core
     assert cadence.next_interval(cost_s=0.01, **MOVED) == pytest.approx(0.2)  # 5 % of a core
     # Where the busy budget would wait longer than idle does, idle's interval holds.
-    assert cadence.next_interval(cost_s=0.03, **PENDING) == pytest.approx(0.6)
-    assert cadence.next_interval(cost_s=0.05, **PENDING) == pytest.approx(1.0)
+    assert cadence.next_interval(cost_s=0.03, **PENDING) == pytest.approx(1.0)
+    assert cadence.next_interval(cost_s=0.08, **PENDING) == pytest.approx(1.6)
     for cost in (0.0, 0.001, 0.01, 0.03, 0.1, 0.5, 2.0):
         idle = cadence.next_interval(cost_s=cost, **QUIET)
         assert cadence.next_interval(cost_s=cost, **PENDING) <= idle
@@ -122,7 +134,7 @@ class _BytesSource:
 
 def test_cpu_other_coroutines_burn_during_the_call_is_not_charged_to_the_poll() -> None:
     cpu, clock = _Cpu(), _Cpu()
-    own_s, reconcile_s = 0.004, 2.0
+    own_s, reconcile_s = 0.001, 2.0
 
     def own_work(_: RayObservation) -> None:
         cpu.now += own_s  # what the poll itself does with the reply (here: after the parse)
@@ -154,7 +166,7 @@ def test_cpu_other_coroutines_burn_during_the_call_is_not_charged_to_the_poll() 
             charged.append(poller.last_poll_cpu_s)
         other.cancel()
         clock.now += 10.0  # the first poll's change is 10 s old: idle
-        assert poller.next_interval() == IDLE_INTERVAL_S  # charged 4 ms, not 2 s
+        assert poller.next_interval() == IDLE_INTERVAL_S  # charged 1 ms, not 2 s
         return charged
 
     assert asyncio.run(run()) == pytest.approx([own_s] * 7)

@@ -4,11 +4,12 @@ Pure: the poller measures what its last polls cost (CPU seconds of its own synch
 decode, body, parse; not what other coroutines ran during the RPC) and whether anything is going
 on, and asks for the next interval.
 
-- **Idle**: one target interval (`IDLE_INTERVAL_S`) at every size, honoured while polling at that
-  pace stays under `IDLE_CAP` of a core; beyond that the interval stretches to `cost / IDLE_CAP`.
-  A small cluster is polled every 0.4 s (new demand is seen within 0.4 s, p99 reaction under
-  0.5 s); a 10k-node reply, ~30 ms of CPU to decode and compare, every ~0.6 s (5 % of a core,
-  under Ray v1's 8.9 % at 10k pods).
+- **Idle**: a target interval (`IDLE_INTERVAL_S`, 0.4 s) while polls are cheap: a small cluster
+  (~0.2 ms a poll) sees new demand within 0.4 s (reaction p99 under 0.5 s). A poll that is not
+  cheap keeps to `IDLE_MID_CAP` of a core, waiting at most `IDLE_MID_MAX_S` for it (a 1k-node
+  reply, ~7 ms: ~1 s apart, ~0.4 s of CPU a minute, under Ray v1's 0.81 at 1k pods); past
+  that, only `IDLE_CAP` stretches it (`cost / IDLE_CAP`: a 10k-node reply at 35-60 ms every
+  1.0-1.2 s, 3-4 s of CPU a minute, under Ray v1's 5.35 at 10k pods).
 - **Moving** (the content changed in the last `BUSY_FOR_S`) or **demand pending**: faster, down
   to `BUSY_FLOOR_S`, within a budget of a core (`MOVING_BUDGET`, `PENDING_BUDGET`); never slower
   than idle would be.
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 
 BUSY_FLOOR_S = 0.1  # never faster than this
 IDLE_INTERVAL_S = 0.4  # idle: the target wait (small clusters: ~150 polls a minute)
-IDLE_CAP = 0.05  # idle polls keep the target while they use at most 5 % of a core
+IDLE_MID_CAP = 0.007  # idle polls that are not cheap: at most 0.7 % of a core ...
+IDLE_MID_MAX_S = 1.0  # ... but never waiting longer than this for that
+IDLE_CAP = 0.05  # and whatever the cost, at most 5 % of a core
 MOVING_BUDGET = 0.05  # the state just moved: up to 5 % of a core
 PENDING_BUDGET = 0.01  # demand waits (pods launching, say), nothing moves: up to 1 %
 BUSY_FOR_S = 5.0  # "the state moved" lasts this long after the last change
@@ -38,7 +41,8 @@ class Cadence:
     def next_interval(
         self, *, cost_s: float, demand_pending: bool, last_change: float, now: float
     ) -> float:
-        idle = max(self.idle_s, cost_s / self.idle_cap)
+        mid = min(IDLE_MID_MAX_S, cost_s / IDLE_MID_CAP)
+        idle = max(self.idle_s, mid, cost_s / self.idle_cap)
         if now - last_change < BUSY_FOR_S:
             wait = min(idle, max(BUSY_FLOOR_S, cost_s / MOVING_BUDGET))
         elif demand_pending:
