@@ -7,9 +7,8 @@ on, and asks for the next interval.
 - **Idle**: a target interval (`IDLE_INTERVAL_S`, 0.4 s) while polls are cheap: a small cluster
   (~0.2 ms a poll) sees new demand within 0.4 s (reaction p99 under 0.5 s). A poll that is not
   cheap keeps to `IDLE_MID_CAP` of a core, waiting at most `IDLE_MID_MAX_S` for it (a 1k-node
-  reply, ~5 ms: ~1 s apart, ~0.6 s of the daemon's CPU a minute, under Ray v1's 0.81 at
-  1k pods); past
-  that, only `IDLE_CAP` stretches it (`cost / IDLE_CAP`: a 10k-node reply at 35-60 ms every
+  reply, ~5 ms: ~1 s apart, under Ray v1's 0.81 CPU s/min at 1k pods); past that second,
+  only `IDLE_CAP` stretches it (`cost / IDLE_CAP`: a 10k-node reply at 35-60 ms every
   1.0-1.2 s, 3-4 s of CPU a minute, under Ray v1's 5.35 at 10k pods).
 - **Moving** (the content changed in the last `BUSY_FOR_S`) or **demand pending**: faster, down
   to `BUSY_FLOOR_S`, within a budget of a core (`MOVING_BUDGET`, `PENDING_BUDGET`); never slower
