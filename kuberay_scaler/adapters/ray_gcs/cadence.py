@@ -35,14 +35,12 @@ BUSY_FOR_S = 5.0  # "the state moved" lasts this long after the last change
 @dataclass(frozen=True)
 class Cadence:
     ceiling_s: float  # the configured longest interval (KUBERAY_SCALER_GCS_POLL_INTERVAL_S)
-    idle_s: float = IDLE_INTERVAL_S
-    idle_cap: float = IDLE_CAP
 
     def next_interval(
         self, *, cost_s: float, demand_pending: bool, last_change: float, now: float
     ) -> float:
         mid = min(IDLE_MID_MAX_S, cost_s / IDLE_MID_CAP)
-        idle = max(self.idle_s, mid, cost_s / self.idle_cap)
+        idle = max(IDLE_INTERVAL_S, mid, cost_s / IDLE_CAP)
         if now - last_change < BUSY_FOR_S:
             wait = min(idle, max(BUSY_FLOOR_S, cost_s / MOVING_BUDGET))
         elif demand_pending:
