@@ -169,3 +169,56 @@ async def test_kubeconfig_with_cleartext_remote_server_is_refused(tmp_path: Path
 async def test_missing_kubeconfig_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SessionError, match="kubeconfig"):
         await open_api(str(tmp_path / "absent"), request_timeout=5)
+
+
+async def test_a_netrc_entry_for_any_host_does_not_break_bearer_requests(
+    tls_server: TlsApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp trusting the environment would add netrc basic auth and refuse our bearer header."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password pw\ndefault login any password pw\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    token = tmp_path / "token"
+    token.write_text("first")
+    api = in_cluster_client(tls_server, token, tls_server.ca_path)
+    try:
+        listed = await request_json(api, LIST_PODS, "GET", PODS)
+        assert listed["metadata"]["resourceVersion"] == "7"
+        assert tls_server.seen == ["Bearer first"]
+    finally:
+        await api.close()
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "ALL_PROXY")
+
+
+@pytest.fixture
+def proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    return monkeypatch
+
+
+async def configured(host: str, proxy: str | None = None) -> Configuration:
+    configuration = Configuration(host=host)
+    configuration.proxy = proxy
+    client = TimedApiClient(configuration, request_timeout=5)  # resolves the proxy, dials nothing
+    await client.close()
+    return configuration
+
+
+async def test_the_proxy_environment_applies_as_client_go_reads_it(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    proxy_env.setenv("HTTPS_PROXY", "http://user:p%40ss@127.0.0.1:3128")
+    remote = await configured("https://10.0.0.1:6443")
+    assert remote.proxy == "http://127.0.0.1:3128"
+    assert remote.proxy_headers == {"Proxy-Authorization": "Basic dXNlcjpwQHNz"}  # user:p@ss
+
+    assert (await configured("https://127.0.0.1:6443")).proxy is None  # loopback: never proxied
+    from_kubeconfig = await configured("https://10.0.0.1:6443", proxy="http://127.0.0.1:9")
+    assert from_kubeconfig.proxy == "http://127.0.0.1:9"  # a kubeconfig proxy-url wins
+    proxy_env.setenv("NO_PROXY", "10.0.0.1")
+    assert (await configured("https://10.0.0.1:6443")).proxy is None

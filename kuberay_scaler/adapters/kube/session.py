@@ -7,6 +7,12 @@ token would give 401s for up to that long).
 
 Every request carries a timeout: `TimedApiClient` fills in `request_timeout` when the caller
 gives none. Watches pass their own timeout (no total, only connect), see `transport`.
+
+The library's HTTP session trusts the environment, so aiohttp would read `~/.netrc` (or
+`$NETRC`) in a thread on every request; a `default` or matching entry there collides with our
+bearer header and fails every call. `TimedApiClient` swaps in a session that does not, and
+resolves the proxy once, as client-go does: `HTTPS_PROXY`/`HTTP_PROXY` unless `NO_PROXY`
+matches or the server is loopback; a kubeconfig `proxy-url` wins.
 """
 
 from __future__ import annotations
@@ -17,12 +23,15 @@ import ipaddress
 import logging
 import os
 import re
+from base64 import b64encode
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.request import getproxies, proxy_bypass
 
+import aiohttp
 import structlog
 import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -44,13 +53,51 @@ class TimedApiClient(ApiClient):
     """`ApiClient` whose requests default to `request_timeout` seconds in total."""
 
     def __init__(self, configuration: Configuration, *, request_timeout: float) -> None:
+        if not configuration.proxy:
+            use_env_proxy(configuration)
         super().__init__(configuration)
         self.request_timeout = request_timeout
+        # Held, not dropped: a session collected while its connector is open warns as unclosed.
+        self._library_session = _stop_trusting_env(self.rest_client)
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("_request_timeout") is None:
             kwargs["_request_timeout"] = self.request_timeout
         return super().request(method, url, *args, **kwargs)
+
+
+# The library's own read buffer: watch events of large objects exceed aiohttp's default.
+_READ_BUFSIZE = 2**21
+
+
+def _stop_trusting_env(rest_client: Any) -> aiohttp.ClientSession:
+    """Give `rest_client` a session on the same connector that never reads netrc or proxy env;
+    return the library's. That one has sent nothing, and counts as closed once the connector it
+    shares is closed with ours."""
+    library_session: aiohttp.ClientSession = rest_client.pool_manager
+    rest_client.pool_manager = aiohttp.ClientSession(
+        connector=library_session.connector,
+        connector_owner=True,
+        trust_env=False,
+        read_bufsize=_READ_BUFSIZE,
+    )
+    return library_session
+
+
+def use_env_proxy(configuration: Configuration) -> None:
+    """Set `configuration.proxy` (and its auth header) from the proxy environment, if it applies."""
+    server = urlsplit(configuration.host or "")
+    hostname = server.hostname or ""
+    if not hostname or _is_loopback(hostname):
+        return
+    proxy = getproxies().get(server.scheme)
+    if not proxy or proxy_bypass(hostname):
+        return
+    parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        configuration.proxy_headers = {"Proxy-Authorization": "Basic " + b64encode(pair).decode()}
+    configuration.proxy = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 @dataclass
