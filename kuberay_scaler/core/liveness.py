@@ -44,8 +44,12 @@ class LivenessTracker:
         self._stale_after_s = stale_after_s
         self._pods: dict[str, _Pod] = {}
         self._first_seen: dict[str, float] = {}  # pod name -> first seen; new per listing
-        self._last_seen: dict[str, float] = {}  # instance id (pod name) -> last fresh reply with it
         self._latest: frozenset[str] = frozenset()  # alive instances in the latest fresh reply
+        self._latest_at: float | None = None  # when it came (an unknown spell keeps it)
+        # Instances seen alive before but not in the latest fresh reply -> when last seen alive.
+        # (Those in it were seen at `_latest_at`: a reply like the last costs no walk of them.)
+        self._seen_before: dict[str, float] = {}
+        self._seen: frozenset[str] | None = None  # latest | seen_before, built when asked
         self._streak_start: float | None = None  # first reply of the current fresh streak
         self._last_fresh: float | None = None
         self._epoch: object = None
@@ -79,13 +83,25 @@ class LivenessTracker:
         if self._streak_start is None:
             self._streak_start = now
         self._last_fresh = now
-        self._latest = frozenset(alive)
-        for instance in self._latest:
-            self._last_seen[instance] = now
+        latest = frozenset(alive)  # the same object when `alive` is the last reply's set
+        if latest is not self._latest and latest != self._latest:
+            self._replace_latest(latest)
+        self._latest_at = now
         # Forget nodes of pods that are gone, so the map does not grow without bound.
-        for instance in [i for i in self._last_seen if i not in self._pods]:
-            if instance not in self._latest:
-                del self._last_seen[instance]
+        gone = [i for i in self._seen_before if i not in self._pods]
+        for instance in gone:
+            del self._seen_before[instance]
+        if gone:
+            self._seen = None
+
+    def _replace_latest(self, latest: frozenset[str]) -> None:
+        if self._latest_at is not None:
+            for instance in self._latest - latest:
+                self._seen_before[instance] = self._latest_at
+        for instance in [i for i in self._seen_before if i in latest]:
+            del self._seen_before[instance]
+        self._latest = latest
+        self._seen = None
 
     def _end_streak(self, cause: str) -> None:
         if self._streak_start is not None:
@@ -103,8 +119,14 @@ class LivenessTracker:
             missing_s=MappingProxyType(self._missing(now)),
             age_s=Elapsed(self._first_seen, age),
             settling=self._settling(now),
-            seen=frozenset(self._last_seen),
+            seen=self._seen_instances(),
         )
+
+    def _seen_instances(self) -> frozenset[str]:
+        """Every instance a fresh reply showed alive and not forgotten."""
+        if self._seen is None:
+            self._seen = self._latest.union(self._seen_before)
+        return self._seen
 
     def _settling(self, now: float) -> str | None:
         if self._streak_start is None:
@@ -124,6 +146,6 @@ class LivenessTracker:
         for name, pod in self._pods.items():
             if pod.first_running is None or name in self._latest:
                 continue
-            since = max(self._last_seen.get(name, pod.first_running), pod.first_running)
+            since = max(self._seen_before.get(name, pod.first_running), pod.first_running)
             out[name] = max(0.0, now - max(since, self._streak_start))
         return out

@@ -11,7 +11,7 @@ from ray.core.generated import autoscaler_pb2
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
-from kuberay_scaler.adapters.ray_gcs.unchanged import reply_body
+from kuberay_scaler.adapters.ray_gcs.unchanged import zeroed
 from kuberay_standins.ray_local import RayDriver, RayHead
 from tests.factories import NOW_MS
 from tests.ray.helpers import wait_for_state
@@ -40,9 +40,9 @@ async def test_idle_replies_keep_their_body_and_are_parsed_once(
     await asyncio.sleep(1.2)
     second = await client.get_cluster_resource_state()
     assert first.SerializeToString() != second.SerializeToString()  # the GCS moved something
-    body1, body2 = reply_body(first), reply_body(second)
-    assert body1 is not None and body2 is not None
-    assert body1.body == body2.body
+    zeroed1, zeroed2 = zeroed(first), zeroed(second)
+    assert zeroed1 is not None and zeroed2 is not None
+    assert zeroed1.reply == zeroed2.reply
 
     poller = GcsPoller(client, interval_s=1.0)
     seen = []

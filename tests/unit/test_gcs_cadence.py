@@ -41,14 +41,16 @@ def test_idle_small_clusters_are_polled_at_the_target_interval() -> None:
     assert cadence.next_interval(cost_s=0.002, **QUIET) == pytest.approx(IDLE_INTERVAL_S)
 
 
-def test_polls_that_are_not_cheap_keep_to_the_mid_cap_for_at_most_a_second() -> None:
+def test_polls_that_are_not_cheap_keep_to_the_mid_cap_for_at_most_0_6_s() -> None:
     cadence = Cadence(ceiling_s=5.0)
-    # 1k nodes, ~3-5 ms a poll: 0.5 % of a core, ~0.6-1 s apart.
-    assert cadence.next_interval(cost_s=0.003, **QUIET) == pytest.approx(0.003 / IDLE_MID_CAP)
+    assert IDLE_MID_MAX_S == 0.6
+    # 1k nodes, ~2.5 ms a poll: 0.5 % of a core, 0.5 s apart.
+    assert cadence.next_interval(cost_s=0.0025, **QUIET) == pytest.approx(0.0025 / IDLE_MID_CAP)
     assert cadence.next_interval(cost_s=0.005, **QUIET) == pytest.approx(IDLE_MID_MAX_S)
-    # Costlier polls wait that second, until the 5 % cap asks for more.
-    assert cadence.next_interval(cost_s=0.02, **QUIET) == pytest.approx(IDLE_MID_MAX_S)
-    assert cadence.next_interval(cost_s=0.05, **QUIET) == pytest.approx(IDLE_MID_MAX_S)
+    # Costlier polls (10k nodes, ~18 ms quiet) wait 0.6 s, until the 5 % cap asks for more.
+    assert cadence.next_interval(cost_s=0.018, **QUIET) == pytest.approx(IDLE_MID_MAX_S)
+    assert cadence.next_interval(cost_s=0.03, **QUIET) == pytest.approx(IDLE_MID_MAX_S)
+    assert cadence.next_interval(cost_s=0.04, **QUIET) == pytest.approx(0.8)
 
 
 def test_idle_polls_above_the_cap_stretch_to_cost_over_cap_up_to_the_ceiling() -> None:
@@ -67,7 +69,7 @@ def test_moving_state_and_pending_demand_poll_faster_never_slower_than_idle() ->
     assert cadence.next_interval(cost_s=0.002, **PENDING) == pytest.approx(0.2)  # 1 % of a core
     assert cadence.next_interval(cost_s=0.01, **MOVED) == pytest.approx(0.2)  # 5 % of a core
     # Where the busy budget would wait longer than idle does, idle's interval holds.
-    assert cadence.next_interval(cost_s=0.03, **PENDING) == pytest.approx(1.0)
+    assert cadence.next_interval(cost_s=0.03, **PENDING) == pytest.approx(IDLE_MID_MAX_S)
     assert cadence.next_interval(cost_s=0.08, **PENDING) == pytest.approx(1.6)
     for cost in (0.0, 0.001, 0.01, 0.03, 0.1, 0.5, 2.0):
         idle = cadence.next_interval(cost_s=cost, **QUIET)

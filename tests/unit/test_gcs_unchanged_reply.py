@@ -1,11 +1,12 @@
 """The poller's cheap skip of replies that say nothing new (adapters/ray_gcs/unchanged.py).
 
-What must hold: a reply whose body equals the last one parses, with its own idle clocks, to
-exactly what a full parse gives; every field the parse reads changes the body; the versions and
-idle clocks (which a GCS moves on every call) do not. So the skip changes no observation and no
-decision, including when an idle clock crosses an idle timeout. Idle clocks are idle-since times
-(the read time minus the duration): a node whose idle-since agrees with the last read's keeps
-its very object (the slice map's memo knows it so), one that went busy in between does not.
+What must hold: a reply that, zeroed, equals the last one parses, with its own idle clocks, to
+exactly what a full parse gives; a change of any field the parse reads makes the zeroed replies
+differ; the versions and idle clocks (which a GCS moves on every call) and map order do not.
+So the skip changes no observation and no decision, including when an idle clock crosses an
+idle timeout. Idle clocks are idle-since times (the read time minus the duration): a node
+whose idle-since agrees with the last read's keeps its very object (the slice map's memo knows
+it so), one that went busy in between does not.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import (
     SLOP_MS,
     ReadWindow,
+    Zeroed,
     reparsed,
-    reply_body,
     with_idle_clocks,
     with_nodes_of,
+    zeroed,
 )
 from tests.factories import NOW_MS
 
@@ -95,10 +97,15 @@ def _tick(reply: Any, ms: int) -> Any:
     return out
 
 
-def _body(reply: Any) -> bytes:
-    found = reply_body(reply)
+def _zeroed(reply: Any) -> Zeroed:
+    """`reply` zeroed, on a copy (`zeroed` changes the message it is given)."""
+    found = zeroed(_copy(reply))
     assert found is not None
-    return found.body
+    return found
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(_zeroed(a).reply == _zeroed(b).reply)
 
 
 @given(
@@ -111,9 +118,8 @@ def test_a_tick_keeps_the_body_and_the_reused_parse_equals_a_full_one(
 ) -> None:
     before = _reply(idle)
     after = _tick(before, ms)
-    assert _body(before) == _body(after)
-    found = reply_body(after)
-    assert found is not None
+    assert _same(before, after)
+    found = _zeroed(after)
     first = parse_ray_state(before, read_at_ms=NOW_MS)
     later = NOW_MS + ms  # the tick is read `ms` later: every idle-since stays
     reused = with_idle_clocks(first, found.idle_ms, ReadWindow.at(later))
@@ -145,8 +151,7 @@ def test_an_idle_since_within_the_read_window_is_kept_and_a_restarted_clock_is_n
         node.idle_duration_ms += elapsed + min(at, rtt)  # measured `at` ms into the window
     if restarted:
         node0.idle_duration_ms = 3_000  # idle again 3 s before the read, after 10 s of work
-    found = reply_body(after)
-    assert found is not None
+    found = _zeroed(after)
     for state in (
         with_idle_clocks(first, found.idle_ms, read),
         with_nodes_of(first, parse_ray_state(after, read_at_ms=read.received_ms), read),
@@ -162,42 +167,33 @@ def test_an_idle_since_within_the_read_window_is_kept_and_a_restarted_clock_is_n
         assert abs(since - true_since) <= rtt + SLOP_MS
 
 
-def test_parts_are_computed_only_for_a_body_that_changed() -> None:
-    reply = _reply([0, 5000])
-    first = reply_body(reply)
-    assert first is not None and first.parts is not None
-    again = reply_body(_tick(reply, 1000), first.body)
-    assert again is not None and again.body == first.body and again.parts is None
-    busy = _tick(reply, 1000)
-    busy.cluster_resource_state.node_states[1].status = RUNNING
-    changed = reply_body(busy, first.body)
-    assert changed is not None and changed.parts is not None
-    assert changed.parts.rest == first.parts.rest  # the demand did not change
-    assert changed.parts.nodes[0] == first.parts.nodes[0]
-    assert changed.parts.nodes[1] != first.parts.nodes[1]
-
-
-def test_reply_body_leaves_the_reply_as_it_was() -> None:
+def test_zeroed_sets_exactly_the_moving_fields_to_zero_and_keeps_the_idle_clocks() -> None:
     reply = _reply([0, 5000, 0, 9000])
-    raw = reply.SerializeToString(deterministic=True)
-    reply_body(reply)
-    assert reply.SerializeToString(deterministic=True) == raw
+    expected = _copy(reply)
+    expected.cluster_resource_state.cluster_resource_state_version = 0
+    expected.cluster_resource_state.last_seen_autoscaler_state_version = 0
+    for node in expected.cluster_resource_state.node_states:
+        node.idle_duration_ms = node.node_state_version = 0
+    found = zeroed(reply)
+    assert found is not None and found.reply is reply
+    assert found.idle_ms == (0, 5000, 0, 9000)
+    assert reply.SerializeToString(deterministic=True) == expected.SerializeToString(
+        deterministic=True
+    )
+    assert zeroed({"cluster_resource_state": {}}) is None  # JSON forms are parsed in full
 
 
-def test_without_restore_only_a_changed_reply_keeps_its_clocks() -> None:
+def test_map_entries_in_another_order_are_the_same_reply() -> None:
+    """A real GCS writes map entries in a new order on every call (tests/ray)."""
     reply = _reply([0, 5000])
-    first = reply_body(reply)
-    assert first is not None
-    same = _tick(reply, 1000)
-    assert reply_body(same, first.body, restore=False) is not None
-    assert [n.idle_duration_ms for n in same.cluster_resource_state.node_states] == [0, 0]
-    busy = _tick(reply, 1000)
-    busy.cluster_resource_state.node_states[0].status = IDLE
-    busy.cluster_resource_state.node_states[0].idle_duration_ms = 10
-    raw = busy.SerializeToString(deterministic=True)
-    changed = reply_body(busy, first.body, restore=False)
-    assert changed is not None and changed.parts is not None  # parsed next: restored
-    assert busy.SerializeToString(deterministic=True) == raw
+    shuffled = _tick(reply, 1000)
+    for node in shuffled.cluster_resource_state.node_states:
+        for field in ("available_resources", "total_resources", "labels"):
+            entries = dict(getattr(node, field))
+            getattr(node, field).clear()
+            getattr(node, field).update(dict(reversed(list(entries.items()))))
+    assert reply.SerializeToString(deterministic=False) != shuffled.SerializeToString()
+    assert _same(reply, shuffled)
 
 
 _ZERO: dict[int, Any] = {
@@ -262,20 +258,20 @@ def _is_moving(path: str) -> bool:
     return leaf in MOVING or (".node_states[" in path and leaf in MOVING_PER_NODE)
 
 
-def test_every_field_but_versions_and_idle_clocks_changes_the_body() -> None:
+def test_every_field_but_versions_and_idle_clocks_makes_the_replies_differ() -> None:
     reply = _reply([0, 5000])
-    base = _body(reply)
+    base = _copy(reply)
     seen_moving, seen_other = set(), 0
     for path in _mutations(reply, "reply"):
         if _is_moving(path):
-            assert _body(reply) == base, f"{path} moves on every call yet changed the body"
+            assert _same(reply, base), f"{path} moves on every call yet made the replies differ"
             seen_moving.add(path.rsplit(".", 1)[-1])
         else:
-            assert _body(reply) != base, f"a change of {path} went unseen"
+            assert not _same(reply, base), f"a change of {path} went unseen"
             seen_other += 1
     assert seen_moving == MOVING | MOVING_PER_NODE
     assert seen_other > 40  # the walk reached nodes, requests, gangs and constraints
-    assert _body(reply) == base  # every mutation undone
+    assert reply == base  # every mutation undone
 
 
 class _Replies:
@@ -395,8 +391,7 @@ def test_reparsing_what_changed_equals_a_full_parse(
     objects kept), and a node whose bytes did not change is the very object of the last parse."""
     before = _reply(idle)
     previous = parse_ray_state(before, read_at_ms=NOW_MS)
-    old = reply_body(before)
-    assert old is not None
+    old = _zeroed(before)
     after = _tick(before, 1000)
     nodes = after.cluster_resource_state.node_states
     for change, i in changes:
@@ -424,14 +419,13 @@ def test_reparsing_what_changed_equals_a_full_parse(
             gang.details = f"pg{i}:SPREAD|PENDING"
             gang.requests.add().resources_bundle.update({"CPU": 1.0})
     read = ReadWindow(NOW_MS + 1000, NOW_MS + 1000 + (changes[0][1] % 7))
-    new = reply_body(after)
-    assert new is not None
-    got = reparsed(previous, old, after, new, read)
     full = parse_ray_state(after, read_at_ms=read.received_ms)
+    new = _zeroed(after)
+    got = reparsed(previous, old, new, read)
     assert got == with_nodes_of(previous, full, read)
     assert [n.node_id for n in got.nodes] == [n.node_id for n in full.nodes]
-    assert new.parts is not None and old.parts is not None  # no `last`: parts computed
-    unchanged = {raw for raw in new.parts.nodes if raw in set(old.parts.nodes)}
-    for raw, node in zip(new.parts.nodes, got.nodes, strict=True):
-        if raw in unchanged:
+    assert new.reply == _zeroed(after).reply  # still zeroed: the next reply is compared with it
+    old_nodes = {n.node_id: n for n in old.reply.cluster_resource_state.node_states}
+    for message, node in zip(new.reply.cluster_resource_state.node_states, got.nodes, strict=True):
+        if old_nodes.get(message.node_id) == message:  # unchanged: the last parse's object
             assert any(node is p for p in previous.nodes)

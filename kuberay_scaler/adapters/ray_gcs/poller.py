@@ -11,8 +11,8 @@ told again at the next reconcile.
 
 Idle clocks become idle-since times on the daemon's wall clock (state.py), from when each reply
 arrived; an idle-since that agrees with the last one's (unchanged.py: within the read's window)
-is kept, node object and all. A reply whose body (unchanged.py: the reply minus versions and idle
-clocks) equals the last parsed one is not parsed again: the last parse gets the new idle clocks,
+is kept, node object and all. A reply that, zeroed (unchanged.py: versions and idle clocks set
+to 0), equals the last parsed one is not parsed again: the last parse gets the new idle clocks,
 which equals a full parse of it. Change detection then compares parsed values
 (`RayObservation.content`: versions and idle clocks left out).
 
@@ -43,11 +43,11 @@ from kuberay_scaler.adapters.ray_gcs.errors import GcsError
 from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import (
     ReadWindow,
-    ReplyBody,
+    Zeroed,
     reparsed,
-    reply_body,
     with_idle_clocks,
     with_nodes_of,
+    zeroed,
 )
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.runtime.metrics import GCS_CONNECTED
@@ -122,7 +122,7 @@ class GcsPoller:
         self._last_version = -1
         self._content: object = None
         self._content_of: tuple[object, object, object] = (None, None, None)
-        self._parsed: tuple[ReplyBody, RayState] | None = None  # last body and its parse
+        self._parsed: tuple[Zeroed, RayState] | None = None  # last reply (zeroed), its parse
         self.parses = 0  # full parses
         self.reparses = 0  # replies of which only what changed was parsed (unchanged.reparsed)
         self._cadence = Cadence(ceiling_s=interval_s)
@@ -188,6 +188,8 @@ class GcsPoller:
                 reply = _Reply.FromString(reply)
             except DecodeError as err:
                 return self._undecodable(err)
+        elif isinstance(reply, _Reply):  # the source's own message: zeroed here, so copied
+            reply = _copied(reply)
         return self._known(reply, read)
 
     def _undecodable(self, err: DecodeError) -> RayObservation:
@@ -252,20 +254,21 @@ class GcsPoller:
         self, reply: Any, cluster_id: str | None, version: int, read: ReadWindow
     ) -> RayObservation:
         """The reply parsed: the last parse with its idle clocks when only those moved, the last
-        parse with what changed re-read when little did, a full parse otherwise."""
+        parse with what changed re-read when little did, a full parse otherwise. The poller owns
+        the reply: it is zeroed in place (`unchanged.zeroed`) and kept to compare the next with."""
         observed_at = self._monotonic()
         last = self._parsed
-        # The reply is dropped when its body is the last one's: no need to restore its clocks.
-        body = reply_body(reply, last[0].body if last is not None else None, restore=False)
-        if body is not None and last is not None:
+        if last is not None and isinstance(reply, _Reply):
             before, previous = last
-            if body.parts is None:  # the same body as the last: only idle clocks moved
-                state = with_idle_clocks(previous, body.idle_ms, read)
-                self._parsed = (before, state)  # its parts stand for this reply's too
+            now = zeroed(reply)
+            assert now is not None  # a reply message
+            if now.reply == before.reply:  # only versions and idle clocks moved
+                state = with_idle_clocks(previous, now.idle_ms, read)
+                self._parsed = (before, state)  # it stands for this reply too
             else:
                 self.reparses += 1
-                state = reparsed(previous, before, reply, body, read)
-                self._parsed = (body, state)
+                state = reparsed(previous, before, now, read)
+                self._parsed = (now, state)
             return RayObservation(state, observed_at, cluster_id, self._epoch, version)
         self.parses += 1
         observation = observation_of(
@@ -279,9 +282,10 @@ class GcsPoller:
             self._parsed = None
             return observation
         # Unchanged nodes keep last parse's objects (the slice map's memo knows them so).
-        state = with_nodes_of(self._parsed[1] if self._parsed else None, observation.state, read)
+        state = with_nodes_of(last[1] if last else None, observation.state, read)
         observation = replace(observation, state=state)
-        self._parsed = (body, state) if body is not None else None
+        reference = zeroed(reply)  # after the parse: it reads the idle clocks
+        self._parsed = (reference, state) if reference is not None else None
         return observation
 
     def _publish(self, observation: RayObservation) -> RayObservation:
@@ -305,6 +309,12 @@ class GcsPoller:
             if self._on_change is not None:
                 self._on_change(observation)
         return observation
+
+
+def _copied(reply: Any) -> Any:
+    copy = _Reply()
+    copy.CopyFrom(reply)
+    return copy
 
 
 def _version(reply: Any) -> int:

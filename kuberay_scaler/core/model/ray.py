@@ -147,6 +147,23 @@ class RayState:
         the gate all ask), read-only."""
         return self._memo("_node_by_instance", self._alive_by_instance)
 
+    def alive_instance_ids(self) -> frozenset[str]:
+        """Instance ids (pod names) of the alive nodes. Built once per state: a poller that
+        hands on the same state object hands on the same set (the liveness tracker's fast path)."""
+        found: frozenset[str] | None = self.__dict__.get("_alive_instance_ids")
+        if found is None:
+            found = frozenset(self.node_by_instance())
+            object.__setattr__(self, "_alive_instance_ids", found)
+        return found
+
+    def idle_positions(self) -> tuple[int, ...]:
+        """Where in `nodes` the idle ones are (those with an idle-since). Built once per state."""
+        found: tuple[int, ...] | None = self.__dict__.get("_idle_positions")
+        if found is None:
+            found = tuple(i for i, n in enumerate(self.nodes) if n.idle_since_ms is not None)
+            object.__setattr__(self, "_idle_positions", found)
+        return found
+
     def alive_nodes(self) -> tuple[RayNode, ...]:
         """The nodes not DEAD, in reply order. Built once per state."""
         found: tuple[RayNode, ...] | None = self.__dict__.get("_alive_nodes")
@@ -225,9 +242,9 @@ class RayObservation:
         """Known and no older than `max_age` seconds at monotonic time `now`."""
         return self.state is not None and now - self.observed_at <= max_age
 
-    def alive_instances(self) -> list[str] | None:
+    def alive_instances(self) -> frozenset[str] | None:
         """Instance ids (pod names) of the live Ray nodes; None when the state is unknown."""
-        return None if self.state is None else list(self.state.node_by_instance())
+        return None if self.state is None else self.state.alive_instance_ids()
 
     def content(self) -> object:
         """What the plan reads of this observation, minus what moves on every poll (versions)
