@@ -11,6 +11,8 @@ benchmark's 20-group cluster scaled to N hosts (scenario.py, no pending demand):
   issue measured at 0.84 s for 10k pods);
 - `one_pod_changed` / `one_node_changed`: the frame after one watch event or one GCS change
   (the change itself, the pod cache's store update or the poller's parse, is not timed);
+- `new_demand`: the frame after the GCS shows new pending demand (more `{"CPU": 16}` tasks than
+  the free CPUs hold): the one on a reaction's path, where every live node becomes a bin;
 - `a_second_later`: the daemon's usual frame: one second has passed (the planner's `now`, the
   read time and every idle node's `idle_duration_ms` moved by 1 s) and one node changed (it
   was busy in between: its idle clock restarted). With idle durations in the model (before
@@ -140,6 +142,16 @@ class Frame:
         node.idle_duration_ms += 1000
         self.state = keep_nodes(self.state, parse(self.reply, self.at), self.at)
 
+    def new_demand(self) -> None:
+        """New pending demand in the reply (each time more: `{"CPU": 16}` tasks beyond what the
+        free CPUs hold, as bench_scale_live's reaction trials ask): the frame on a reaction's
+        path, where every live node becomes a bin."""
+        requests = self.reply.cluster_resource_state.pending_resource_requests
+        if not requests:
+            requests.add().request.resources_bundle.update({"CPU": 16.0})
+        requests[0].count += 40
+        self.state = keep_nodes(self.state, parse(self.reply, self.at), self.at)
+
     def second_later(self) -> None:
         """One second passes (every idle clock and the read time move) and the middle node's
         idle clock restarts (it ran a task in between)."""
@@ -190,11 +202,13 @@ def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dic
             out["one_pod_changed"] = _median(frame.run, repeats, frame.touch_pod)
             out["one_node_changed"] = _median(frame.run, repeats, frame.touch_node)
             out["a_second_later"] = _median(frame.run, repeats, frame.second_later)
+            out["new_demand"] = _median(frame.run, repeats, frame.new_demand)
         log(f"frame at {hosts} hosts, {case}: {out[case]}")
         if not launching:
             log(f"  one pod changed: {out['one_pod_changed']}")
             log(f"  one node changed: {out['one_node_changed']}")
             log(f"  a second later (one node changed): {out['a_second_later']}")
+            log(f"  new demand (every live node a bin): {out['new_demand']}")
     return out
 
 

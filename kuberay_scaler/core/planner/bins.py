@@ -57,18 +57,23 @@ class Bin:
 
 
 _NONE: frozenset[str] = frozenset()
-_SETS: dict[tuple[str, ...], frozenset[str]] = {}
+_SETS: dict[frozenset[str], frozenset[str]] = {}
+
+
+_ACCELERATOR_KEYS = frozenset(ACCELERATORS)
 
 
 def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
-    # Called for every node of a 10k-node cluster: one shared set per combination, not one each.
-    present = tuple(k for k in ACCELERATORS if resources.get(k, 0) > 0)
-    if not present:
+    # Called for every node of a 10k-node cluster: the keys it has found in C (a CPU host has
+    # none), one shared set per combination, not one each.
+    keys = _ACCELERATOR_KEYS.intersection(resources)
+    if not keys:
         return _NONE
-    found = _SETS.get(present)
-    if found is None:
-        found = _SETS.setdefault(present, frozenset(present))
-    return found
+    for key in keys:
+        if not resources[key] > 0:  # listed at 0: not an accelerator this host has
+            keys = frozenset(k for k in keys if resources[k] > 0)
+            break
+    return _SETS.setdefault(keys, keys) if keys else _NONE
 
 
 def bins_for_new_slice(
