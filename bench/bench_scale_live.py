@@ -1,6 +1,8 @@
 """Ours live at 1k / 10k Ray nodes: idle CPU and reaction (P1) against a GCS stand-in (issue 23).
 
     .venv/bin/python bench/bench_scale_live.py [--hosts 1000,10000] [--window 60] [--trials 8]
+    .venv/bin/python bench/bench_scale_live.py --hosts 10000 --real-pods --rss-minutes 30 \
+        --rss-every 30
 
 A real Ray head cannot hold 10k nodes here, so the GCS side is a stand-in: a grpc.aio server in
 this process that serves the planner benchmark's 20-group TPU scenario (scenario.py, scaled to
@@ -12,6 +14,11 @@ node). The daemon runs as its own process (`python -m kuberay_scaler run`), at i
 an idle timeout of 10 h (the scenario's idle slices stay: nothing to do while idle).
 
 - **idle**: after /readyz plus 10 s, the daemon's CPU (user + system, /proc) over the window.
+- **rss** (`--rss-minutes M --rss-every S`, instead of idle and reaction): after /readyz plus
+  10 s, the daemon's RSS every S seconds for M minutes while the cluster idles; first, last, min,
+  max, peak (VmHWM), the least-squares slope in MB per 10 min, CPU and GCS calls over the span,
+  the 1-minute load at start and end. `--real-pods` dresses every pod to real size (real_pods.py,
+  managedFields included, as bench_rss.py does; the mean JSON size is reported).
 - **reaction**: each trial sets a pending `{"CPU": 16}` request to the stand-in's reply at a
   random phase, more than every free CPU of the cluster can hold (and more each trial, so
   every trial needs more replicas); the time from that moment (the next call returns it) to
@@ -43,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc
+import real_pods
 import scenario
 from bench_live import _clean_env, _http_ok, _spawn
 from common import BenchApiServer, cpu_seconds, loadavg, rss_mb
@@ -133,6 +141,17 @@ def cluster(hosts: int) -> scenario.Scenario:
     return sc
 
 
+def dress(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Real-size pods with the scenario pods' names and labels (bench_rss.py's way)."""
+    out = []
+    for index, pod in enumerate(pods):
+        labels = pod["metadata"]["labels"]
+        real = real_pods.real_pod(pod["metadata"]["name"], labels["ray.io/group"], index)
+        real["metadata"]["labels"].update(labels)
+        out.append(real)
+    return out
+
+
 def _daemon_env(workdir: Path, api_url: str, gcs_address: str) -> tuple[dict[str, str], str]:
     kubeconfig = workdir / "kubeconfig"
     kubeconfig.write_text(
@@ -177,8 +196,19 @@ def _tail(log_path: Path) -> str:
     return log_path.read_text()[-3000:]
 
 
-async def measure(hosts: int, window_s: float, trials: int, seed: int = 3) -> dict[str, Any]:
+async def measure(
+    hosts: int,
+    window_s: float,
+    trials: int,
+    seed: int = 3,
+    *,
+    real: bool = False,
+    rss_minutes: float = 0.0,
+    rss_every_s: float = 30.0,
+) -> dict[str, Any]:
     sc = cluster(hosts)
+    if real:
+        sc.pods[:] = dress(sc.pods)
     workdir = Path(tempfile.mkdtemp(prefix="krs-scale-"))
     api = BenchApiServer(bookmark_interval=5.0, history_limit=50_000)
     api_url = await api.start()
@@ -194,9 +224,15 @@ async def measure(hosts: int, window_s: float, trials: int, seed: int = 3) -> di
     log_path = workdir / "daemon.log"
     process = _spawn([sys.executable, "-m", "kuberay_scaler", "run"], env, log_path, workdir)
     out: dict[str, Any] = {"hosts": hosts, "pods": len(sc.pods), "nodes": len(sc.state.node_states)}
+    out["pod_json_bytes_mean"] = round(statistics.fmean(map(real_pods.pod_json_size, sc.pods)))
+    out["real_pods"] = real
     try:
         out["sync_s"] = round(await _ready(process, http, log_path, 900), 2)
+        out["rss_at_ready_mb"] = round(rss_mb(process.pid), 1)
         await asyncio.sleep(10)
+        if rss_minutes > 0:
+            out["rss"] = await _rss_series(process, gcs, writes, rss_minutes, rss_every_s)
+            return out
         writes_before = len(writes)
         cpu0, calls0, t0 = cpu_seconds(process.pid), gcs.calls, time.monotonic()
         load0 = loadavg()
@@ -221,6 +257,54 @@ async def measure(hosts: int, window_s: float, trials: int, seed: int = 3) -> di
         await api.stop()
         shutil.rmtree(workdir, ignore_errors=True)  # nothing left in /tmp after a bench
     return out
+
+
+async def _rss_series(
+    process: Any, gcs: GcsStandIn, writes: list[Any], minutes: float, every_s: float
+) -> dict[str, Any]:
+    """RSS every `every_s` for `minutes` while the cluster idles."""
+    pid = process.pid
+    load0, cpu0, calls0, writes0 = loadavg(), cpu_seconds(pid), gcs.calls, len(writes)
+    t0 = time.monotonic()
+    samples: list[tuple[float, float]] = []
+    while True:
+        if process.poll() is not None:  # a dead daemon's statm reads as 0 MB
+            raise RuntimeError(f"daemon exited after {len(samples)} samples")
+        samples.append((round(time.monotonic() - t0, 1), round(rss_mb(pid), 1)))
+        if samples[-1][0] >= minutes * 60 - 0.5:
+            break
+        await asyncio.sleep(max(0.0, t0 + len(samples) * every_s - time.monotonic()))
+    span_min = (time.monotonic() - t0) / 60
+    rss = [mb for _t, mb in samples]
+    return {
+        "minutes": round(span_min, 2),
+        "every_s": every_s,
+        "first_mb": rss[0],
+        "last_mb": rss[-1],
+        "min_mb": min(rss),
+        "max_mb": max(rss),
+        "peak_vmhwm_mb": _vm_hwm_mb(pid),
+        "slope_mb_per_10min": round(_slope(samples) * 600, 2),
+        "cpu_s_per_min": round((cpu_seconds(pid) - cpu0) / span_min, 3),
+        "gcs_calls_per_min": round((gcs.calls - calls0) / span_min, 1),
+        "writes": len(writes) - writes0,
+        "load": [load0, loadavg()],
+        "samples": samples,
+    }
+
+
+def _slope(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB): MB per second."""
+    if len(samples) < 2:
+        return 0.0
+    return statistics.linear_regression([t for t, _ in samples], [mb for _, mb in samples]).slope
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
 
 
 async def _reaction(
@@ -263,16 +347,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", default="1000,10000")
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--real-pods", action="store_true", help="pods of real size (~3.8 KB)")
+    parser.add_argument("--rss-minutes", type=float, default=0.0, help="RSS series instead")
+    parser.add_argument("--rss-every", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     results = []
     for n in (int(s) for s in args.hosts.split(",")):
-        result = asyncio.run(measure(n, args.window, args.trials))
+        rss = {"real": args.real_pods, "rss_minutes": args.rss_minutes}
+        run = measure(n, args.window, args.trials, **rss, rss_every_s=args.rss_every)
+        result = {"started": _utc(), **asyncio.run(run), "ended": _utc()}
         print(json.dumps(result), flush=True)
         results.append(result)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 if __name__ == "__main__":
