@@ -117,6 +117,23 @@ class GroupSlices:
         return tuple(s for s in self.slices if s.state in _COMING)
 
     @cached_property
+    def owner_of_pod(self) -> Mapping[str, tuple[str, str, SliceState]]:
+        """Each host's pod name → its group's name, its slice's key and state (the capacity's
+        view of a node)."""
+        name = self.group.name
+        return {host.pod_name: (name, sl.key, sl.state) for sl in self.slices for host in sl.hosts}
+
+    @cached_property
+    def worker_started_at(self) -> Mapping[str, datetime]:
+        """When each worker host of a complete slice had its Ray container start."""
+        return {
+            host.pod_name: host.running_since
+            for sl in self.by_state(SliceState.COMPLETE)
+            for host in sl.hosts
+            if host.running_since is not None and not host.is_head
+        }
+
+    @cached_property
     def idle_by_since(self) -> tuple[tuple[int, str, Slice], ...]:
         """Complete slices idle on every host, longest idle first (earliest idle-since, then
         key): (idle-since, key, slice)."""

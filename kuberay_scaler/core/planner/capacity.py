@@ -146,12 +146,11 @@ def _unidentified_pods(slice_map: SliceMap) -> set[str]:
 
 
 def _slice_of_pod(slice_map: SliceMap) -> dict[str, tuple[str, str, SliceState]]:
-    return {
-        host.pod_name: (name, sl.key, sl.state)
-        for name, gs in slice_map.groups.items()
-        for sl in gs.slices
-        for host in sl.hosts
-    }
+    """Each host's pod name → (group, slice key, slice state); per group from its memo."""
+    out: dict[str, tuple[str, str, SliceState]] = {}
+    for gs in slice_map.groups.values():
+        out.update(gs.owner_of_pod)
+    return out
 
 
 def _node_bin(
@@ -174,14 +173,10 @@ def _node_bin(
 
 def _started_at(slice_map: SliceMap) -> dict[str, datetime]:
     """When each running worker host's Ray container started (`startedAt` of its pod)."""
-    return {
-        host.pod_name: host.running_since
-        for gs in slice_map.groups.values()
-        for sl in gs.slices
-        if sl.state is SliceState.COMPLETE
-        for host in sl.hosts
-        if host.running_since is not None and not host.is_head
-    }
+    out: dict[str, datetime] = {}
+    for gs in slice_map.groups.values():
+        out.update(gs.worker_started_at)  # built once per group object (the memo hands it on)
+    return out
 
 
 def _settling_bin(
