@@ -23,7 +23,10 @@ an idle timeout of 10 h (the scenario's idle slices stay: nothing to do while id
   random phase, more than every free CPU of the cluster can hold (and more each trial, so
   every trial needs more replicas); the time from that moment (the next call returns it) to
   the first RayCluster write that raises a group's replicas, taken from the API-server
-  stand-in's store events.
+  stand-in's store events. `--phase MIN,MAX` spaces the trials (default 2-7 s, mostly while
+  the poller still polls at its "moving" pace; past 6 s a trial starts from the idle cadence:
+  `from_idle` marks those, `from_idle_max_s` is their slowest). `--py-spy FILE` records the
+  daemon's stacks through the trials (py-spy, not pausing it) for `pyspy_summary.py`.
 
 Ray's own autoscalers are not run here: they need far more of the GCS than this stand-in serves
 (v2: `GcsClient` node tables, KV for the cluster config, the autoscaler state; v1: the monitor's
@@ -40,7 +43,9 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -205,6 +210,8 @@ async def measure(
     real: bool = False,
     rss_minutes: float = 0.0,
     rss_every_s: float = 30.0,
+    phase: tuple[float, float] = (2.0, 7.0),
+    py_spy: str | None = None,
 ) -> dict[str, Any]:
     sc = cluster(hosts)
     if real:
@@ -245,7 +252,13 @@ async def measure(
             "rss_mb": round(rss_mb(process.pid), 1),
             "load": [load0, loadavg()],
         }
-        out["reaction"] = await _reaction(gcs, writes, trials, random.Random(seed))
+        spy = _py_spy(process.pid, py_spy) if py_spy else None
+        try:
+            out["reaction"] = await _reaction(gcs, writes, trials, random.Random(seed), phase)
+        finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+                await asyncio.to_thread(spy.wait, 60)
     finally:
         unsubscribe()
         process.terminate()
@@ -307,26 +320,60 @@ def _vm_hwm_mb(pid: int) -> float:
     return 0.0
 
 
+# The poller polls faster for this long after the state moved (cadence.BUSY_FOR_S): a trial
+# that starts later starts from the idle cadence.
+MOVING_FOR_S = 5.0
+
+
+def _py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
+    """py-spy sampling the daemon (without pausing it) through the reaction trials, as
+    collapsed stacks (`bench/pyspy_summary.py` reads them)."""
+    binary = Path(sys.executable).with_name("py-spy")
+    command = [str(binary) if binary.exists() else "py-spy", "record", "--pid", str(pid)]
+    command += ["--rate", "200", "--nonblocking", "--format", "raw", "--output", output]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 async def _reaction(
-    gcs: GcsStandIn, writes: list[tuple[float, str, int]], trials: int, rnd: random.Random
+    gcs: GcsStandIn,
+    writes: list[tuple[float, str, int]],
+    trials: int,
+    rnd: random.Random,
+    phase: tuple[float, float] = (2.0, 7.0),
 ) -> dict[str, Any]:
     rows: list[float | None] = []
+    from_idle: list[bool] = []
     loads: list[float] = []
     for k in range(1, trials + 1):
-        await asyncio.sleep(rnd.uniform(2.0, 7.0))  # a random phase of the poll cadence
+        last_change = gcs.changed_at
+        await asyncio.sleep(rnd.uniform(*phase))  # a random phase of the poll cadence
         seen = len(writes)
         gcs.set_demand(gcs.room + DEMAND_STEP * k)
+        from_idle.append(k == 1 or gcs.changed_at - last_change > MOVING_FOR_S + 1.0)
         at = await _first_write(writes, seen, gcs.changed_at, 30.0)
         rows.append(None if at is None else round(at - gcs.changed_at, 4))
         loads.append(loadavg()[0])
-    done = sorted(r for r in rows if r is not None)
+    idle_rows = [r for r, idle in zip(rows, from_idle, strict=True) if idle and r is not None]
     return {
         "trials": rows,
+        "from_idle": from_idle,  # started after the poller went back to its idle cadence
         "missed": sum(1 for r in rows if r is None),
-        "p50_s": round(statistics.median(done), 3) if done else None,
-        "p90_s": round(done[min(len(done) - 1, int(0.9 * len(done)))], 3) if done else None,
-        "max_s": done[-1] if done else None,
+        **_percentiles([r for r in rows if r is not None]),
+        "from_idle_max_s": max(idle_rows) if idle_rows else None,
         "load1": loads,
+    }
+
+
+def _percentiles(done: list[float]) -> dict[str, float | None]:
+    done = sorted(done)
+    if not done:
+        return {"p50_s": None, "p90_s": None, "p99_s": None, "max_s": None}
+    rank = lambda q: done[min(len(done) - 1, int(q * len(done)))]  # noqa: E731
+    return {
+        "p50_s": round(statistics.median(done), 3),
+        "p90_s": round(rank(0.9), 3),
+        "p99_s": round(rank(0.99), 3),
+        "max_s": done[-1],
     }
 
 
@@ -350,12 +397,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-pods", action="store_true", help="pods of real size (~3.8 KB)")
     parser.add_argument("--rss-minutes", type=float, default=0.0, help="RSS series instead")
     parser.add_argument("--rss-every", type=float, default=30.0, help="seconds between samples")
+    parser.add_argument(
+        "--phase", default="2,7", help="MIN,MAX seconds between trials (past 6 s: from idle)"
+    )
+    parser.add_argument("--py-spy", help="collapsed-stack profile of the daemon's trials here")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    low, high = (float(x) for x in args.phase.split(","))
     results = []
     for n in (int(s) for s in args.hosts.split(",")):
         rss = {"real": args.real_pods, "rss_minutes": args.rss_minutes}
-        run = measure(n, args.window, args.trials, **rss, rss_every_s=args.rss_every)
+        spy = f"{args.py_spy}.{n}" if args.py_spy else None
+        run = measure(
+            n, args.window, args.trials, **rss, rss_every_s=args.rss_every,
+            phase=(low, high), py_spy=spy,
+        )  # fmt: skip
         result = {"started": _utc(), **asyncio.run(run), "ended": _utc()}
         print(json.dumps(result), flush=True)
         results.append(result)

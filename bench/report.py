@@ -51,6 +51,7 @@ def render(results: dict[str, Any], plots_dir: Path | None) -> str:
     lines += _shapes(results.get("shapes"))
     lines += _frame(results.get("frame"))
     lines += _scale_live(results.get("scale_live"))
+    lines += _pyspy(results.get("pyspy_10k"))
     lines += _rss(results.get("rss"))
     return "\n".join(lines) + "\n"
 
@@ -304,6 +305,25 @@ def _scale_live(rows: list[dict[str, Any]] | None) -> list[str]:
         "",
     ]
     return lines
+
+
+def _pyspy(data: dict[str, Any] | None) -> list[str]:
+    """Where the daemon's time went through the 10k reaction trials (py-spy, shares of the
+    samples where it was running)."""
+    if not data:
+        return []
+    hot = ", ".join(f"`{k}` {v} %" for k, v in data["hot_spots_pct_of_running"].items())
+    own = ", ".join(f"`{k}` {v} %" for k, v in data["top_self_pct"].items())
+    return [
+        "### py-spy at 10k Ray nodes (the daemon through the reaction trials)",
+        "",
+        f"{data['samples']} samples at 200 Hz, running in {data['running_share_pct']} %."
+        f" Issue 23's hot spots (share of running samples, the function anywhere on the stack;"
+        f" C functions such as protobuf's decode show as their Python caller): {hot}.",
+        "",
+        f"Most self time: {own}.",
+        "",
+    ]
 
 
 def _rss(data: dict[str, Any] | None) -> list[str]:

@@ -30,6 +30,7 @@ import bench_rss
 import bench_scale_live
 import bench_shapes
 import bench_spec_edit
+import pyspy_summary
 import report
 from common import loadavg, machine
 
@@ -111,10 +112,23 @@ def main() -> int:
     results["frame"] = bench_frame.run(frame_sizes, log, repeats=1 if quick else 3)
     save()
     # Ours live at 1k / 10k Ray nodes against a GCS stand-in: idle CPU and reaction (P1).
+    # Trials 2-12 s apart: about half start from the idle cadence (the p99 that matters).
+    # py-spy samples the daemon through the 10k trials: where its time goes at that size.
+    spy = out.parent / f"{mode.name}-pyspy-10000.txt"
     results["scale_live"] = [
-        asyncio.run(bench_scale_live.measure(n, 30 if quick else 60, 4 if quick else 8))
+        asyncio.run(
+            bench_scale_live.measure(
+                n,
+                30 if quick else 60,
+                6 if quick else 12,
+                phase=(2.0, 12.0),
+                py_spy=str(spy) if n == 10_000 else None,
+            )
+        )
         for n in (1_000, 10_000)
     ]
+    if spy.exists():
+        results["pyspy_10k"] = pyspy_summary.summary(pyspy_summary.read(spy), top=12)
     log(f"scale live: {json.dumps(results['scale_live'])[:400]}")
     loads.append(("after scale live", loadavg()))
     save()

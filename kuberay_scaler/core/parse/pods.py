@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -215,12 +216,27 @@ def slim_pod(pod: Any) -> Any:
         return pod
     slim: dict[str, Any] = {}
     if "metadata" in parts:
-        slim["metadata"] = {k: parts["metadata"][k] for k in _META_KEPT if k in parts["metadata"]}
+        meta = {k: parts["metadata"][k] for k in _META_KEPT if k in parts["metadata"]}
+        if isinstance(meta.get("labels"), Mapping):
+            meta["labels"] = _shared_strings(meta["labels"])
+        slim["metadata"] = meta
     if "spec" in parts:
         slim["spec"] = _slim_spec(parts["spec"])
     if "status" in parts:
         slim["status"] = _slim_status(parts["status"])
     return slim
+
+
+# Every pod of a group repeats the same label keys and most values (group, cluster, node
+# type): each JSON decode makes its own copies, some 20 MB at 10k real pods. One copy each.
+
+
+def _shared_strings(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
+    """`mapping` with its string keys and values interned (equal, one object each)."""
+    return {
+        (sys.intern(k) if type(k) is str else k): (sys.intern(v) if type(v) is str else v)
+        for k, v in mapping.items()
+    }
 
 
 def _slim_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
