@@ -201,9 +201,9 @@ class Settings(BaseSettings):
         D.GCS_POLL_INTERVAL_S,
         "gcs_poll_interval_s",
         "Longest wait between GetClusterResourceState polls. Idle, the poller polls every"
-        " 0.4 s while polls are cheap (small clusters), about once a second once a poll costs"
-        " a few ms (1k nodes and up; at most 0.5 % of a core below that second, 5 % beyond"
-        " it); sooner (down to 0.1 s) while demand is pending or the state just moved.",
+        " 0.4 s while polls are cheap (up to ~1k nodes), 0.6 s apart once a poll costs more"
+        " (10k nodes), and further apart only where a poll would take over 5 % of a core;"
+        " sooner (down to 0.1 s) while demand is pending or the state just moved.",
         minimum=0.1,
         inclusive=True,
         maximum=60,
