@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")  # what a RayState memo holds
 
 HEAD_RESOURCE = "node:__internal_head__"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -150,28 +152,21 @@ class RayState:
     def alive_instance_ids(self) -> frozenset[str]:
         """Instance ids (pod names) of the alive nodes. Built once per state: a poller that
         hands on the same state object hands on the same set (the liveness tracker's fast path)."""
-        found: frozenset[str] | None = self.__dict__.get("_alive_instance_ids")
-        if found is None:
-            found = frozenset(self.node_by_instance())
-            object.__setattr__(self, "_alive_instance_ids", found)
-        return found
+        return self._cached("_alive_instance_ids", lambda: frozenset(self.node_by_instance()))
 
     def idle_positions(self) -> tuple[int, ...]:
         """Where in `nodes` the idle ones are (those with an idle-since). Built once per state."""
-        found: tuple[int, ...] | None = self.__dict__.get("_idle_positions")
-        if found is None:
-            found = tuple(i for i, n in enumerate(self.nodes) if n.idle_since_ms is not None)
-            object.__setattr__(self, "_idle_positions", found)
-        return found
+        return self._cached(
+            "_idle_positions",
+            lambda: tuple(i for i, n in enumerate(self.nodes) if n.idle_since_ms is not None),
+        )
 
     def alive_nodes(self) -> tuple[RayNode, ...]:
         """The nodes not DEAD, in reply order. Built once per state."""
-        found: tuple[RayNode, ...] | None = self.__dict__.get("_alive_nodes")
-        if found is None:
-            dead = NodeStatus.DEAD
-            found = tuple(n for n in self.nodes if n.status is not dead)
-            object.__setattr__(self, "_alive_nodes", found)
-        return found
+        dead = NodeStatus.DEAD
+        return self._cached(
+            "_alive_nodes", lambda: tuple(n for n in self.nodes if n.status is not dead)
+        )
 
     def entries_by_instance(self) -> Mapping[str, tuple[RayNode, ...]]:
         """Every entry (any status) per instance id, in reply order: what the deletion gate
@@ -179,11 +174,14 @@ class RayState:
         return self._memo("_entries_by_instance", self._all_by_instance)
 
     def _memo(self, name: str, build: Callable[[], dict[str, Any]]) -> Mapping[str, Any]:
+        return self._cached(name, lambda: MappingProxyType(build()))
+
+    def _cached(self, name: str, build: Callable[[], _T]) -> _T:
         # A frozen dataclass: the memo goes into __dict__ directly (not a field, so equality,
         # hashing and `replace` ignore it). Pure: a function of the fields only.
-        found = self.__dict__.get(name)
+        found: _T | None = self.__dict__.get(name)
         if found is None:
-            found = MappingProxyType(build())
+            found = build()
             object.__setattr__(self, name, found)
         return found
 

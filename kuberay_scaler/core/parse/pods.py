@@ -227,12 +227,10 @@ def slim_pod(pod: Any) -> Any:
     return slim
 
 
-# Every pod of a group repeats the same label keys and most values (group, cluster, node
-# type): each JSON decode makes its own copies, some 20 MB at 10k real pods. One copy each.
-
-
 def _shared_strings(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
-    """`mapping` with its string keys and values interned (equal, one object each)."""
+    """`mapping` with its string keys and values interned (equal, one object each): every pod
+    of a group repeats the same label keys and most values, and each JSON decode makes its own
+    copies."""
     return {
         (sys.intern(k) if type(k) is str else k): (sys.intern(v) if type(v) is str else v)
         for k, v in mapping.items()
