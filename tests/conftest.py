@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tests import reaper
 from tests.ci_required import pytest_configure as _ci_configure
@@ -21,6 +22,14 @@ from tests.ci_required import (  # noqa: F401 (hooks: pytest finds them in this 
     pytest_make_collect_report,
     pytest_runtest_makereport,
 )
+
+# No property test may fail on how long an example took: a loaded machine stalls any example
+# (hypothesis' default 200 ms deadline does, outside its own CI profile). The rest of the
+# profile in force (CI's, when CI is set) is kept.
+settings.register_profile(
+    "suite", settings.get_profile(settings.get_current_profile_name()), deadline=None
+)
+settings.load_profile("suite")
 
 _session: dict[str, str] = {}
 _run: dict[str, Any] = {"started": time.monotonic(), "tiers": Counter(), "seen": set()}

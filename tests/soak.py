@@ -617,12 +617,16 @@ class Soak:
 
 
 async def _first_answer(address: str, token: str | None, then: Callable[[], None]) -> None:
-    """Call `then` as soon as a GCS on `address` answers GetClusterResourceState."""
+    """Call `then` as soon as a GCS on `address` answers GetClusterResourceState.
+
+    Asked often and briefly: the daemon may read the new GCS and write before this notices, and
+    such a write is judged as made while blind (a late notice here is a false violation).
+    """
     while True:
         try:
-            await asyncio.wait_for(gcs_node_states(address, token), 5)
+            await asyncio.wait_for(gcs_node_states(address, token), 2)
         except Exception:  # not up yet (refused, unavailable, timed out)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.05)
             continue
         then()
         return

@@ -40,8 +40,17 @@ async def cluster() -> AsyncIterator[LocalCluster]:
         yield local
 
 
+# A kubelet restarts a container after this many failed probes in a row (its default).
+KUBELET_FAILURE_THRESHOLD = 3
+
+
 class HealthProbe:
-    """Probes /healthz like a kubelet with a 1 s timeout, all along, in a thread of its own."""
+    """Probes /healthz like a kubelet with a 1 s timeout, all along, in a thread of its own.
+
+    A probe left unanswered for 1 s is a failure to a kubelet only as part of a run of
+    `KUBELET_FAILURE_THRESHOLD`: one stall of a loaded 2-core machine is not the daemon stopping.
+    Any answer but 200 is a failure at once.
+    """
 
     def __init__(self, daemon: DaemonProcess) -> None:
         self._url = f"http://{daemon.http}/healthz"
@@ -58,6 +67,14 @@ class HealthProbe:
                 self.answers.append(err.code)
             except OSError as err:
                 self.answers.append(repr(err))
+
+    def longest_silence(self) -> int:
+        """The longest run of probes in a row that got no answer within the timeout."""
+        longest = run = 0
+        for answer in self.answers:
+            run = run + 1 if not isinstance(answer, int) else 0
+            longest = max(longest, run)
+        return longest
 
     def __enter__(self) -> HealthProbe:
         self._thread.start()
@@ -90,8 +107,9 @@ async def test_absurd_groups_are_skipped_and_the_good_group_scales_while_healthz
     problems = " ".join(str(p) for p in _plan(daemon)["problems"])
     assert "absurd-resources" in problems and "absurd-hosts" in problems
     assert probe.answers, "the probe never ran"
-    late = [a for a in probe.answers if a != 200]
-    assert late == [], f"/healthz failed or took over 1 s: {late[:5]} of {len(probe.answers)}"
+    answered = [a for a in probe.answers if isinstance(a, int)]
+    assert set(answered) == {200}, f"/healthz said unhealthy: {answered}"
+    assert probe.longest_silence() < KUBELET_FAILURE_THRESHOLD, probe.answers
     code, _ = await asyncio.to_thread(daemon.stop)
     assert code == 0
     assert not cluster.violations

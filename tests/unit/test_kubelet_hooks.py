@@ -50,11 +50,17 @@ class Spawner:
     hosts: list[FakeHost] = field(default_factory=list)
     failures: int = 0
     gate: threading.Event = field(default_factory=threading.Event)
+    spawned: threading.Event = field(default_factory=threading.Event)  # set at the first spawn
 
     def spawn(self, _: str, *, ip: str, **__: Any) -> FakeHost:
         host = FakeHost(ip, len(self.hosts) < self.failures, self.gate)
         self.hosts.append(host)
+        self.spawned.set()
         return host
+
+    async def first_spawn(self) -> None:
+        """Wait until a host is being started (in the hooks' worker thread), however late."""
+        assert await asyncio.to_thread(self.spawned.wait, 30), "no host was ever spawned"
 
 
 @pytest.fixture
@@ -92,7 +98,7 @@ async def test_a_host_whose_pod_went_while_it_started_is_stopped(spawner: Spawne
     spawner.gate.clear()
     hooks = _hooks()
     running = asyncio.create_task(hooks.on_running(_pod("w1")))
-    await asyncio.sleep(0.1)
+    await spawner.first_spawn()  # a fixed sleep here lost to a loaded machine's thread start
     await hooks.on_deleted(_pod("w1"))
     spawner.gate.set()
     await running
@@ -103,7 +109,7 @@ async def test_a_cancelled_start_stops_its_host_once_up(spawner: Spawner) -> Non
     spawner.gate.clear()
     hooks = _hooks()
     running = asyncio.create_task(hooks.on_running(_pod("w1")))
-    await asyncio.sleep(0.1)
+    await spawner.first_spawn()  # a fixed sleep here lost to a loaded machine's thread start
     running.cancel()  # the kubelet cancels the start of a pod that is terminating
     with pytest.raises(asyncio.CancelledError):
         await running
