@@ -239,7 +239,7 @@ def _capture(args: argparse.Namespace) -> int:
 def _run(_: argparse.Namespace) -> int:
     from kuberay_scaler.runtime import heap, lightimports
 
-    heap.limit_arenas()  # before any thread starts
+    heap.tune_malloc()  # before any thread starts
     lightimports.install()  # before anything imports ray or kubernetes_asyncio
     settings = load_settings()
     settings.require_cluster()

@@ -1,9 +1,9 @@
 """Keep the daemon's resident memory close to what it holds (glibc only; elsewhere a no-op).
 
-- `limit_arenas()`: glibc gives every thread that mallocs its own arena (64 MB reserved each,
-  partly touched); grpc's and asyncio's worker threads would each get one. Two are plenty for a
-  daemon whose work runs on one event loop. Call before any thread starts.
-  It also fixes the mmap threshold: glibc's slides up to the largest mapped block freed so far
+- `tune_malloc()`: call before any thread starts. Two arenas: glibc gives every thread that
+  mallocs its own arena (64 MB reserved each, partly touched); grpc's and asyncio's worker
+  threads would each get one, and two are plenty for a daemon whose work runs on one event loop.
+  A fixed mmap threshold: glibc's slides up to the largest mapped block freed so far
   (up to 32 MiB), after which the 4 MB GCS replies of a 10k-node cluster, decoded every poll,
   come from the heap, and their freed space stays resident (10k nodes, real-size pods: 9 MB
   more on average, 210 MB peaks; docs/benchmarks.md). At a fixed threshold each large block
@@ -40,16 +40,16 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def limit_arenas(arenas: int = 2) -> bool:
-    """Two arenas and a fixed mmap threshold; True when glibc took both."""
+def tune_malloc(arenas: int = 2) -> bool:
+    """Two arenas and a fixed mmap threshold, each set on its own; True when glibc took both."""
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False
-    with contextlib.suppress(Exception):
-        return bool(libc.mallopt(_M_ARENA_MAX, arenas)) and bool(
-            libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        )
-    return False
+    took = []
+    for option, value in ((_M_ARENA_MAX, arenas), (_M_MMAP_THRESHOLD, MMAP_THRESHOLD)):
+        with contextlib.suppress(Exception):
+            took.append(bool(libc.mallopt(option, value)))
+    return took == [True, True]
 
 
 def trim() -> bool:

@@ -48,7 +48,7 @@ _LARGE_BLOCKS = """
 import os, sys
 from kuberay_scaler.runtime import heap
 if sys.argv[1] == "fixed":
-    assert heap.limit_arenas()
+    assert heap.tune_malloc()
 def rss() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -72,5 +72,5 @@ def _returned_after_freeing_16_mb(mode: str) -> int:
 def test_freed_large_blocks_leave_resident_memory_at_the_fixed_threshold() -> None:
     mb = 1 << 20
     assert _returned_after_freeing_16_mb("fixed") >= 15 * mb
-    # The control: glibc's sliding threshold keeps them (what limit_arenas is there to stop).
+    # The control: glibc's sliding threshold keeps them (what tune_malloc is there to stop).
     assert _returned_after_freeing_16_mb("glibc") < 4 * mb
