@@ -40,6 +40,7 @@ from kuberay_scaler.core.model.plan import (
     Snapshot,
 )
 from kuberay_scaler.core.model.ray import RayObservation, RayState
+from kuberay_scaler.core.model.signals import CapacityEvent
 from kuberay_scaler.core.model.reasons import (
     Hold,
     Keep,
@@ -81,6 +82,8 @@ class Observation:
     # `pods` already parsed (the daemon's PodCache, once per watch event); `pods` is then unused.
     parsed_pods: tuple[Sequence[Host], Sequence[Problem]] | None = None
     spec: ClusterSpec | None = None  # `raycluster` already parsed (the daemon parses it once)
+    # Capacity news read from Events (empty where the Role cannot read them), oldest first.
+    capacity_events: tuple[CapacityEvent, ...] = ()
 
 
 @dataclass(frozen=True)
