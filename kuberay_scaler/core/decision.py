@@ -40,7 +40,6 @@ from kuberay_scaler.core.model.plan import (
     Snapshot,
 )
 from kuberay_scaler.core.model.ray import RayObservation, RayState
-from kuberay_scaler.core.model.signals import CapacityEvent
 from kuberay_scaler.core.model.reasons import (
     Hold,
     Keep,
@@ -51,6 +50,7 @@ from kuberay_scaler.core.model.reasons import (
     ScaleDown,
     ScaleDownKind,
 )
+from kuberay_scaler.core.model.signals import CapacityEvent
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.intent import clear_ops, read_draining, record_ops, with_record
