@@ -49,7 +49,9 @@ def mark_session() -> str:
     return value
 
 
-def _marker_of(pid: int) -> str | None:
+def marker_of(pid: int) -> str | None:
+    """The marker value in `pid`'s environment, if any. A process just started reads as its
+    parent (fork) or empty (mid-exec) for a moment: wait for the value, never sample once."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -97,7 +99,7 @@ def marked(accept: Callable[[str], bool]) -> list[Leftover]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) in skip:
             continue
-        value = _marker_of(int(entry.name))
+        value = marker_of(int(entry.name))
         if value is not None and accept(value) and _alive(int(entry.name)):
             leftover = _leftover(int(entry.name))
             if leftover is not None:

@@ -19,8 +19,20 @@ from tests import reaper
 
 
 def _marked_sleeper(value: str) -> subprocess.Popen[bytes]:
+    """A sleeper whose /proc environ carries `value`: until its exec, a child reads as its
+    parent (this session's marker) or empty, so a scan right after Popen can miss it."""
     env = {**os.environ, reaper.MARKER: value}
-    return subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+    process = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while reaper.marker_of(process.pid) != value and process.poll() is None:
+        if time.monotonic() >= deadline:
+            process.kill()
+            process.wait()
+            raise AssertionError(f"the sleeper never carried {reaper.MARKER}={value}")
+        time.sleep(0.01)
+    # Exited already: only a reaper (of another session, for a dead owner's marker) kills it.
+    assert process.returncode in (None, -signal.SIGKILL), process.returncode
+    return process
 
 
 def test_a_leftover_is_found_and_reaped_by_process_group() -> None:
