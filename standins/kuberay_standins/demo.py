@@ -12,6 +12,7 @@ import contextlib
 import heapq
 import json
 import math
+import re
 import signal
 import sys
 import time
@@ -287,12 +288,43 @@ async def _echo_daemon(echo: DaemonEcho) -> None:
         await asyncio.sleep(0.2)
 
 
+# The daemon's `decided` line names each group's change as `<group>: <action> <from>-><to>`
+# (loop/record.py); the demo says it in words.
+_GROUP_CHANGE = re.compile(r"^(?P<group>[^:]+): (?P<action>[a-z_]+) (?P<was>\d+)->(?P<to>\d+)")
+_ACTION_WORDS = {
+    "scale_up": "add slice(s), replicas {was} → {to}",
+    "scale_down": "remove slice(s), replicas {was} → {to}",
+    "replace": "replace a slice, replicas {was} → {to}",
+    "clear_workers_to_delete": "replicas stay {to}",
+}
+_PATCH_WRITE = re.compile(r"^patch \((\d+) ops\)$")
+
+
+def group_change_words(text: str) -> str:
+    """`tpu: scale_up 0->1 (why)` → `tpu: add slice(s), replicas 0 → 1 (why)`."""
+    match = _GROUP_CHANGE.match(text)
+    words = _ACTION_WORDS.get(match["action"]) if match else None
+    if match is None or words is None:
+        return text
+    rest = text[match.end() :]
+    return f"{match['group']}: {words.format(was=match['was'], to=match['to'])}{rest}"
+
+
+def write_words(text: str) -> str:
+    """`patch (5 ops)` → what that patch is; other writes already say what they do."""
+    if _PATCH_WRITE.match(text):
+        return "patch the RayCluster"
+    if text.startswith("record draining "):
+        return "record which slices it drains (" + text.removeprefix("record draining ") + ")"
+    return text
+
+
 def daemon_moment(line: dict[str, Any]) -> tuple[str, str] | None:
     """The timeline line for one daemon log record, or None for the ones the story skips."""
     event = line.get("event")
     if event == "decided":
-        groups = "; ".join(line.get("groups") or [])
-        writes = " → ".join(line.get("writes") or [])
+        groups = "; ".join(group_change_words(g) for g in line.get("groups") or [])
+        writes = " → ".join(write_words(w) for w in line.get("writes") or [])
         return "plan", f"{groups} | writes: {writes}"
     if event in ("slice_drained", "slice_drain_refused"):
         where = f"{line.get('group')}/{line.get('slice')}: " if line.get("slice") else ""

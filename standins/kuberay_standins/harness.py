@@ -440,11 +440,15 @@ class LocalCluster:
             self.timeline.add("pod_deleted", f"pod {meta['name']} deleted ({where})")
 
 
+PATCH_CONDITION = " — applied only if "  # what follows the changes in a printed PATCH
+
+
 def _ops_text(body: Any) -> str:
-    """A JSON patch on one line; its guards (JSON-patch `test` ops) counted rather than shown."""
+    """A JSON patch on one line: its changes, then its JSON-patch `test` ops said in words
+    (the values it was planned from, which the API server checks before applying any change)."""
     if not isinstance(body, list):
         return json.dumps(body, separators=(",", ":"))[:400]
-    guards = sum(1 for op in body if isinstance(op, dict) and op.get("op") == "test")
+    tests = sum(1 for op in body if isinstance(op, dict) and op.get("op") == "test")
     changes = [op for op in body if not (isinstance(op, dict) and op.get("op") == "test")]
     text = json.dumps(changes, separators=(",", ":"), ensure_ascii=False)
-    return f"{text} (+{guards} guards)"
+    return f"{text}{PATCH_CONDITION}{tests} fields still hold the values it was planned from"

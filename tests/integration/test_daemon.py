@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kuberay_standins.demo import Scenario, demo_raycluster, run_demo
-from kuberay_standins.harness import DaemonProcess, LocalCluster
+from kuberay_standins.harness import PATCH_CONDITION, DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver
 from tests.invariants import InvariantChecker, finish_local_cluster, watch_local_cluster
 
@@ -232,7 +232,7 @@ def _assert_story(text: str) -> None:
 
 def _deletions(line: str) -> list[tuple[str, list[str]]]:
     """(group, pods) for every op of a printed PATCH that names pods to delete (not clearing)."""
-    body = line.split(": ", 1)[1].rsplit(" (+", 1)[0]
+    body = line.split(": ", 1)[1].rsplit(PATCH_CONDITION, 1)[0]
     out = []
     for op in json.loads(body):
         path, value = op.get("path", ""), op.get("value")

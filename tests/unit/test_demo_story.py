@@ -1,10 +1,10 @@
-"""The demo prints what happened in the order it happened (issue 12 item 9), pure parts."""
+"""The demo prints what happened in the order it happened, in words: pure parts."""
 
 from __future__ import annotations
 
 import io
 
-from kuberay_standins.demo import Printer, daemon_moment
+from kuberay_standins.demo import Printer, daemon_moment, group_change_words
 from kuberay_standins.harness import Moment
 
 
@@ -33,10 +33,32 @@ def test_the_daemons_decided_line_is_the_plan_with_its_writes() -> None:
     }
     kind, text = daemon_moment(line) or ("", "")
     assert kind == "plan"
-    assert text.index("record draining") < text.index("drain tpu/s1") < text.index("patch (7")
+    assert text.index("record which") < text.index("drain tpu/s1") < text.index("patch the")
     assert daemon_moment({"event": "decision"}) is None  # said after the patch: not the story
 
 
 def test_a_drain_line_names_its_group_and_slice() -> None:
     line = {"event": "slice_drained", "group": "tpu", "slice": "s1", "hosts": 4, "reason": "ok"}
     assert daemon_moment(line) == ("drain", "slice_drained: tpu/s1: 4 hosts, ok")
+
+
+def test_the_decided_line_says_each_change_in_words() -> None:
+    line = {
+        "event": "decided",
+        "groups": [
+            "tpu: scale_up 0->1 (add slice(s) for 1× slice reservation)",
+            "cpu: clear_workers_to_delete 1->1 (empty workersToDelete (...): all 1 are gone)",
+        ],
+        "writes": ["record draining {'tpu': ('s1',)}", "patch (5 ops)"],
+    }
+    _, text = daemon_moment(line) or ("", "")
+    assert "tpu: add slice(s), replicas 0 → 1 (add slice(s)" in text
+    assert "cpu: replicas stay 1 (empty workersToDelete" in text
+    assert "scale_up" not in text and "clear_workers_to_delete" not in text and "->" not in text
+    assert text.endswith(
+        "writes: record which slices it drains ({'tpu': ('s1',)}) → patch the RayCluster"
+    )
+
+
+def test_an_unknown_change_is_printed_as_the_daemon_wrote_it() -> None:
+    assert group_change_words("tpu: something_new 1->2") == "tpu: something_new 1->2"

@@ -293,7 +293,10 @@ class ClearWorkersToDelete:
     kind = "clear_workers_to_delete"
 
     def __str__(self) -> str:
-        return f"clear workersToDelete: all {self.count} named pod(s) are gone"
+        return (
+            f"empty workersToDelete (the pods KubeRay was told to delete): all {self.count}"
+            " are gone"
+        )
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,8 @@ class RunsMinReplicas:
 class UnchangedKind(StrEnum):
     """Why a group's slices stay as they are (said for every group a plan leaves alone)."""
 
-    NO_SLICES = "no_slices"  # nothing runs and no demand asks for this group
+    NO_SLICES = "no_slices"  # nothing runs, none asked for, and no demand asks for this group
+    AWAITING_PODS = "awaiting_pods"  # replicas asks for slices whose pods do not exist yet
     BUSY = "busy"  # some host of the slice runs work
     IDLE_BELOW_TIMEOUT = "idle_below_timeout"  # idle, not yet for the idle timeout
     NEEDED = "needed"  # idle, but pending demand or request_resources was placed on it
@@ -342,7 +346,13 @@ class Unchanged:
         example = f" (e.g. {self.slice}: {self.detail})" if self.detail else ""
         match self.kind:
             case UnchangedKind.NO_SLICES:
-                return "no slices, and no demand this group serves"
+                return "no slices and none asked for: no pending demand needs this group"
+            case UnchangedKind.AWAITING_PODS:
+                return (
+                    f"{self.count} slice(s) asked for (replicas) with no pods yet: KubeRay creates"
+                    " them, and pending demand this group serves is counted on them before more"
+                    " are asked for"
+                )
             case UnchangedKind.BUSY:
                 return f"{self.count} slice(s) busy{example}"
             case UnchangedKind.IDLE_BELOW_TIMEOUT:

@@ -27,7 +27,14 @@ def why_unchanged(
     """The slices that stay (not in `leaving`), grouped by why they stay, at `now_ms`."""
     staying = [s for s in slices.slices if s.key not in leaving]
     if not staying:
-        return [Unchanged(UnchangedKind.NO_SLICES)] if not leaving else []
+        if leaving:
+            return []
+        # No pods at all, but replicas may still ask for slices: the planner counts pending
+        # demand on those (KubeRay is creating them), which is why nothing more is asked for.
+        awaited = slices.group.effective_replicas
+        if awaited:
+            return [Unchanged(UnchangedKind.AWAITING_PODS, awaited)]
+        return [Unchanged(UnchangedKind.NO_SLICES)]
     buckets: dict[UnchangedKind, list[Slice]] = {}
     for sl in staying:
         kind = _kind(sl, slices.group.name, needed, timeout_s, now_ms)
