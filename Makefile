@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 # PYTHONWARNINGS=ignore: setuptools' editable-install banner (printed once per package, the same
 # every time, nothing to act on) would be all a newcomer sees for the first minute.
 $(STAMP): pyproject.toml standins/pyproject.toml
-	@echo "== installing kuberay-scaler, the stand-ins and the test tools into $(VENV) (first time: 1-2 min) =="
+	@echo "== installing kuberay-scaler, the stand-ins and the test tools into $(VENV) (first time: 1-3 min) =="
 	$(PYTHON) -m venv $(VENV)
 	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet --upgrade pip
 	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test]' -e ./standins

@@ -57,7 +57,7 @@ def render(results: dict[str, Any], plots_dir: Path | None) -> str:
 
 
 def _goals(results: dict[str, Any]) -> list[str]:
-    """Issue 13's goals, judged on this run's numbers."""
+    """The reaction and planning-cost goals, judged on this run's numbers."""
     rows: list[tuple[str, str, str, bool | None]] = []
     reaction = results["live"].get("reaction")
     if reaction:
@@ -115,7 +115,7 @@ def _goals(results: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     lines = [
-        "### Goals (issues 13, 20, 22, 23), on this run",
+        "### Goals (reaction, planning cost, spec edits, 10k-pod scale), on this run",
         "",
         "| goal | measured | target | |",
         "| --- | --- | --- | --- |",
@@ -126,7 +126,7 @@ def _goals(results: dict[str, Any]) -> list[str]:
 
 
 def _goals_22(data: dict[str, Any] | None) -> list[tuple[str, str, str, bool | None]]:
-    """Issue 22 item 1: a spec edit acted on within p50 ≤ 2 s, p99 ≤ 5 s under KubeRay's Role."""
+    """Spec edits under KubeRay's Role: an edit acted on within p50 ≤ 2 s, p99 ≤ 5 s."""
     if not data:
         return []
     ours = data["summary"]["ours"]
@@ -188,8 +188,8 @@ def _goals_23(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]
 
 
 def _goals_23_live(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
-    """Issue 23's goals for the live daemon: reaction at 1k / 10k Ray nodes, idle CPU against
-    Ray v1 at every size and at 100 pods, the GCS poll's CPU per read against Ray v2's."""
+    """The 10k-pod scale goals for the live daemon: reaction at 1k / 10k Ray nodes, idle CPU
+    against Ray v1 at every size and at 100 pods, the GCS poll's CPU per read against Ray v2's."""
     rows = [row for r in results.get("scale_live") or [] for row in _reaction_goals(r)]
     idle = results["live"].get("idle", {})
     for size in sorted(idle, key=int):
@@ -318,8 +318,9 @@ def _pyspy(data: dict[str, Any] | None) -> list[str]:
         "### py-spy at 10k Ray nodes (the daemon through the reaction trials)",
         "",
         f"{data['samples']} samples at 200 Hz, running in {data['running_share_pct']} %."
-        f" Issue 23's hot spots (share of running samples, the function anywhere on the stack;"
-        f" C functions such as protobuf's decode show as their Python caller): {hot}.",
+        f" The hot spots of the 10k-pod profile (share of running samples, the function"
+        f" anywhere on the stack; C functions such as protobuf's decode show as their Python"
+        f" caller): {hot}.",
         "",
         f"Most self time: {own}.",
         "",

@@ -32,7 +32,12 @@ settings.register_profile(
 settings.load_profile("suite")
 
 _session: dict[str, str] = {}
-_run: dict[str, Any] = {"started": time.monotonic(), "tiers": Counter(), "seen": set()}
+_run: dict[str, Any] = {
+    "started": time.monotonic(),
+    "tiers": Counter(),
+    "seen": set(),
+    "named": Counter(),
+}
 
 
 def pytest_configure(config: Any) -> None:
@@ -60,23 +65,39 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
     _run["tiers"] = Counter(_tier(item.nodeid) for item in items)
 
 
+# Tiers whose tests take a minute or more each: every test is named as it starts, so a person
+# sees the run is alive (13 integration tests are ~12 minutes of otherwise silent dots).
+NAMED_TIERS = frozenset({"integration", "e2e", "image"})
+
+
 def pytest_runtest_logstart(nodeid: str) -> None:
-    """A line as each tier starts (unit, contract, ray, integration...): progress a newcomer can
-    read, rather than minutes of dots. Only when the run spans more than one tier."""
+    """A line as each tier starts (unit, contract, ray, integration...) when the run spans more
+    than one tier, and one per test of a slow tier: progress a newcomer can read, rather than
+    minutes of dots."""
     tiers, seen, tier = _run["tiers"], _run["seen"], _tier(nodeid)
-    if len(tiers) < 2 or tier in seen:
-        return
-    seen.add(tier)
     reporter = _run["config"].pluginmanager.get_plugin("terminalreporter")
-    if reporter is None:
+    if reporter is None or _run["config"].option.verbose > 0:  # -v names every test already
         return
     elapsed = time.monotonic() - _run["started"]
+    if len(tiers) >= 2 and tier not in seen:
+        seen.add(tier)
+        _line_start(reporter)
+        reporter.write_line(
+            f"-- tier {tier or '(top)'}: {tiers[tier]} tests "
+            f"({len(seen)} of {len(tiers)} tiers, {elapsed / 60:.1f} min in) --"
+        )
+    if tier in NAMED_TIERS:
+        _run["named"][tier] += 1
+        _line_start(reporter)
+        reporter.write(
+            f"   {tier} {_run['named'][tier]} of {tiers[tier]}, {elapsed / 60:.1f} min in: "
+            f"{nodeid.split('/', 2)[-1]} "
+        )
+
+
+def _line_start(reporter: Any) -> None:
     if getattr(reporter._tw, "width_of_current_line", 0):  # after a line of dots
         reporter.write("\n")
-    reporter.write_line(
-        f"-- tier {tier or '(top)'}: {tiers[tier]} tests "
-        f"({len(seen)} of {len(tiers)} tiers, {elapsed / 60:.1f} min in) --"
-    )
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:

@@ -228,7 +228,7 @@ async def _scenario(
         wait_ready=False,
         hold=True,
     )
-    echo = asyncio.create_task(_echo_driver(driver, cluster))
+    echo = asyncio.create_task(_echo_driver(driver, cluster, s))
     reader = DaemonEcho(daemon, cluster)
     if printer is not None:
         printer.sources.append(reader.pull)
@@ -250,16 +250,39 @@ async def _scenario(
     return {"driver": output}
 
 
-async def _echo_driver(driver: RayDriver, cluster: LocalCluster) -> None:
+async def _echo_driver(driver: RayDriver, cluster: LocalCluster, s: Scenario) -> None:
     seen = 0
     while True:
         lines = driver.output().splitlines()
         for line in lines[seen:]:
+            if line.startswith("SLICE_READY"):
+                await _slice_hosts_noted(cluster, s)
             if line.startswith(("DEMAND", "SLICE_READY", "WORK_DONE", "CPU_DONE", "IDLE")):
                 kind = "work" if not line.startswith("DEMAND") else "demand"
                 cluster.timeline.add(kind, line)
         seen = len(lines)
         await asyncio.sleep(0.2)
+
+
+async def _slice_hosts_noted(cluster: LocalCluster, s: Scenario, bound_s: float = 60) -> None:
+    """Until every TPU host's "started" line is in the timeline (at most `bound_s`).
+
+    Ray places the reservation once each host has joined the GCS; the stand-in kubelet notes a
+    host as started only when its `ray start` returns, which on a busy machine can be a moment
+    later. SLICE_READY is noted after those lines, so it never reads as coming before them.
+    """
+    with contextlib.suppress(TimeoutError):  # then noted anyway: the story goes on
+        await cluster.wait_for(
+            lambda: _tpu_hosts_started(cluster) >= s.slices * s.hosts,
+            bound_s,
+            "the slice's hosts",
+            step=0.1,
+        )
+
+
+def _tpu_hosts_started(cluster: LocalCluster) -> int:
+    started = cluster.hooks.hosts if cluster.hooks is not None else {}
+    return sum(1 for p in cluster.worker_pods("tpu-group") if p["metadata"]["name"] in started)
 
 
 class DaemonEcho:
