@@ -451,4 +451,5 @@ def _ops_text(body: Any) -> str:
     tests = sum(1 for op in body if isinstance(op, dict) and op.get("op") == "test")
     changes = [op for op in body if not (isinstance(op, dict) and op.get("op") == "test")]
     text = json.dumps(changes, separators=(",", ":"), ensure_ascii=False)
-    return f"{text}{PATCH_CONDITION}{tests} fields still hold the values it was planned from"
+    held = "field still holds the value" if tests == 1 else "fields still hold the values"
+    return f"{text}{PATCH_CONDITION}{tests} {held} it was planned from"

@@ -225,7 +225,9 @@ def _assert_story(text: str) -> None:
             planned = [
                 i
                 for i, line in enumerate(lines[: drained[0]])
-                if kinds[i] == "plan" and f"remove slice {key[1]}" in line and "scale_down" in line
+                if kinds[i] == "plan"
+                and f"remove slice {key[1]}" in line
+                and "remove slice(s), replicas" in line
             ]
             assert planned, f"slice {key} drained before a plan to remove it\n{text}"
 

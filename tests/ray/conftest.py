@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient
 from kuberay_standins.ray_local import RayDriver, RayHead
-from tests.ray.helpers import fast_client
+from tests.ray.helpers import fast_client, head_explains
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,10 @@ def start_driver(head: RayHead) -> Iterator[Callable[..., RayDriver]]:
     started: list[RayDriver] = []
 
     def start(body: str, **kwargs: Any) -> RayDriver:
-        driver = RayDriver.start(
-            head.gcs_address, body, node_ip=head.ip, env=head.client_env(), **kwargs
-        )
+        with head_explains(head):
+            driver = RayDriver.start(
+                head.gcs_address, body, node_ip=head.ip, env=head.client_env(), **kwargs
+            )
         started.append(driver)
         return driver
 

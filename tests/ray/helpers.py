@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient
-from kuberay_standins.ray_local import RAY_CLI, RAY_PYTHON, RAY_VENV, RayHead
+from kuberay_standins.ray_local import RAY_CLI, RAY_PYTHON, RAY_VENV, RayHead, RayStartError
 
 DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")
 
@@ -101,3 +102,33 @@ def run_ray_status(head: RayHead, *, verbose: bool = False) -> str:
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def head_postmortem(head: RayHead) -> str:
+    """What the head looks like now, for a failure's message: alive or how `ray start` ended,
+    what Ray said about its subprocesses (ray_process_exit.log) and the last log lines. Read
+    before `stop()`, which removes the temp dir."""
+    code = head.process.poll()
+    members = head.group_pids()
+    lines = [
+        f"head {head.gcs_address} (pid {head.pid}): "
+        + ("running" if code is None else f"`ray start` exited {code}")
+        + f", {len(members)} process(es) left in its group"
+    ]
+    logs = head.temp_dir / "session_latest" / "logs"
+    for path in (head.log_path, logs / "ray_process_exit.log", logs / "raylet.out"):
+        try:
+            tail = path.read_text(errors="replace").splitlines()[-15:]
+        except OSError:
+            continue
+        lines += [f"--- {path.name} (last {len(tail)} lines)", *tail]
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def head_explains(head: RayHead) -> Iterator[None]:
+    """A driver that never got ready says what happened to the head it dialled."""
+    try:
+        yield
+    except RayStartError as error:
+        raise RayStartError(f"{error}\n{head_postmortem(head)}") from None

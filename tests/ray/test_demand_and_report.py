@@ -27,6 +27,7 @@ from tests.ray.helpers import (
     SLICE_RESERVATIONS,
     fast_client,
     gangs,
+    head_explains,
     needs_slice_reservations,
     node_by_id,
     run_ray_status,
@@ -73,7 +74,8 @@ request_resources(bundles=[{"TPU": 4}] * 4)
 
 @pytest.fixture(scope="module")
 def demand(head: RayHead) -> Iterator[RayDriver]:
-    driver = RayDriver.start(head.gcs_address, DEMAND, node_ip=head.ip, env=head.client_env())
+    with head_explains(head):
+        driver = RayDriver.start(head.gcs_address, DEMAND, node_ip=head.ip, env=head.client_env())
     try:
         yield driver
     finally:

@@ -18,7 +18,7 @@ from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.loop.report import report_from_plan
 from kuberay_standins.ray_local import RayDriver, RayHead
 from tests.factories import NOW, NOW_MS, cluster, group, plan_of, pod
-from tests.ray.helpers import run_ray_status, wait_for_state
+from tests.ray.helpers import head_explains, run_ray_status, wait_for_state
 
 pytestmark = pytest.mark.ray
 
@@ -44,7 +44,8 @@ small = [fits.remote() for _ in range(2)]
 
 @pytest.fixture(scope="module")
 def demand(head: RayHead) -> Iterator[RayDriver]:
-    driver = RayDriver.start(head.gcs_address, DEMAND, node_ip=head.ip, env=head.client_env())
+    with head_explains(head):
+        driver = RayDriver.start(head.gcs_address, DEMAND, node_ip=head.ip, env=head.client_env())
     try:
         yield driver
     finally:

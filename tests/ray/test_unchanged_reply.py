@@ -14,7 +14,7 @@ from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.adapters.ray_gcs.unchanged import zeroed
 from kuberay_standins.ray_local import RayDriver, RayHead
 from tests.factories import NOW_MS
-from tests.ray.helpers import wait_for_state
+from tests.ray.helpers import head_explains, wait_for_state
 
 pytestmark = pytest.mark.ray
 
@@ -58,7 +58,8 @@ async def test_idle_replies_keep_their_body_and_are_parsed_once(
         n.node_id for n in parse_ray_state(reply, read_at_ms=NOW_MS).nodes
     ]
 
-    driver = RayDriver.start(head.gcs_address, DEMAND, node_ip=head.ip, env=head.client_env())
+    with head_explains(head):
+        driver = RayDriver.start(head.gcs_address, DEMAND, node_ip=head.ip, env=head.client_env())
     try:
         for _ in range(150):
             observed = await poller.poll_once()
