@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import signal
 import subprocess
@@ -407,8 +406,8 @@ class Soak:
             victim = sorted(pods)[-1]
             hooks = self.cluster.hooks
             assert hooks is not None
-            with contextlib.suppress(ProcessLookupError, PermissionError, KeyError):
-                os.killpg(hooks.hosts[victim].process.pid, signal.SIGKILL)
+            with contextlib.suppress(KeyError):
+                hooks.hosts[victim].kill()
             self.faults["Ray host killed (opening: slice broken)"] += 1
             self.say(f"fault: opening: killed the Ray host of pod {victim} (slice {key})")
             await self._slice_up({key})
@@ -574,8 +573,7 @@ class Soak:
         if not hooks.hosts:
             return
         name = self.rng.choice(sorted(hooks.hosts))
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(hooks.hosts[name].process.pid, signal.SIGKILL)
+        hooks.hosts[name].kill()
         self.say(f"  killed the Ray host of pod {name}")
 
     async def _delete_pod(self) -> None:

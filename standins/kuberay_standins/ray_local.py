@@ -151,16 +151,21 @@ class _RayProcess:
     def stopped(self) -> bool:
         return self._stopped
 
+    def kill(self) -> None:
+        """SIGKILL the node's process group, as a crash would (only while the group is ours)."""
+        if not _signal_own_group(self.process, signal.SIGKILL):
+            _kill_strays(self.temp_dir)
+
     def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> None:
         """SIGTERM the group (raylets then tell the GCS they leave), SIGKILL what remains."""
         if self._stopped:
             return
         self._stopped = True
-        _signal_group(self.process.pid, signal.SIGTERM)
+        _signal_own_group(self.process, signal.SIGTERM)
         _wait_group_gone(self.process, grace_s)
-        _signal_group(self.process.pid, signal.SIGKILL)
-        _wait_group_gone(self.process, 10.0)
-        _kill_strays(self.temp_dir)
+        if _signal_own_group(self.process, signal.SIGKILL):
+            _wait_group_gone(self.process, 10.0)
+        _kill_strays(self.temp_dir)  # by HOME: workers, and what outlived a reaped leader
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         log.debug("ray_process_stopped", ip=self.ip, pid=self.process.pid)
 
@@ -459,7 +464,7 @@ def stop_all(processes: Iterable[_RayProcess], grace_s: float = DEFAULT_STOP_GRA
     procs = [p for p in processes if not p.stopped]
     hosts = [p for p in procs if not isinstance(p, RayHead)]
     for host in hosts:
-        _signal_group(host.process.pid, signal.SIGTERM)
+        _signal_own_group(host.process, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for host in hosts:
         _wait_group_gone(host.process, max(0.0, deadline - time.monotonic()))
@@ -547,8 +552,9 @@ class RayDriver:
         if self._stopped:
             return
         self._stopped = True
-        _signal_group(self.process.pid, signal.SIGKILL)
-        _wait_group_gone(self.process, 10.0)
+        if _signal_own_group(self.process, signal.SIGKILL):
+            _wait_group_gone(self.process, 10.0)
+        _kill_strays(self.log_path.parent)  # by HOME: what outlived a driver that had exited
         shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
 
@@ -764,6 +770,21 @@ def _kill_strays(scratch: Path, timeout_s: float = 10.0) -> None:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _signal_own_group(leader: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
+    """Signal the process group `leader` started, only while its id is still ours.
+
+    Until the leader is reaped (`returncode` None: running, or a zombie) no other process can
+    have its pid. Once reaped (a `poll()` that saw it exit), pids wrap (pid_max is 32768 on the
+    test machines, passed in minutes with several Ray suites running) and the number may lead
+    someone else's fresh group: another test's Ray head was killed that way. Whatever of ours
+    outlived a reaped leader is found by its HOME instead (`_kill_strays`).
+    """
+    if leader.returncode is not None:
+        return False
+    _signal_group(leader.pid, sig)
+    return True
 
 
 def _wait_group_gone(leader: subprocess.Popen[bytes], timeout_s: float) -> bool:

@@ -4,8 +4,6 @@ without the daemon: the facts our patches and the operator stand-in rely on."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,7 +104,7 @@ async def test_ray_exiting_on_one_host_fails_the_whole_replica(world: World) -> 
     await world.wait_for(lambda: len(world.running_slices()) == 1, SLICE_UP_S, "the slice up")
     (before, pods), *_ = world.running_slices().items()
     crashed = pod_name(pods[1])
-    os.killpg(world.bridge.hosts[crashed].pid, signal.SIGKILL)
+    world.bridge.hosts[crashed].kill()
     world.timeline.add(f"test: killed Ray of pod {crashed}")
     await world.wait_for(lambda: crashed in world.bridge.failed_pods, 30, "the pod marked Failed")
     await world.wait_for(

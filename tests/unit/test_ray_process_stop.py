@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from kuberay_standins.ray_local import RayHost, own_home, scratch_dir, strays_of
+from kuberay_standins.ray_local import RayDriver, RayHost, own_home, scratch_dir, strays_of
 
 
 def _node_with_a_worker_of_its_own_group() -> tuple[RayHost, Path]:
@@ -58,3 +58,52 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def _reaped_leader_whose_pid_now_leads(other: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """A leader that exited and was reaped, its pid number now another session's group: pids
+    wrap (pid_max 32768 here), so a stale number is someone else's group, as it was for a Ray
+    head of another test. The reuse is simulated by giving the Popen the other group's pid."""
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait(10)
+    gone.pid = other.pid
+    return gone
+
+
+def _session_sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["sleep", "600"], env={"PATH": os.environ["PATH"]}, start_new_session=True
+    )
+
+
+def test_a_node_whose_leader_was_reaped_never_signals_the_group_its_pid_now_leads() -> None:
+    scratch = scratch_dir("krs-stop-")
+    other = _session_sleeper()
+    try:
+        node = RayHost(
+            ip="127.0.0.250",
+            temp_dir=scratch,
+            process=_reaped_leader_whose_pid_now_leads(other),
+            log_path=scratch / "log",
+            env={},
+        )
+        node.kill()
+        node.stop(grace_s=0.5)
+        assert other.poll() is None, "another session's process group was signalled"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_driver_that_had_exited_never_signals_the_group_its_pid_now_leads() -> None:
+    scratch = scratch_dir("krs-driver-")
+    other = _session_sleeper()
+    try:
+        driver = RayDriver(
+            process=_reaped_leader_whose_pid_now_leads(other), log_path=scratch / "driver.log"
+        )
+        driver.stop()
+        assert other.poll() is None, "another session's process group was signalled"
+    finally:
+        other.kill()
+        other.wait()
