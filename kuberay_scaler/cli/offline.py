@@ -75,7 +75,7 @@ def _read_stdin_capped() -> bytes:
     return data
 
 
-def load_documents(path: Path, what: str) -> list[Any]:
+def load_documents(path: Path, what: str, *, keep_empty_list: bool = False) -> list[Any]:
     """Every document of a JSON or YAML file; `kubectl get -o yaml` samples may hold several.
 
     JSON (what `kubectl get -o json` prints) goes through the JSON parser: YAML's is a hundred
@@ -95,6 +95,8 @@ def load_documents(path: Path, what: str) -> list[Any]:
         raise InputError(f"{what} {shown(path)}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as err:  # a 4,301-digit int, a lone surrogate, the checks below
         raise InputError(f"{what} {shown(path)}: {_clip(str(err))}") from None
+    if keep_empty_list and len(docs) == 1 and _flatten_list(docs[0]) == []:
+        return docs  # `kubectl get pods -o json` matching no pod: an answer, not an empty file
     return [item for d in docs for item in _flatten_list(d)]
 
 
@@ -208,7 +210,7 @@ def load_pods(path: Path | None) -> list[Any]:
     file means no pods."""
     if path is None:
         return []
-    pods = _pod_documents(path, load_documents(path, "PodList"))
+    pods = _pod_documents(path, load_documents(path, "PodList", keep_empty_list=True))
     for index, pod in enumerate(pods):
         try:
             if not isinstance(pod, Mapping):

@@ -50,3 +50,25 @@ def test_the_readmes_plan_command_runs_as_written_on_the_example() -> None:
         "patch"
     ]
     assert doc["problems"] == [] and doc["infeasible"] == []
+
+
+def test_kubectls_answer_for_no_pods_is_no_pods(tmp_path: Path) -> None:
+    """`kubectl get pods -l ray.io/cluster=X -o json` matching nothing prints an empty
+    `kind: List`: the README's first step on a cluster with no pods yet must not exit 2."""
+    empty = tmp_path / "pods.json"
+    empty.write_text(
+        json.dumps({"apiVersion": "v1", "items": [], "kind": "List", "metadata": {}}) + "\n"
+    )
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "kuberay_scaler", "plan"),
+            *("--raycluster", str(EXAMPLE / "rc.yaml"), "--pods", str(empty)),
+            *("--ray-state", str(EXAMPLE / "state.json")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["groups"][0]["replicas"] == {"current": 0, "target": 1}
