@@ -118,9 +118,10 @@ def head_postmortem(head: RayHead) -> str:
     logs = head.temp_dir / "session_latest" / "logs"
     for path in (head.log_path, logs / "ray_process_exit.log", logs / "raylet.out"):
         try:
-            tail = path.read_text(errors="replace").splitlines()[-15:]
+            text = path.read_text(errors="replace").splitlines()
         except OSError:
             continue
+        tail = [line for line in text if "[state-dump]" not in line][-15:]
         lines += [f"--- {path.name} (last {len(tail)} lines)", *tail]
     return "\n".join(lines)
 
