@@ -313,4 +313,4 @@ class Daemon:
         return True, "synced and GCS fresh"
 
     def _plan_document(self) -> dict[str, Any] | None:
-        return self.reconciler.status.document() if self.reconciler else None
+        return self.reconciler.document() if self.reconciler else None

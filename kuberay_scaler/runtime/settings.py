@@ -336,7 +336,8 @@ class Settings(BaseSettings):
         D.UNHEALTHY_AFTER_S,
         "unhealthy_after_s",
         "/healthz fails when the loop has had work to do (a write, a drain, demand to serve)"
-        " and has not achieved it for this long, whatever the cause.",
+        " and has not achieved it for this long, or the oldest want of a group (replicas,"
+        " deletions) has not shown in the cluster for this long, whatever the cause.",
     )
     give_up_after_s: float = seconds(
         D.GIVE_UP_AFTER_S,
