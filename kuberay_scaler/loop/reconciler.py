@@ -126,7 +126,9 @@ class Reconciler:
     def _judge_wants(self, outcome: Outcome, result: Plan | None) -> None:
         """Health by outcome: the unmet wants after this reconcile (health.judge_wants)."""
         failed = outcome.failed or outcome.step is Step.BACKOFF
-        reading = reading_of(result, self._unknown, failed=failed, refused=self.memory.refused)
+        # A dry run wants nothing of the cluster: only its inputs can be unmet.
+        plan = replace(result, groups=()) if result and self._config.dry_run else result
+        reading = reading_of(plan, self._unknown, failed=failed, refused=self.memory.refused)
         wants = judge_wants(self.status.progress.wants, reading, self._monotonic())
         self.sink.wanted(wants, self._monotonic())
 

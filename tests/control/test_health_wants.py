@@ -131,6 +131,15 @@ async def test_a_quiet_cluster_has_no_wants() -> None:
     assert loop.reconciler.status.progress.wants == {}
 
 
+async def test_a_dry_run_wants_nothing_of_the_cluster() -> None:
+    loop, ray = idle_slice_loop(
+        config=LoopConfig(unhealthy_after_s=UNHEALTHY_AFTER_S, dry_run=True)
+    )
+    probes = await probe_for(loop, 120, ray)
+    assert all(h for _, h, _ in probes), first_unhealthy(probes)
+    assert loop.writer.calls == [] and loop.gcs.drains == []
+
+
 def workers_names(loop: Loop) -> list[str]:
     return list(loop.pods.store)
 
