@@ -19,7 +19,7 @@ from kuberay_scaler.adapters.kube.writer import RayClusterWriter
 from kuberay_scaler.adapters.ray_gcs.adapter import RayGcs
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
-from kuberay_scaler.adapters.web.server import Probes, make_app, start_server
+from kuberay_scaler.adapters.web.server import Probes, connection_cap, make_app, start_server
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.loop.config import LoopConfig
@@ -28,6 +28,7 @@ from kuberay_scaler.loop.health import Access, GiveUp, target_problem
 from kuberay_scaler.loop.reconciler import Reconciler
 from kuberay_scaler.loop.trigger import Trigger
 from kuberay_scaler.runtime import heap
+from kuberay_scaler.runtime.limits import raise_open_files_limit
 from kuberay_scaler.runtime.logs import configure_logging, register_secret
 from kuberay_scaler.runtime.policy import policy_from_settings
 from kuberay_scaler.runtime.settings import ConfigError, Settings, credentials_hint
@@ -68,11 +69,13 @@ class Daemon:
         self._started = time.monotonic()
         self._give_up = GiveUp(after_s=settings.give_up_after_s)
         self.exit_code = 0
+        self._open_files_at_start = self._open_files = 1024
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig.name)
+        self._open_files_at_start, self._open_files = raise_open_files_limit()
         runner = await self._serve_http()
         try:
             await self._run_tasks()
@@ -92,15 +95,22 @@ class Daemon:
             return None
         probes = Probes(healthy=self._healthy, ready=self._ready, plan=self._plan_document)
         address = self.settings.http_address
+        cap = connection_cap(self._open_files)
         try:
-            runner = await start_server(make_app(probes), address)
+            runner = await start_server(make_app(probes), address, max_connections=cap)
         except OSError as err:
             # A port already taken (say by Ray's metrics export in the same pod) is a setting to
             # fix, not a crash: one line and exit 2, like every other configuration error.
             raise ConfigError(
                 f"KUBERAY_SCALER_HTTP_ADDRESS: cannot listen on {address}: {err.strerror or err}"
             ) from None
-        log.info("http serving", address=self.settings.http_address)
+        log.info(
+            "http serving",
+            address=self.settings.http_address,
+            connections_max=cap,
+            open_files_limit=self._open_files,
+            open_files_limit_at_start=self._open_files_at_start,
+        )
         return runner
 
     async def _run_tasks(self) -> None:
@@ -313,4 +323,4 @@ class Daemon:
         return True, "synced and GCS fresh"
 
     def _plan_document(self) -> dict[str, Any] | None:
-        return self.reconciler.status.document() if self.reconciler else None
+        return self.reconciler.document() if self.reconciler else None

@@ -52,6 +52,17 @@ _SECRET_FLAG = re.compile(
 )
 # A flag that names a secret and takes its value as the next word: `--redis-password S`.
 _SECRET_FLAG_ALONE = re.compile(r"--[\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*", re.I)
+# A shell line (`bash -c "..."`) that exports a variable may export a secret: every exported
+# value goes, and any assignment whose name names a secret (`DB_PASSWORD=... cmd`).
+_SHELL_VALUE = r"('[^']*'|\"[^\"]*\"|[^\s;&|]+)"
+_EXPORT = re.compile(r"(\bexport\s+[A-Za-z_][A-Za-z0-9_]*=)" + _SHELL_VALUE)
+_SECRET_ASSIGNMENT = re.compile(
+    r"((?<![\w.-])[A-Za-z0-9_]*(?:" + "|".join(_SECRET_WORDS) + r")[A-Za-z0-9_]*=)" + _SHELL_VALUE,
+    re.I,
+)
+# An image reference with registry credentials: `user:pass@registry/repo:tag` (a digest,
+# `repo@sha256:...`, has no `/` after its `@`).
+_IMAGE_CREDENTIALS = re.compile(r"^[^/@\s]+@(?=[^/@\s]+/)")
 _DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 # Annotations are free text anyone may fill (tokens, DSNs): only those the planner reads stay.
 _KEPT_ANNOTATIONS = (DRAINING_ANNOTATION,)
@@ -158,6 +169,8 @@ def redact(obj: Any, path: str, found: Redactions) -> Any:
                 out[key] = _start_params(value, where, found)
             elif key in ("command", "args") and isinstance(value, list):
                 out[key] = _command_line(value, where, found)
+            elif key == "image" and isinstance(value, str):
+                out[key] = _image(value, where, found)
             else:
                 out[key] = redact(value, where, found)
         return out
@@ -239,10 +252,19 @@ def _command_word(word: Any, where: str, found: Redactions) -> Any:
     if not isinstance(word, str):
         return word
     clean = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", word)
+    for assignment in (_EXPORT, _SECRET_ASSIGNMENT):
+        clean = assignment.sub(lambda m: f"{m.group(1)}{REDACTED!r}", clean)
     clean = redact_urls(clean) if "://" in clean else clean
     if clean != word:
         found.paths.append(where)
     return clean
+
+
+def _image(value: str, where: str, found: Redactions) -> str:
+    clean = _IMAGE_CREDENTIALS.sub(f"{URL_REDACTED}@", value)
+    if clean != value:
+        found.paths.append(where)
+    return _text(clean, where, found)
 
 
 def _start_params(value: Mapping[str, Any], where: str, found: Redactions) -> dict[str, Any]:

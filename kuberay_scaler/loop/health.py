@@ -7,19 +7,27 @@ backed-off write, a refused step, an exception), or that was blind (an input unk
 while the last thing it knew was demand or work. The loop is unhealthy when work is outstanding
 and nothing was achieved for `unhealthy_after_s`, or after `unhealthy_after_failures` failed
 attempts since the last achievement, whatever the cause.
+
+Health is also judged by outcome (issue 30): `judge_wants` keeps, per group, the oldest *want*
+the plan has had that the cluster does not show yet (replicas to reach, pods to delete), and a
+want of the whole cluster while an input is unknown (what is wanted cannot be evaluated). The
+loop is unhealthy when the oldest unmet want is older than `unhealthy_after_s`, whatever the
+reconciles in between returned: a write that fails and then sits in a backoff (plans that write
+nothing) does not hide it.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from kuberay_scaler.core.decision import Decision
 from kuberay_scaler.core.model.outcome import PatchOutcome
-from kuberay_scaler.core.model.plan import Plan
+from kuberay_scaler.core.model.plan import GroupDecision, Plan
+from kuberay_scaler.core.model.slices import SliceMap
 from kuberay_scaler.core.planner.gate import SliceRef
 
 # Asked to wait / nothing to scale: not a failed write.
@@ -113,6 +121,122 @@ class DrainErrors:
         return Outcome(Step.BACKOFF, f"drain failing for {failing}", demand=True)
 
 
+# The key of the want every group shares: inputs fresh enough to know what is wanted at all.
+INPUTS = "*"
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the plan wants of one group that the cluster does not show yet, since when."""
+
+    group: str
+    what: str  # for /healthz and /debug/plan
+    since: float  # monotonic: when this want (or an older unmet one of the group) began
+    target: int | None = None  # replicas wanted; None: the inputs want (INPUTS)
+    deleted: frozenset[str] = frozenset()  # pods wanted gone
+    failing: bool = False  # a write for it failed: a plan that drops it is retrying, not done
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.since)
+
+    def shown_by(self, view: GroupView) -> bool:
+        return view.current == self.target and not self.deleted & view.present
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """One group as this reconcile's plan saw it and what it wanted of it."""
+
+    current: int  # replicas in the spec
+    target: int
+    deleted: frozenset[str]  # pods the plan deletes
+    present: frozenset[str]  # the group's pods that exist and are not named in workersToDelete
+    retrying: bool  # a slice of it is in the planner's refused-drain memory (retried later)
+
+    @property
+    def wants(self) -> bool:
+        return self.target != self.current or bool(self.deleted)
+
+    def text(self) -> str:
+        gone = f", delete {', '.join(sorted(self.deleted))}" if self.deleted else ""
+        return f"replicas {self.current}->{self.target}{gone}"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reconcile as the want judgement reads it."""
+
+    groups: Mapping[str, GroupView] | None  # None: no plan to judge by (error, held, not found)
+    unknown: Mapping[str, float]  # sources not fresh → seconds they have been so
+    failed: bool = False  # writes were planned and not carried out (failed or backed off)
+
+
+def reading_of(
+    plan: Plan | None, unknown: Mapping[str, float], *, failed: bool, refused: Collection[str]
+) -> Reading:
+    """The judgement's view of one reconcile (`refused`: slice keys in the refused-drain
+    memory)."""
+    if plan is None or plan.slice_map is None or plan.held is not None:
+        return Reading(None, unknown, failed)
+    return Reading(
+        {d.group: _group_view(plan.slice_map, d, refused) for d in plan.groups}, unknown, failed
+    )
+
+
+def _group_view(slice_map: SliceMap, d: GroupDecision, refused: Collection[str]) -> GroupView:
+    gs = slice_map.groups.get(d.group)
+    named = set(gs.group.workers_to_delete) if gs is not None else set()
+    slices = gs.slices if gs is not None else ()
+    return GroupView(
+        current=d.current,
+        target=d.target,
+        deleted=frozenset(p for x in d.deletions for p in x.pods),
+        present=frozenset(p for s in slices for p in s.pod_names if p not in named),
+        retrying=any(s.key in refused for s in slices),
+    )
+
+
+def judge_wants(previous: Mapping[str, Want], reading: Reading, now: float) -> dict[str, Want]:
+    """The unmet wants after one reconcile (pure; `now` monotonic).
+
+    A group's want ends when the cluster shows it, or when a plan on fresh inputs no longer
+    wants anything of the group and nothing is being retried for it (a failed want whose slice
+    sits in the refused-drain memory is kept). A new want of a group whose older want is unmet
+    keeps the older one's age. While an input is unknown nothing can be judged: every want is
+    kept, and the INPUTS want counts from when the blindness began.
+    """
+    if reading.unknown:
+        sources = ", ".join(sorted(reading.unknown))
+        began = now - max(reading.unknown.values())
+        since = previous[INPUTS].since if INPUTS in previous else began
+        blind = Want(INPUTS, f"know what is wanted: {sources} not fresh", since)
+        return {**previous, INPUTS: blind}
+    kept = {g: w for g, w in previous.items() if g != INPUTS}
+    if reading.groups is None:
+        return kept
+    out: dict[str, Want] = {}
+    for group, view in reading.groups.items():
+        before = kept.get(group)
+        if before is not None and before.shown_by(view):
+            before = None
+        if view.wants:
+            out[group] = Want(
+                group,
+                view.text(),
+                before.since if before else now,
+                view.target,
+                view.deleted,
+                reading.failed or (before is not None and before.failing),
+            )
+        elif before is not None and before.failing and view.retrying:
+            out[group] = before
+    return out
+
+
+def oldest_want(wants: Mapping[str, Want]) -> Want | None:
+    return min(wants.values(), key=lambda w: w.since, default=None)
+
+
 @dataclass
 class Progress:
     """When the loop last achieved what it planned, and what it is failing at since."""
@@ -124,6 +248,7 @@ class Progress:
     work: str | None = None  # what is outstanding since the last achievement
     failures: int = 0  # failed attempts since the last achievement
     last_error: str | None = None  # kept after a success, for /debug/plan
+    wants: Mapping[str, Want] = field(default_factory=dict)  # unmet, by group (judge_wants)
 
     def record(self, outcome: Outcome, now: float) -> None:
         if outcome.achieved:
@@ -147,6 +272,13 @@ class Progress:
             return (
                 False,
                 f"no successful reconcile for {quiet:.0f} s while there is work: {self.work}",
+            )
+        oldest = oldest_want(self.wants)
+        if oldest is not None and oldest.age(now) > self.unhealthy_after_s:
+            last = f" (last error: {self.last_error})" if self.last_error else ""
+            return False, (
+                f"group {oldest.group}: wanted for {oldest.age(now):.0f} s and not shown by the"
+                f" cluster: {oldest.what}{last}"
             )
         if self.last_achieved is None:
             return True, f"no reconcile achieved yet ({quiet:.0f} s since start)"
@@ -231,7 +363,7 @@ class LoopStatus:
     def last_error(self) -> str | None:
         return self.progress.last_error
 
-    def document(self) -> dict[str, Any] | None:
+    def document(self, now: float) -> dict[str, Any] | None:
         """/debug/plan: the last decision (plan and writes) and what became of it."""
         if self.last_decision is None and self.last_error is None:
             return None
@@ -244,4 +376,8 @@ class LoopStatus:
             "last_error": self.last_error,
             "consecutive_failures": self.progress.failures,
             "outstanding_work": self.progress.work,
+            "unmet_wants": [
+                {"group": w.group, "want": w.what, "age_s": round(w.age(now), 1)}
+                for w in sorted(self.progress.wants.values(), key=lambda w: w.since)
+            ],
         }

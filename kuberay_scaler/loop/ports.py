@@ -18,7 +18,7 @@ from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.report import AutoscalingReport
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.handsoff import Overridden
-from kuberay_scaler.loop.health import LoopStatus, Outcome
+from kuberay_scaler.loop.health import LoopStatus, Outcome, Want
 
 RawObject = dict[str, Any]
 
@@ -136,5 +136,7 @@ class Sink(Protocol):
     def giving_up(self, problem: str, after_s: float) -> None: ...
 
     def blind(self, seconds: Mapping[str, float]) -> None: ...
+
+    def wanted(self, wants: Mapping[str, Want], now: float) -> None: ...
 
     def reconciled(self, outcome: Outcome, *, seconds: float, now: float) -> None: ...

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from kuberay_scaler.core.decision import Decision, decide
 from kuberay_scaler.core.model.plan import Memory, Plan
@@ -24,7 +25,15 @@ from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.execute import Executed, WriteBackoff, execute
-from kuberay_scaler.loop.health import DrainErrors, LoopStatus, Outcome, Progress, Step
+from kuberay_scaler.loop.health import (
+    DrainErrors,
+    LoopStatus,
+    Outcome,
+    Progress,
+    Step,
+    judge_wants,
+    reading_of,
+)
 from kuberay_scaler.loop.observe import Instant, Observer, Snapshot
 from kuberay_scaler.loop.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Sink, Writer
 from kuberay_scaler.loop.record import Recorder
@@ -64,6 +73,7 @@ class Reconciler:
         self._drain_errors = DrainErrors()
         self.schedule = Schedule()  # when time alone asks for a plan; what settled last
         self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
+        self._unknown: dict[str, float] = {}  # this reconcile's sources not fresh → seconds
 
     @property
     def status(self) -> LoopStatus:
@@ -79,6 +89,10 @@ class Reconciler:
 
     def health(self) -> tuple[bool, str]:
         return self.status.progress.health(self._monotonic())
+
+    def document(self) -> dict[str, Any] | None:
+        """/debug/plan."""
+        return self.status.document(self._monotonic())
 
     def seconds_to_wake(self) -> float | None:
         """How long until a decision that time alone brings is due (an idle slice reaching its
@@ -104,8 +118,19 @@ class Reconciler:
             result = None
         if outcome.step is Step.SKIPPED:
             self.skipped += 1
+        else:
+            self._judge_wants(outcome, result)
         self.sink.reconciled(outcome, seconds=self._monotonic() - now.mono, now=self._monotonic())
         return result
+
+    def _judge_wants(self, outcome: Outcome, result: Plan | None) -> None:
+        """Health by outcome: the unmet wants after this reconcile (health.judge_wants)."""
+        failed = outcome.failed or outcome.step is Step.BACKOFF
+        # A dry run wants nothing of the cluster: only its inputs can be unmet.
+        plan = replace(result, groups=()) if result and self._config.dry_run else result
+        reading = reading_of(plan, self._unknown, failed=failed, refused=self.memory.refused)
+        wants = judge_wants(self.status.progress.wants, reading, self._monotonic())
+        self.sink.wanted(wants, self._monotonic())
 
     async def _reconcile(self, now: Instant, *, timer: bool) -> tuple[Outcome, Plan | None]:
         seen = self._observe(now)
@@ -137,8 +162,11 @@ class Reconciler:
     def _observe(self, now: Instant) -> Snapshot | None:
         seen = self.observer.snapshot(now)
         if seen is None:
-            self.sink.blind(self.observer.blindness(now.mono, found=False)[0])
+            blind, unknown = self.observer.blindness(now.mono, found=False)
+            self._unknown = {s: blind[s] for s in unknown}
+            self.sink.blind(blind)
             return None
+        self._unknown = {s: seen.blind[s] for s in seen.unknown}
         self.sink.blind(seen.blind)
         if seen.recreated is not None:
             uid = seen.observation.spec.uid if seen.observation.spec else ""

@@ -20,13 +20,14 @@ from kuberay_scaler.core.model.reasons import Action
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.handsoff import Overridden
-from kuberay_scaler.loop.health import LoopStatus, Outcome, Progress, Step
+from kuberay_scaler.loop.health import LoopStatus, Outcome, Progress, Step, Want
 from kuberay_scaler.loop.ports import Events
 from kuberay_scaler.runtime.metrics import (
     BLIND_SECONDS,
     DECISIONS,
     DELETIONS_BLOCKED,
     LAST_SUCCESSFUL_RECONCILE,
+    OLDEST_UNMET_WANT,
     OVERRIDES,
     RECONCILE_FAILURES,
     RECONCILE_SECONDS,
@@ -166,6 +167,16 @@ class Recorder:
     def blind(self, seconds: Mapping[str, float]) -> None:
         for source, value in seconds.items():
             BLIND_SECONDS.labels(source).set(value)
+
+    def wanted(self, wants: Mapping[str, Want], now: float) -> None:
+        """The unmet wants judged after a reconcile (health.judge_wants): kept for the probes,
+        their ages as a metric (a group whose want is met reads 0)."""
+        progress = self.status.progress
+        for group in set(progress.wants) - set(wants):
+            OLDEST_UNMET_WANT.labels(group).set(0)
+        for group, want in wants.items():
+            OLDEST_UNMET_WANT.labels(group).set(want.age(now))
+        progress.wants = dict(wants)
 
     def reconciled(self, outcome: Outcome, *, seconds: float, now: float) -> None:
         status = self.status

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Mapping, MutableMapping
+import time
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Literal, TextIO
 
 import structlog
@@ -116,6 +117,12 @@ def configure_logging(
     # Chatty libraries stay at warning unless we debug.
     for noisy in ("aiohttp.access", "kubernetes_asyncio", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # What any client of the HTTP port (or a descriptor shortage) makes them say: one line each,
+    # a few a minute.
+    for name in CLIENT_LOGGERS:
+        client_logger = logging.getLogger(name)
+        client_logger.filters[:] = [f for f in client_logger.filters if not isinstance(f, Quiet)]
+        client_logger.addFilter(Quiet())
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
@@ -123,3 +130,61 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
+
+
+# Loggers a client of the HTTP port can make speak (aiohttp's request errors, asyncio's accept
+# failures when descriptors run out): a flood must not become megabytes of tracebacks.
+CLIENT_LOGGERS = ("aiohttp.server", "aiohttp.web", "asyncio")
+
+
+class Quiet(logging.Filter):
+    """At most `per_window` records per `window_s` from the logger it is on; what a client caused
+    is one line at warning (`_one_line`); the first record after some were dropped says how
+    many."""
+
+    def __init__(
+        self,
+        per_window: int = 5,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self._per_window, self._window_s, self._clock = per_window, window_s, clock
+        self._window_start = -float("inf")
+        self._passed = 0
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self._clock()
+        if now - self._window_start >= self._window_s:
+            self._window_start, self._passed = now, 0
+        if self._passed >= self._per_window:
+            self._dropped += 1
+            return False
+        self._passed += 1
+        _one_line(record, self._dropped)
+        self._dropped = 0
+        return True
+
+
+def _one_line(record: logging.LogRecord, dropped: int) -> None:
+    """A client's doing (a malformed request, a reset, descriptors run out) becomes one line at
+    warning; anything else (a bug of ours in a handler) keeps its level and traceback."""
+    err = record.exc_info[1] if record.exc_info else None
+    if err is not None and _clients_doing(err):
+        message = record.getMessage()
+        first = str(err).strip().splitlines()
+        text = (message.splitlines()[0] if message else "") + f": {type(err).__name__}"
+        text += f": {' '.join(line.strip() for line in first[:2])[:200]}" if first else ""
+        record.msg, record.args = text, None
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        if record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+    if dropped:
+        record.msg, record.args = f"{record.getMessage()} ({dropped} similar dropped before)", None
+
+
+def _clients_doing(err: BaseException) -> bool:
+    # aiohttp's parser errors all derive from HttpProcessingError (named, not imported here).
+    names = {cls.__name__ for cls in type(err).__mro__}
+    return "HttpProcessingError" in names or isinstance(err, OSError)

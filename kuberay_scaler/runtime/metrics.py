@@ -117,3 +117,11 @@ BLIND_SECONDS = Gauge(
     ["source"],
     registry=REGISTRY,
 )
+OLDEST_UNMET_WANT = Gauge(
+    "kuberay_scaler_oldest_unmet_want_seconds",
+    "Age of the oldest want the plan has had of a group (replicas, deletions) that the cluster"
+    ' does not show yet, by group (0: none); group "*" while an input is unknown. /healthz'
+    " fails past KUBERAY_SCALER_UNHEALTHY_AFTER_S.",
+    ["group"],
+    registry=REGISTRY,
+)

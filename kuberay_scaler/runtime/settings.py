@@ -336,7 +336,8 @@ class Settings(BaseSettings):
         D.UNHEALTHY_AFTER_S,
         "unhealthy_after_s",
         "/healthz fails when the loop has had work to do (a write, a drain, demand to serve)"
-        " and has not achieved it for this long, whatever the cause.",
+        " and has not achieved it for this long, or the oldest want of a group (replicas,"
+        " deletions) has not shown in the cluster for this long, whatever the cause.",
     )
     give_up_after_s: float = seconds(
         D.GIVE_UP_AFTER_S,
@@ -392,6 +393,8 @@ class Settings(BaseSettings):
     @classmethod
     def _host_port(cls, value: str) -> str:
         host, sep, port = value.rpartition(":")
+        if "@" in host:  # user:password@host: a GCS takes no user info (RAY_AUTH_TOKEN does)
+            raise ValueError("expected host:port, without user info (not shown)")
         if not sep or not host or not port.isascii() or not port.isdigit() or len(port) > 5:
             raise ValueError("expected host:port")
         if not 0 < int(port) < 65536:
@@ -532,7 +535,7 @@ def _one_line(err: ValidationError) -> str:
         return f"invalid configuration: {problem}{tail}"
     env = _env_name(str(first["loc"][0]))
     raw = first.get("input")
-    shown = f" (got {_clip(raw)})" if isinstance(raw, str) and not _is_secret(env) else ""
+    shown = f" (got {_clip(raw)})" if isinstance(raw, str) and not _is_secret(env, raw) else ""
     return f"invalid configuration: {env}: {problem}{shown}{tail}"
 
 
@@ -541,8 +544,8 @@ def _clip(raw: str, limit: int = 40) -> str:
     return repr(raw) if len(raw) <= limit else f"{raw[:limit]!r}... ({len(raw)} characters)"
 
 
-def _is_secret(env: str) -> bool:
-    return "TOKEN" in env or "KEY" in env
+def _is_secret(env: str, raw: str) -> bool:
+    return "TOKEN" in env or "KEY" in env or "@" in raw  # user:password@host
 
 
 def _env_name(field: str) -> str:

@@ -134,3 +134,39 @@ async def test_after_25_s_of_refused_connections_it_is_synced_within_2_s_of_the_
     synced_again_at = next(at for at, synced in seen if synced)
     assert all(not synced for at, synced in seen if at < back_at), seen
     assert back_at <= synced_again_at <= back_at + 2.0, (synced_again_at - back_at, time.slept)
+
+
+async def test_after_a_410_storm_a_watch_that_ran_calmly_relists_at_once(
+    apiserver: ApiServerStandIn, api: ApiClient
+) -> None:
+    """Issue 30: after a watch-event storm (a burst of 410s) the relist backoff had grown, and
+    the next 410, after a calm watch of 20 s, waited it out: the pod cache stayed unsynced for
+    10-30 s. A watch that ran calmly (10 s) ends the storm: the next 410 relists at once."""
+    time = VirtualTime()
+    seen: list[tuple[float, bool]] = []
+
+    def on_change(_: Sequence[Change]) -> None:
+        seen.append((time.now, informer.synced))
+
+    informer = Informer(
+        api, Source.pods(NAMESPACE, "rc"), sleep=time.sleep, clock=time.clock, on_change=on_change
+    )
+    storm = 6
+    async with running(informer.run()):
+        await watching(apiserver)
+        for round_ in range(storm):  # the storm: one event, then 410, again and again
+            name = f"p{round_}"
+            apiserver.create("pods", NAMESPACE, pod(name))
+            await eventually(lambda: name in informer.store, "event seen")  # noqa: B023
+            apiserver.faults.expire_watches("pods")
+            await eventually(lambda: len(list_requests(apiserver)) >= round_ + 2, "relist")  # noqa: B023
+            await watching(apiserver, round_ + 2)
+        assert len(time.slept) >= storm - 1  # the storm was paced
+        time.now += 20.0  # then a calm watch, 20 s long
+        seen.clear()
+        cut_at = time.now
+        apiserver.faults.expire_watches("pods")
+        await eventually(lambda: len(list_requests(apiserver)) >= storm + 2, "relisted")
+        await eventually(lambda: view(informer.store) == truth(apiserver), "synced again")
+    synced_again_at = next(at for at, synced in seen if synced)
+    assert synced_again_at - cut_at < 2.0, (synced_again_at - cut_at, time.slept)

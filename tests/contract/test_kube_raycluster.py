@@ -240,3 +240,43 @@ async def test_refresh_and_observe_bring_a_fresher_copy(
     assert view.current() == newer
     view.observe(refreshed)  # an older copy arriving late never wins
     assert view.current() == newer
+
+
+async def test_poll_mode_after_25_s_of_refused_connections_is_synced_within_2_s_of_the_server(
+    apiserver: ApiServerStandIn, connect: Connect
+) -> None:
+    """Issue 30: /readyz came back 20.1 s after the API server (drop-in mode polls the RayCluster
+    by GET, and its error backoff had grown to 16-30 s while the server refused connections).
+    The view's sleeps are virtual (the largest jitter every time): the server comes back from
+    inside them, and each change of `synced` is recorded with its virtual time."""
+    apiserver.create("rayclusters", NAMESPACE, raycluster())
+    api = await connect(RESTRICTED_TOKEN)
+    now = [1000.0]
+    seen: list[tuple[float, bool]] = []
+    back_at = now[0] + 25.0
+
+    async def sleep(delay: float) -> None:
+        now[0] += delay
+        if apiserver.faults.refusing and now[0] >= back_at:
+            apiserver.faults.refuse_connections(False)
+        await asyncio.sleep(0)
+
+    view = RayClusterView(
+        api,
+        namespace=NAMESPACE,
+        name=CLUSTER,
+        mode="poll",
+        refresh_interval=0.05,
+        min_get_gap=0.05,
+        backoff=Backoff(uniform=lambda _, most: most),
+        on_change=lambda: seen.append((now[0], view.synced)),
+        sleep=sleep,
+    )
+    async with running(view.run()):
+        await eventually(lambda: view.synced, "synced")
+        seen.clear()
+        apiserver.faults.refuse_connections(True)
+        await eventually(lambda: any(synced for _, synced in seen), "synced again", limit=60)
+    assert seen[0][1] is False, seen[:3]  # the outage is noticed
+    synced_again_at = next(at for at, synced in seen if synced)
+    assert back_at <= synced_again_at <= back_at + 2.0, (synced_again_at - back_at, seen)

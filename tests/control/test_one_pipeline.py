@@ -79,7 +79,7 @@ async def test_daemon_plan_command_and_debug_plan_agree_on_every_write(tmp_path:
 
     loop = make_loop(rc, pods, reply)
     await loop.reconciler.reconcile()
-    served = await _debug_plan(loop.reconciler.status.document)
+    served = await _debug_plan(loop.reconciler.document)
 
     kinds = [w["write"] for w in offline["writes"]]
     assert kinds == ["record_intent", "drain", "patch"]

@@ -69,3 +69,29 @@ async def test_surplus_replicas_stay_until_named_whole(bare_world: World) -> Non
         lambda: doomed not in world.observer.slices(TPU_GROUP), SETTLE_S, "the named replica"
     )
     assert set(_complete(world)) == before - {doomed}
+
+
+async def test_with_autoscaling_off_lowering_max_replicas_deletes_surplus_pods_at_once(
+    bare_world: World,
+) -> None:
+    """Sidecar mode (`enableInTreeAutoscaling: false`, issue 30): the operator itself deletes
+    surplus pods the moment maxReplicas is lowered, chosen by it, with no drain (README, sidecar
+    mode). `replicas` stays 2 until someone writes it: the daemon writes it down to 1
+    (tests/control/test_sidecar_max.py)."""
+    world = bare_world
+    cluster = tpu_raycluster(replicas=2, max_replicas=2)
+    cluster["spec"]["enableInTreeAutoscaling"] = False
+    cluster["spec"].pop("autoscalerOptions", None)
+    await world.create_raycluster(cluster)
+    await world.wait_for(lambda: len(_complete(world)) == 2, SETTLE_S, "2 slices")
+
+    await _patch(
+        world, [{"op": "replace", "path": "/spec/workerGroupSpecs/0/maxReplicas", "value": 1}]
+    )
+    await world.wait_for(
+        lambda: len(world.observer.worker_pods(TPU_GROUP)) <= HOSTS,
+        SETTLE_S,
+        "the operator deleting the surplus by itself",
+    )
+    rc = world.observer.raycluster
+    assert rc is not None and rc["spec"]["workerGroupSpecs"][0]["replicas"] == 2

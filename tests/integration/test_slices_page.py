@@ -62,8 +62,7 @@ async def page_url() -> AsyncIterator[str]:
     rc, pods, ray = _scenario()
     loop = make_loop(rc, pods, ray)
     await loop.reconciler.reconcile()
-    status = loop.reconciler.status
-    app = make_app(Probes(lambda: (True, ""), lambda: (True, ""), status.document))
+    app = make_app(Probes(lambda: (True, ""), lambda: (True, ""), loop.reconciler.document))
     address = f"127.0.0.1:{free_port()}"
     runner = await start_server(app, address)
     try:

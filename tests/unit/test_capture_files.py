@@ -160,3 +160,34 @@ def test_a_capture_taken_while_a_worker_settles_replans_to_the_same_hold(tmp_pat
         (cpu,) = [g for g in doc["groups"] if g["name"] == "cpu"]
         assert cpu["replicas"]["target"] == target, at
         assert any(r["kind"] == "join_settling" for r in cpu["reasons"]) is holds, at
+
+
+def test_shell_exports_and_registry_credentials_are_redacted(tmp_path: Path) -> None:
+    """Issue 30: `export VAR=secret` inside a `bash -c` command and `user:pass@registry/...` in
+    an image reference were written as they were."""
+    rc = cluster(group("cpu", replicas=1, max_replicas=3))
+    container = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    container["image"] = "robot:hunter11@registry.example.com/team/ray:2.9.0"
+    container["command"] = ["bash", "-c"]
+    container["args"] = [
+        "export HF_HOME=/data; export WANDB=hunter12 && export DB_PASS='hunter13 and more';"
+        ' export API="hunter14" && ray start --num-cpus=8'
+    ]
+    running = pod("cpu-0", "cpu")
+    running["spec"]["containers"][0]["image"] = "u:hunter15@gcr.io/p/ray@sha256:" + "a" * 64
+    running["spec"]["containers"][0]["command"] = ["/bin/bash", "-c", "export X=hunter16; ray"]
+    plain = pod("cpu-1", "cpu")
+    plain["spec"]["containers"][0]["image"] = "rayproject/ray:2.9@sha256:" + "b" * 64
+    reply = json_format.MessageToDict(reply_of(state([head_node()])))
+    out = write_capture(tmp_path, rc, {"items": [running, plain]}, reply, {"cluster": "rc"})
+
+    text = "".join(p.read_text() for p in out.iterdir())
+    leaked = [f"hunter{i}" for i in range(11, 17) if f"hunter{i}" in text]
+    assert leaked == []
+    written = json.loads((out / "raycluster.json").read_text())
+    spec = written["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert spec["image"].endswith("@registry.example.com/team/ray:2.9.0"), spec["image"]
+    assert "ray start --num-cpus=8" in spec["args"][0] and "export WANDB=" in spec["args"][0]
+    items = json.loads((out / "pods.json").read_text())["items"]
+    # A digest is no credential: an image without one is kept whole.
+    assert items[1]["spec"]["containers"][0]["image"] == "rayproject/ray:2.9@sha256:" + "b" * 64

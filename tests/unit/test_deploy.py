@@ -182,3 +182,27 @@ def test_sidecar_example_runs_the_daemon_in_the_head_pod() -> None:
     env = {e["name"] for e in sidecar["env"]}
     assert {"RAY_CLUSTER_NAME", "RAY_CLUSTER_NAMESPACE"} <= env
     assert doc["spec"]["workerGroupSpecs"][0]["numOfHosts"] == 4
+
+
+def test_the_network_policy_admits_only_the_scraper_to_our_port_and_keeps_rays_open() -> None:
+    """Issue 30: the unauthenticated port is reachable by the scraper alone (the kubelet's
+    probes come from the node, which a NetworkPolicy never blocks); Ray's ports stay open."""
+    [policy] = yaml.safe_load_all((DEPLOY / "monitoring" / "networkpolicy.yaml").read_text())
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"ray.io/node-type": "head"}
+
+    def admitted(port: int, protocol: str = "TCP") -> list[Any]:
+        """The `from` lists of the rules admitting `port` (absent: from anywhere)."""
+        return [
+            rule.get("from")
+            for rule in policy["spec"]["ingress"]
+            for p in rule["ports"]
+            if p["protocol"] == protocol and p["port"] <= port <= p.get("endPort", p["port"])
+        ]
+
+    ours = admitted(44217)
+    assert len(ours) == 1 and ours[0], "44217 open to all"
+    assert ours[0][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    for ray_port in (6379, 8265, 10001, 8080, 44216, 44218, 65535):
+        assert admitted(ray_port) == [None], ray_port
+    assert admitted(5000, "UDP") == [None]

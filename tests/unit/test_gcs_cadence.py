@@ -223,3 +223,58 @@ def test_a_reply_that_does_not_decode_is_unusable_and_no_new_epoch() -> None:
     assert not garbage.known and garbage.unusable
     assert garbage.error is not None and "cannot decode" in garbage.error
     assert (first.epoch, garbage.epoch, after.epoch) == (0, 0, 0)
+
+
+def _flip_reply(version: int, status: str) -> Any:
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    state = reply.cluster_resource_state
+    state.cluster_resource_state_version = version
+    node = state.node_states.add(node_id=b"n1", instance_id="pod-1")
+    node.status = autoscaler_pb2.NodeStatus.Value(status)
+    return reply
+
+
+def _polled_intervals(replies: list[Any]) -> list[float]:
+    """Poll `replies` 0.4 s apart on a fake clock; the interval asked after each poll."""
+    clock = _Cpu()
+
+    class Source:
+        cluster_id = "A"
+
+        async def get_cluster_resource_state(self) -> Any:
+            return replies.pop(0)
+
+    async def run() -> list[float]:
+        poller = GcsPoller(Source(), interval_s=5.0, monotonic=clock, cpu_clock=_Cpu())
+        asked = []
+        while replies:
+            await poller.poll_once()
+            asked.append(poller.next_interval())
+            clock.now += 0.4
+        return asked
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "replies",
+    [
+        # Two answers that contradict each other, one poll the one, the next the other (two GCS
+        # behind one address, or a flapping one): the same two states, again and again.
+        [_flip_reply(v, "RUNNING" if v % 2 else "IDLE") for v in range(1, 61)],
+        # A version that goes back every other poll (each looks like a GCS restart).
+        [_flip_reply(10 - v % 2, "RUNNING") for v in range(60)],
+    ],
+    ids=["content", "version"],
+)
+def test_contradictory_replies_do_not_speed_the_polls_up(replies: list[Any]) -> None:
+    """Issue 30: each flip counted as the state moving: polled at the 0.1 s floor, not 0.4."""
+    asked = _polled_intervals(replies)
+    assert asked[-1] == IDLE_INTERVAL_S, asked[-10:]
+
+
+def test_a_state_that_keeps_moving_to_new_contents_is_still_polled_fast() -> None:
+    replies = [_reply(1), *(_flip_reply(v, "RUNNING") for v in range(2, 5))]
+    for v, reply in enumerate(replies):
+        reply.cluster_resource_state.node_states[0].instance_id = f"pod-{v}"
+    assert _polled_intervals(replies)[-1] == BUSY_FLOOR_S

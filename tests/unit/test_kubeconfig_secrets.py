@@ -120,3 +120,32 @@ def test_a_good_kubeconfig_with_url_credentials_prints_no_secret(
 
     assert done.returncode == 0, done.stderr
     assert SECRET not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+def test_a_gcs_address_with_a_password_is_refused_without_showing_it(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Issue 30: `check-config` accepted `user:password@host:port` and printed it."""
+    address = f"ray:{SECRET}@10.0.0.2:6379"
+    done = run_in_process(
+        command, {**BASE, "KUBERAY_SCALER_GCS_ADDRESS": address}, monkeypatch, capsys
+    )
+
+    assert_one_line(done, "KUBERAY_SCALER_GCS_ADDRESS", "user info")
+    assert SECRET[:8] not in done.stderr + done.stdout
+
+
+def test_a_kubeconfig_token_file_path_is_not_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Issue 30: a missing `tokenFile` was named in the one-line error, path and all."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(_config("{tokenFile: /var/run/" + SECRET + "/token}"))
+
+    done = run_in_process(
+        "check-config", {**BASE, "KUBERAY_SCALER_KUBECONFIG": str(kubeconfig)}, monkeypatch, capsys
+    )
+
+    assert_one_line(done, "KUBERAY_SCALER_KUBECONFIG", str(kubeconfig))
+    assert SECRET[:8] not in done.stderr + done.stdout

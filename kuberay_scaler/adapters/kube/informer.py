@@ -48,6 +48,9 @@ log = structlog.get_logger(__name__)
 # after two minutes without one. Jitter is in [0.5, 1], hence the 1.6 s first step.
 RELIST_BACKOFF = (1.6, 30.0)
 RELIST_RESET_AFTER_S = 120.0
+# A watch open this long before its 410 ends a storm: the relist backoff is forgotten too (a
+# burst of 410s must not leave the next, lone one waiting up to 30 s, the cache unsynced).
+RELIST_CALM_S = 10.0
 # A refused connection costs the server nothing: retry it soon, so a restart is seen at once.
 CONNECT_RETRY_MAX_S = 2.0
 
@@ -195,15 +198,17 @@ class Informer:
     async def run(self) -> None:
         """List and watch until cancelled. Never raises on API trouble; it backs off instead."""
         while True:
+            watch_opened_at: float | None = None
             try:
                 if self._resource_version is None:
                     await self._relist()
+                watch_opened_at = self._clock()
                 await self._watch()
             except Gone:
                 self._restart("gone")
                 self._resource_version = None
                 self._set_synced(False)
-                await self._before_relist()
+                await self._before_relist(calm_since=watch_opened_at)
             except NoResponse as error:
                 self.failure_status = None  # no answer at all: down, not "not served"
                 self._restart("error")
@@ -217,10 +222,12 @@ class Informer:
 
     # --- list -------------------------------------------------------------------------------
 
-    async def _before_relist(self) -> None:
-        """Relist at once when the last list is old; else wait, longer each time."""
-        last = self._last_relist_at
-        if last is None or self._clock() - last >= RELIST_RESET_AFTER_S:
+    async def _before_relist(self, calm_since: float | None) -> None:
+        """Relist at once when the last list is old, or the watch that ended ran calmly for
+        RELIST_CALM_S (`calm_since`: when it opened); else wait, longer each time."""
+        last, now = self._last_relist_at, self._clock()
+        calm = calm_since is not None and now - calm_since >= RELIST_CALM_S
+        if last is None or now - last >= RELIST_RESET_AFTER_S or calm:
             self._relist_backoff.reset()
             return
         delay = self._relist_backoff.next_delay()

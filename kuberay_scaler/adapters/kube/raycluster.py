@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.adapters.kube.informer import Change, Informer, Source
+from kuberay_scaler.adapters.kube.informer import CONNECT_RETRY_MAX_S, Change, Informer, Source
 from kuberay_scaler.adapters.kube.transport import ApiError, NoResponse, Target, request_json
 from kuberay_scaler.core import defaults as D
 from kuberay_scaler.core.backoff import Backoff
@@ -79,8 +79,10 @@ class RayClusterView:
         backoff: Backoff | None = None,
         on_change: Callable[[], None] | None = None,
         crd_version: str = D.CRD_VERSION,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._api = api
+        self._sleep = sleep
         self.mode: Mode = mode
         self.namespace = namespace
         self.name = name
@@ -177,10 +179,14 @@ class RayClusterView:
                 self._poll_failure = error.status if isinstance(error, ApiError) else None
                 self._set_polled_ok(False)
                 delay = self._backoff.next_delay()
+                if isinstance(error, NoResponse):
+                    # Nothing answered (refused, reset, timed out): retry soon, as the informer
+                    # does, so a server back from an outage is seen at once.
+                    delay = min(delay, CONNECT_RETRY_MAX_S)
                 self._log.warning(
                     "raycluster GET failed", error=str(error), delay_s=round(delay, 3)
                 )
-                await asyncio.sleep(delay)
+                await self._sleep(delay)
                 continue
             self._backoff.reset()
             self._poll_failure = None

@@ -215,7 +215,8 @@ def safe_url(url: str) -> str:
 
 def _kubeconfig_secrets(kubeconfig: str) -> list[str]:
     """Every value of the file stored under a secret-looking key, longest first (best effort:
-    a file that does not parse has its YAML error shown, which carries no value)."""
+    a file that does not parse has its YAML error shown, which carries no value). A path
+    (`tokenFile`) goes too: it says where a secret lives."""
     try:
         with open(kubeconfig, "rb") as stream:
             doc = yaml.safe_load(stream.read(1 << 20))
@@ -229,12 +230,7 @@ def _kubeconfig_secrets(kubeconfig: str) -> list[str]:
             stack.extend((str(k), v) for k, v in value.items())
         elif isinstance(value, list):
             stack.extend((key, v) for v in value)
-        elif (
-            isinstance(value, str)
-            and len(value) >= 4
-            and _SECRET_KEYS.search(key)
-            and not key.lower().endswith(("file", "path"))  # a path names where, it is no secret
-        ):
+        elif isinstance(value, str) and len(value) >= 4 and _SECRET_KEYS.search(key):
             found.add(value)
     return sorted(found, key=len, reverse=True)
 

@@ -130,6 +130,8 @@ class GcsPoller:
         self.last_poll_cpu_s = 0.0  # the last poll's own CPU (its synchronous work)
         self._costs: deque[float] = deque(maxlen=COST_WINDOW)
         self._last_change = monotonic()
+        self._motion: object = None  # the last content without its epoch (`_moved`)
+        self._motion_before: object = None  # and the one before it
         self.content_version = 0  # rises whenever the content (not the version) changed
         self._wake = asyncio.Event()
         self._unknown_kind: str | None = None  # the kind of failure last logged
@@ -305,10 +307,26 @@ class GcsPoller:
         if content != self._content:
             self._content = content
             self.content_version += 1
-            self._last_change = self._monotonic()
+            if self._moved(content):
+                self._last_change = self._monotonic()
             if self._on_change is not None:
                 self._on_change(observation)
         return observation
+
+    def _moved(self, content: object) -> bool:
+        """Whether a changed content is movement the cadence speeds up for: not when it only
+        goes back to the one before the last (replies that contradict each other, A B A B), nor
+        when only the epoch moved (a version that goes back every other poll)."""
+        motion = _without_epoch(content)
+        moved = motion != self._motion and motion != self._motion_before
+        if motion != self._motion:
+            self._motion_before, self._motion = self._motion, motion
+        return moved
+
+
+def _without_epoch(content: object) -> object:
+    # RayObservation.content(): ("known", epoch, ...) or ("unknown", epoch).
+    return content[:1] + content[2:] if isinstance(content, tuple) else content
 
 
 def _copied(reply: Any) -> Any:

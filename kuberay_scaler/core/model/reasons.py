@@ -316,6 +316,24 @@ class RunsMinReplicas:
         )
 
 
+@dataclass(frozen=True)
+class RunsMaxReplicas:
+    """`replicas` is above `maxReplicas` while no more slices than that run: KubeRay runs at
+    most maxReplicas (with autoscaling off it has deleted the surplus pods itself), so the plan
+    writes that, as it does after removing surplus slices."""
+
+    replicas: int
+    max_replicas: int
+
+    kind = "replicas_above_max"  # also the decision's reason_code (GroupDecision)
+
+    def __str__(self) -> str:
+        return (
+            f"replicas {self.replicas} above maxReplicas {self.max_replicas}: KubeRay runs at"
+            f" most {self.max_replicas}, writing {self.max_replicas}"
+        )
+
+
 class UnchangedKind(StrEnum):
     """Why a group's slices stay as they are (said for every group a plan leaves alone)."""
 
@@ -376,6 +394,7 @@ Reason = (
     | Keep
     | ClearWorkersToDelete
     | RunsMinReplicas
+    | RunsMaxReplicas
     | Hold
     | Unchanged
 )

@@ -43,6 +43,7 @@ from kuberay_scaler.core.model.reasons import (
     PlanProblem,
     ProblemKind,
     Reason,
+    RunsMaxReplicas,
     RunsMinReplicas,
     ScaleDown,
     ScaleDownKind,
@@ -546,6 +547,11 @@ def _decide(
         reasons.append(RunsMinReplicas(group.replicas, group.min_replicas))
     scaled = room.added or idle_deleted or below_min
     target = group.effective_replicas + room.added - idle_deleted if scaled else group.replicas
+    if not g.hold_down and group.min_replicas <= group.max_replicas < target:
+        # No more slices than maxReplicas run (else the surplus path above): the rest will
+        # never run, KubeRay clamps; write what runs (sidecar mode: KubeRay deleted them).
+        reasons.append(RunsMaxReplicas(target, group.max_replicas))
+        target = group.max_replicas
     decision = replace(
         base,
         target=target,
