@@ -158,6 +158,15 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class LastRead:
+    """What the shell read once every drain answered, right before the patch: the gate's
+    evidence must be newer than every drain answer (issue 30)."""
+
+    ray: RayState | None  # Ray's state then; None: the read failed (only the gate's (d) goes)
+    uids: Mapping[str, str]  # the pod cache then: pod name → uid
+
+
+@dataclass(frozen=True)
 class DrainResults:
     """What happened to a decision's drains (the shell fills it in; `after_drains` judges it)."""
 
@@ -166,6 +175,7 @@ class DrainResults:
     not_sent: Mapping[SliceRef, Keep] = field(default_factory=lambda: MappingProxyType({}))
     fresh: RayState | None = None  # the read made right before draining
     base: Mapping[str, Any] | None = None  # the RayCluster the record write left (its patch base)
+    last: LastRead | None = None  # the read after the drains (None: `plan`'s assumed answers)
 
     @classmethod
     def assumed(cls, drains: Sequence[Drain]) -> DrainResults:
@@ -329,7 +339,9 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
       raylets exit, so it can no longer run slice-wide work; its refusing hosts are drained for
       preemption with the drain deadline and the slice leaves whole once it passes (gate (d)),
       through the broken-slice path; never deleted over a refusing host now;
-    - then the deletion gate, with what was really accepted.
+    - then the deletion gate, with what was really accepted, judged by `results.last` (the read
+      after every drain answered): a pod with a live Ray node not drained now, or recreated
+      since the plan, keeps its slice (Keep(GATE_...)).
 
     Raises PatchError when the plan no longer fits `results.base`.
     """
@@ -370,7 +382,10 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
     result = replace(result, memory=memory)
     ev = decision.evidence
     if ev is not None:
-        result, blocked = gate(result, ev.with_fresh(results.fresh), results.accepted, now)
+        judged = ev.with_fresh(results.fresh)
+        if results.last is not None:
+            judged = judged.after(results.last.ray, results.last.uids)
+        result, blocked = gate(result, judged, results.accepted, now)
     else:
         blocked = ()
     base = results.base if results.base is not None else decision.raycluster

@@ -56,6 +56,7 @@ class Reconciler:
         self._config, self._policy = config, policy
         self._cluster, self._feed, self._gcs, self._writer = cluster, feed, gcs, writer
         self._wall, self._monotonic = wall, monotonic
+        self._pods = pods
         self.observer = Observer(pods, cluster, config.observing(policy))
         progress = Progress(monotonic(), config.unhealthy_after_s, config.unhealthy_after_failures)
         self.sink: Sink = sink or Recorder(events, progress, wall)
@@ -178,7 +179,12 @@ class Reconciler:
             return Outcome(Step.BACKOFF, "write backoff", demand=True)
         self.sink.carrying_out(decision)
         executed = await execute(
-            decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
+            decision,
+            writer=self._writer,
+            gcs=self._gcs,
+            feed=self._feed,
+            view=self._cluster,
+            pods=self._pods,
         )
         return self._record(executed, held)
 

@@ -244,6 +244,8 @@ class KeepKind(StrEnum):
     GATE_ABSENT = "gate_absent"  # no Ray node, but not absent for the whole grace yet
     GATE_RAY_UNKNOWN = "gate_ray_unknown"  # Ray's view unknown: no running pod may go
     GATE_POD_UNKNOWN = "gate_pod_unknown"  # a pod the cache does not know
+    # The pod cache shows another pod of that name (a new uid) than the one planned for.
+    GATE_POD_REPLACED = "gate_pod_replaced"
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,7 @@ _KEEP_SLICE_TEXT = {
     KeepKind.GATE_ABSENT: "deletion gate: Ray node absent, not yet for the whole grace",
     KeepKind.GATE_RAY_UNKNOWN: "deletion gate: Ray's view unknown",
     KeepKind.GATE_POD_UNKNOWN: "deletion gate: pod unknown",
+    KeepKind.GATE_POD_REPLACED: "deletion gate: pod recreated since the plan (new uid)",
 }
 GATE_KINDS = frozenset(k for k in KeepKind if k.value.startswith("gate_"))
 
