@@ -38,6 +38,8 @@ from kuberay_scaler.core.model.plan import (
     RefusedDrain,
     SliceDeletion,
     Snapshot,
+    shown,
+    tick_of,
 )
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.reasons import (
@@ -129,7 +131,9 @@ class Decision:
     raycluster: Mapping[str, Any]  # the object planned from (the patch's base)
     gcs: RayObservation | None = None
     error: str | None = None  # the plan no longer fits the object (replan)
-    now: datetime | None = None  # when it was decided (deadlines, backoffs)
+    now: datetime | None = None  # when it was decided, wall clock (what Ray reads, people see)
+    # ... and on the monotonic clock (`tick_of`): what deadlines and backoffs are judged by.
+    tick: datetime | None = None
     evidence: Evidence | None = None  # what the deletion gate judges pods by
     # Deletions the gate dropped from the plan a planner path made: non-zero is a planner bug.
     blocked: tuple[Blocked, ...] = ()
@@ -199,8 +203,12 @@ def decide(
     policy: Policy,
     now: datetime,
     drain_deadline_s: float = DRAIN_DEADLINE_S,
+    *,
+    mono_s: float | None = None,
 ) -> Decision:
-    """Plan from `observed` at `now` and list the writes that carry the plan out."""
+    """Plan from `observed` at `now` (wall clock) and `mono_s` (monotonic: every timer that
+    licenses a deletion; None: `now` stands in) and list the writes that carry the plan out."""
+    tick = tick_of(mono_s, now)
     raw = observed.raycluster
     spec = observed.spec if observed.spec is not None else parse_raycluster(raw)
     if observed.parsed_pods is not None:
@@ -222,17 +230,23 @@ def decide(
     )
     grace_s = policy.timeouts.missing_node_grace_s
     ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
-    result = plan(snapshot, ray, memory, policy, now, ev)
+    result = plan(snapshot, ray, memory, policy, now, ev, mono_s=mono_s)
     if ray_problem is not None:
         result = replace(result, problems=(*result.problems, ray_problem))
     # The gate also honours deadlines this plan set (preemptions it starts).
     deadlines = {**memory.preempting, **result.memory.preempting}
     ev = replace(ev, deadlines=MappingProxyType(deadlines))
     try:
-        result, writes, blocked = writes_for(raw, result, observed.gcs, now, drain_deadline_s, ev)
+        result, writes, blocked = writes_for(
+            raw, result, observed.gcs, now, drain_deadline_s, ev, tick=tick
+        )
     except PatchError as err:
-        return Decision(result, (), raw, observed.gcs, error=str(err), now=now, evidence=ev)
-    return Decision(result, writes, raw, observed.gcs, now=now, evidence=ev, blocked=blocked)
+        return Decision(
+            result, (), raw, observed.gcs, error=str(err), now=now, tick=tick, evidence=ev
+        )
+    return Decision(
+        result, writes, raw, observed.gcs, now=now, tick=tick, evidence=ev, blocked=blocked
+    )
 
 
 def writes_for(
@@ -242,8 +256,11 @@ def writes_for(
     now: datetime,
     drain_deadline_s: float,
     ev: Evidence,
+    *,
+    tick: datetime | None = None,
 ) -> tuple[Plan, tuple[Write, ...], tuple[Blocked, ...]]:
-    """The plan past the gate, and its record → drains → patch; raises PatchError.
+    """The plan past the gate, and its record → drains → patch; raises PatchError. `now` is
+    the wall clock (the drain deadlines Ray reads), `tick` the monotonic one (`tick_of`).
 
     The gate runs before any drain is sent (every drain assumed accepted): a slice it would
     refuse is not drained at all, so no host of it exits for nothing.
@@ -251,13 +268,14 @@ def writes_for(
     if not result.changes:
         stale = _stale_record(raw, result)
         return result, ((Patch(tuple(stale)),) if stale else ()), ()
+    tick = tick or now
     cluster_id = gcs.cluster_id if gcs else None
     deadline_ms = int((now.timestamp() + drain_deadline_s) * 1000)
-    drains = _drains(result, cluster_id, deadline_ms, ev, now)
-    result, blocked = gate(result, ev, DrainResults.assumed(drains).accepted, now)
+    drains = _drains(result, cluster_id, deadline_ms, ev, tick)
+    result, blocked = gate(result, ev, DrainResults.assumed(drains).accepted, tick)
     kept = {(x.group, x.slice_key) for x in _drained_first_deletions(result)}
     drains = [d for d in drains if (d.group, d.slice_key) in kept]
-    draining = _slices_to_drain(result, ev, now)
+    draining = _slices_to_drain(result, ev, tick)
     writes: list[Write] = []
     base = raw
     if draining and not _recorded(raw, draining):
@@ -269,7 +287,7 @@ def writes_for(
         )
         base = with_record(raw, draining)
     writes += drains
-    writes += _preemptions(result, cluster_id)
+    writes += _preemptions(result, cluster_id, tick, now)
     ops = _patch_ops(base, result)
     if ops:
         writes.append(Patch(tuple(ops)))
@@ -313,7 +331,7 @@ def _back_in_ray(decision: Decision, fresh: RayState | None) -> dict[SliceRef, K
     a Ray node that is back keeps its slice (never deleted over a node just seen alive)."""
     drained = {(d.group, d.slice_key) for d in decision.drains}
     deadlines = decision.evidence.deadlines if decision.evidence else {}
-    now = decision.now or _NEVER
+    now = decision.tick or decision.now or _NEVER
     alive = fresh.node_by_instance() if fresh is not None else {}
     kept: dict[SliceRef, Keep] = {}
     for g in decision.plan.groups:
@@ -345,7 +363,8 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
 
     Raises PatchError when the plan no longer fits `results.base`.
     """
-    now = decision.now or _NEVER
+    now = decision.tick or decision.now or _NEVER  # the monotonic clock: timers, deadlines
+    wall = decision.now or _NEVER
     result = decision.plan
     dropped: dict[SliceRef, Reason] = dict(results.not_sent)
     follow: list[Drain] = []
@@ -366,8 +385,8 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
             dropped[ref] = Keep(KeepKind.DRAIN_REFUSED, slice=d.slice_key, detail=why)
             refused[d.slice_key] = _refused(decision, d, now)
             continue
-        deadline = datetime.fromtimestamp(d.deadline_ms / 1000, UTC)
-        preempting[d.slice_key] = deadline
+        deadline = datetime.fromtimestamp(d.deadline_ms / 1000, UTC)  # what Ray was told
+        preempting[d.slice_key] = shown(deadline, wall, now)  # the same instant, monotonic
         dropped[ref] = ScaleDown(
             ScaleDownKind.PARTLY_DRAINED, d.slice_key, len(d.pods), deadline=deadline
         )
@@ -511,15 +530,20 @@ def _stale_record(raw: Mapping[str, Any], result: Plan) -> list[Op]:
     return [] if waiting else clear_ops(raw)  # a slice still to finish keeps its record
 
 
-def _preemptions(result: Plan, cluster_id: str | None) -> list[Drain]:
-    """Busy slices to drain for preemption, with the deadline the planner keeps for them."""
+def _preemptions(
+    result: Plan, cluster_id: str | None, tick: datetime, now: datetime
+) -> list[Drain]:
+    """Busy slices to drain for preemption, with the deadline the planner keeps for them (on the
+    monotonic clock; Ray is told it on the wall clock)."""
     return [
         Drain(
             group=d.group,
             slice_key=x.slice_key,
             node_ids=x.node_ids,
             cluster_id=cluster_id,
-            deadline_ms=int(result.memory.preempting[x.slice_key].timestamp() * 1000),
+            deadline_ms=int(
+                shown(result.memory.preempting[x.slice_key], tick, now).timestamp() * 1000
+            ),
             message=f"kuberay-scaler: {x.reason}",
             preempt=True,
             pods=x.pods,
