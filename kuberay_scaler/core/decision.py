@@ -398,7 +398,7 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
         preempting=MappingProxyType(preempting),
         refused=MappingProxyType(refused),
     )
-    result = replace(result, memory=memory)
+    result = replace(result, memory=memory, deadline_s=_sooner(result.deadline_s, memory, now))
     ev = decision.evidence
     if ev is not None:
         judged = ev.with_fresh(results.fresh)
@@ -412,6 +412,15 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
     if ops or not any(k in refused for keys in read_draining(base).values() for k in keys):
         ops += clear_ops(base)  # a record of a slice backing off stays: no rewrite on retry
     return Writes(result, Patch(tuple(ops)) if ops else None, tuple(follow), blocked)
+
+
+def _sooner(deadline_s: float | None, memory: Memory, tick: datetime) -> float | None:
+    """The plan's first deadline, with the ones set after the drains (a partly drained slice's
+    notice, a refused drain's backoff): each is a wake-up too."""
+    ends = [*memory.preempting.values(), *(r.until for r in memory.refused.values())]
+    ahead = [s for s in ((e - tick).total_seconds() for e in ends) if s > 0]
+    waits = [*ahead, *([deadline_s] if deadline_s is not None else [])]
+    return min(waits) if waits else None
 
 
 def patch_after_drains(

@@ -83,7 +83,8 @@ class Reconciler:
 
     def seconds_to_wake(self) -> float | None:
         """How long until a decision that time alone brings is due (an idle slice reaching its
-        timeout); the loop waits no longer than this for a change. None: nothing is due."""
+        timeout, any deadline the plan holds passing); the loop waits no longer than this for a
+        change. None: nothing is due."""
         return self.schedule.seconds_to_wake(self._monotonic())
 
     async def reconcile(self, reasons: set[str] | None = None) -> Plan | None:
@@ -165,7 +166,7 @@ class Reconciler:
         self.sink.published(decision)  # the plan, its writes and what the gate dropped
         # Memory that time alone moves is kept from every decision, written or not.
         self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
-        self.schedule.planned(decision.plan.next_idle_expiry_s, now.mono)
+        self.schedule.planned(decision.plan.next_wake_s, now.mono)
 
     # --- execute ---------------------------------------------------------------------------------
 
@@ -198,6 +199,8 @@ class Reconciler:
     def _record(self, executed: Executed, held: Outcome | None) -> Outcome | None:
         """What became of the writes, remembered and said; None: replan."""
         self.memory = executed.remembered(self.memory)
+        # Deadlines set once the drains answered (a partly drained slice) wake the loop too.
+        self.schedule.planned(executed.plan.next_wake_s, self._monotonic())
         self.sink.blocked(executed.blocked)
         if executed.step == "patch" and executed.sent:
             self.sink.sent(executed.sent)

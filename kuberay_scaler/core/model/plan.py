@@ -218,6 +218,9 @@ class Plan:
     held: Hold | None = None  # the whole plan held (unsynced view, unknown demand)
     # Seconds until the first host that held demand stops settling (planner/capacity.py).
     settle_s: float | None = None
+    # Seconds until the first deadline its memory holds passes (a preemption notice, the
+    # broken-busy bound, a replace or refused-drain backoff): see `next_wake_s`.
+    deadline_s: float | None = None
     # When it was planned, on the clock idle-since times are kept on (`tick_of`, in ms; the
     # daemon stamps GCS replies on the monotonic clock): its documents' idle durations are as of
     # then.
@@ -245,6 +248,15 @@ class Plan:
         if self.settle_s is not None:  # the demand it held may need a slice then
             waits.append(self.settle_s)
         return max(0.0, min(waits)) if waits else None
+
+    @property
+    def next_wake_s(self) -> float | None:
+        """Seconds from this plan until time alone changes a decision: an idle slice reaching
+        its timeout, a host done settling, or a deadline passing (issue 30: every deadline the
+        plan holds is a wake-up, so e.g. a preempted surplus slice leaves when its notice ends,
+        not at the next resync). None when nothing is due."""
+        waits = [w for w in (self.next_idle_expiry_s, self.deadline_s) if w is not None]
+        return min(waits) if waits else None
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:
         gs = self.slice_map.groups.get(group) if self.slice_map else None

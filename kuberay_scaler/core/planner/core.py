@@ -311,7 +311,25 @@ def _plan(
         ),
         settle_s=settle_s,
     )
+    result = replace(result, deadline_s=next_deadline_s(result.memory, policy, tick))
     return finish_recorded_drains(result, memory.draining, ev, tick, wall_shift=now - tick)
+
+
+def next_deadline_s(memory: Memory, policy: Policy, tick: datetime) -> float | None:
+    """Seconds from `tick` until the first timer in `memory` runs out (preemption notices, the
+    broken-busy bound, replace and refused-drain backoffs); None when none is ahead. Each is a
+    decision time alone brings, so the loop wakes for it (`Plan.next_wake_s`)."""
+    ends = [
+        *memory.preempting.values(),
+        *(
+            since + timedelta(seconds=policy.broken_busy_max_s)
+            for since in memory.broken_busy_since.values()
+        ),
+        *(b.until for b in memory.backoff.values()),
+        *(r.until for r in memory.refused.values()),
+    ]
+    ahead = [(end - tick).total_seconds() for end in ends if end > tick]
+    return min(ahead) if ahead else None
 
 
 def _settling(
