@@ -238,6 +238,9 @@ class KeepKind(StrEnum):
     RAY_NODE_BACK = "ray_node_back"  # judged gone, but the fresh read shows its Ray node alive
     RECORD_FAILED = "record_failed"  # the draining record was not written: nothing drained
     DRAIN_BACKING_OFF = "drain_backing_off"  # refused lately; retried on change or after a wait
+    # Built to an older spec (numOfHosts lowered since): serves on, never preempted for it,
+    # removed first once idle (issue 30).
+    OUTDATED = "outdated"
     # The deletion gate (core/planner/gate.py) dropped a deletion a planner path made: a pod whose
     # Ray node is neither drained now, nor DEAD, nor long gone. Non-zero means a planner bug.
     GATE_NOT_DRAINED = "gate_not_drained"  # a live Ray node of the pod was not drained now
@@ -278,6 +281,7 @@ _KEEP_SLICE_TEXT = {
     KeepKind.RAY_NODE_BACK: "its Ray node is back in a fresh GCS read",
     KeepKind.RECORD_FAILED: "the draining record could not be written",
     KeepKind.DRAIN_BACKING_OFF: "its drain was refused lately; retried on change or later",
+    KeepKind.OUTDATED: "built to an older spec; serves until idle, then removed first",
     KeepKind.GATE_NOT_DRAINED: "deletion gate: a live Ray node was not drained",
     KeepKind.GATE_ABSENT: "deletion gate: Ray node absent, not yet for the whole grace",
     KeepKind.GATE_RAY_UNKNOWN: "deletion gate: Ray's view unknown",

@@ -65,7 +65,7 @@ def build_capacity(
         if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
             continue
         group, key, state = owner.get(node.instance_id, (None, None, None))
-        usable = state in (None, SliceState.COMPLETE, SliceState.PENDING)
+        usable = state in (None, SliceState.COMPLETE, SliceState.PENDING, SliceState.OUTDATED)
         if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
         accelerators = accelerators_of(node.total)

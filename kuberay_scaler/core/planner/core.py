@@ -63,6 +63,7 @@ from kuberay_scaler.core.planner.scale_down import (
     finish_recorded_drains,
     idle_deletions,
     idle_timeout,
+    outdated_kept,
     surplus_removals,
 )
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
@@ -581,6 +582,7 @@ def _decide(
         deletions += idle_deletions(
             g.slices, keep, needed, timeout_s, reasons, refused, tick, wall_shift=shift
         )
+    reasons += outdated_kept(g.slices, deletions)
     idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
     below_min = not (group.suspend or g.hold_down) and group.replicas < group.min_replicas
     if below_min:

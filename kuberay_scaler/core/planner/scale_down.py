@@ -69,7 +69,9 @@ def idle_deletions(
             for ms, sl in idle
             if not drain_backing_off(sl, refused, now, reasons, wall_shift=wall_shift)
         ]
-    idle.sort(key=lambda pair: (-pair[0], pair[1].key))  # ties (clamped at 0) by key
+    # Outdated slices first (built to an older spec), then longest idle; ties (clamped at 0)
+    # by key.
+    idle.sort(key=lambda pair: (pair[1].state is not SliceState.OUTDATED, -pair[0], pair[1].key))
     chosen = idle[: max(0, keep_at_least)]
     if len(chosen) < len(idle):
         reasons.append(
@@ -81,6 +83,21 @@ def idle_deletions(
         reasons.append(why)
         out.append(deletion(sl, DeleteKind.IDLE, why))
     return out
+
+
+def outdated_kept(slices: GroupSlices, leaving: list[SliceDeletion]) -> tuple[Keep, ...]:
+    """One Keep(OUTDATED) per slice built to an older spec that stays: the edit named in the
+    plan's reasons at once, not only when the slice leaves."""
+    gone = {x.slice_key for x in leaving}
+    return tuple(
+        Keep(
+            KeepKind.OUTDATED,
+            slice=sl.key,
+            detail=f"{len(sl.hosts)} hosts, numOfHosts {sl.expected_hosts} now",
+        )
+        for sl in slices.by_state(SliceState.OUTDATED)
+        if sl.key not in gone
+    )
 
 
 def drain_backing_off(
