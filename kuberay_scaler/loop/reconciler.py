@@ -192,15 +192,17 @@ class Reconciler:
             view=self._cluster,
             pods=self._pods,
         )
-        return self._record(executed, held)
+        return self._record(executed, held, planned_at=now.mono)
 
     # --- record ----------------------------------------------------------------------------------
 
-    def _record(self, executed: Executed, held: Outcome | None) -> Outcome | None:
+    def _record(
+        self, executed: Executed, held: Outcome | None, *, planned_at: float
+    ) -> Outcome | None:
         """What became of the writes, remembered and said; None: replan."""
         self.memory = executed.remembered(self.memory)
         # Deadlines set once the drains answered (a partly drained slice) wake the loop too.
-        self.schedule.planned(executed.plan.next_wake_s, self._monotonic())
+        self.schedule.planned(executed.plan.next_wake_s, planned_at)
         self.sink.blocked(executed.blocked)
         if executed.step == "patch" and executed.sent:
             self.sink.sent(executed.sent)

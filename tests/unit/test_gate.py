@@ -18,6 +18,7 @@ from kuberay_scaler.core.decision import (
     decide,
     drains_to_send,
 )
+from kuberay_scaler.core.defaults import DRAIN_DEADLINE_S, DRAIN_RETRY_S
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.hosts import HostPhase
 from kuberay_scaler.core.model.plan import Memory
@@ -182,6 +183,9 @@ def test_after_drains_tables_every_kind() -> None:
     assert kinds["tpu-b"] is KeepKind.DRAIN_REFUSED  # none accepted: kept whole
     assert kinds["tpu-c"] is ScaleDownKind.PARTLY_DRAINED  # the rest drained for preemption
     assert kinds["tpu-d"] is KeepKind.NO_LONGER_IDLE
+    # Issue 30: the deadlines set once the drains answered are wake-ups too: tpu-c's notice,
+    # tpu-b's (and tpu-d's) refused-drain backoff.
+    assert writes.plan.next_wake_s == pytest.approx(min(DRAIN_DEADLINE_S, DRAIN_RETRY_S), abs=1)
     d = writes.plan.group("tpu")
     assert d is not None and [x.slice_key for x in d.deletions] == ["tpu-a"]
     assert d.target == 3 and not writes.blocked
