@@ -272,6 +272,8 @@ async def test_num_of_hosts_lowered_on_a_live_group_destroys_no_busy_slice() -> 
     assert len(said) == 2 and all("numOfHosts 2" in m for m in said)  # once per slice
     doc = decision.plan.summary()["groups"][0]["slices"]
     assert {d["state"] for d in doc} == {"outdated"}  # what /debug/slices shows
+    assert group.launching_hosts == 0  # both replicas have their pods: none is launching
+    assert _group(loop, "tpu")["replicas"] == 2
 
 
 async def test_an_idle_outdated_slice_is_removed_before_an_idle_current_one() -> None:

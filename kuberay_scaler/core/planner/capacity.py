@@ -13,7 +13,13 @@ from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.core.planner.bins import Bin, accelerators_of, bins_for_new_slice
 from kuberay_scaler.core.planner.shapes import SliceShape
 
-COUNTED = (SliceState.COMPLETE, SliceState.PENDING, SliceState.PARTIAL, SliceState.BROKEN)
+COUNTED = (
+    SliceState.COMPLETE,
+    SliceState.PENDING,
+    SliceState.PARTIAL,
+    SliceState.BROKEN,
+    SliceState.OUTDATED,  # a replica with its pods (of an older spec): not one launching
+)
 
 
 @dataclass
