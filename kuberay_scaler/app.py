@@ -57,6 +57,10 @@ def run_daemon(settings: Settings) -> int:
     return asyncio.run(Daemon(settings).run())
 
 
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -172,6 +176,9 @@ class Daemon:
             interval_s=s.gcs_poll_interval_s,
             on_change=self._on_gcs,
             on_observation=self._on_observation,
+            # Replies are stamped on the monotonic clock, the planner's `mono_s`: idle age is
+            # Ray's idle duration plus monotonic time since the reply, never a wall-clock step.
+            wall=_monotonic_ms,
         )
         events = EventRecorder(
             api,

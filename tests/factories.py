@@ -114,6 +114,7 @@ def pod(
     deleting: bool = False,
     legacy_replica: str | None = None,
     head: bool = False,
+    uid: str | None = None,
 ) -> dict[str, Any]:
     labels = {
         "ray.io/cluster": cluster_name,
@@ -137,7 +138,7 @@ def pod(
         "name": name,
         "labels": labels,
         "creationTimestamp": _ts(created),
-        "uid": f"u-{name}",
+        "uid": uid or f"u-{name}",
     }
     if deleting:
         meta["deletionTimestamp"] = _ts(NOW)

@@ -38,6 +38,8 @@ from kuberay_scaler.core.model.plan import (
     RefusedDrain,
     SliceDeletion,
     Snapshot,
+    shown,
+    tick_of,
 )
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.reasons import (
@@ -129,7 +131,9 @@ class Decision:
     raycluster: Mapping[str, Any]  # the object planned from (the patch's base)
     gcs: RayObservation | None = None
     error: str | None = None  # the plan no longer fits the object (replan)
-    now: datetime | None = None  # when it was decided (deadlines, backoffs)
+    now: datetime | None = None  # when it was decided, wall clock (what Ray reads, people see)
+    # ... and on the monotonic clock (`tick_of`): what deadlines and backoffs are judged by.
+    tick: datetime | None = None
     evidence: Evidence | None = None  # what the deletion gate judges pods by
     # Deletions the gate dropped from the plan a planner path made: non-zero is a planner bug.
     blocked: tuple[Blocked, ...] = ()
@@ -158,6 +162,15 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class LastRead:
+    """What the shell read once every drain answered, right before the patch: the gate's
+    evidence must be newer than every drain answer (issue 30)."""
+
+    ray: RayState | None  # Ray's state then; None: the read failed (only the gate's (d) goes)
+    uids: Mapping[str, str]  # the pod cache then: pod name → uid
+
+
+@dataclass(frozen=True)
 class DrainResults:
     """What happened to a decision's drains (the shell fills it in; `after_drains` judges it)."""
 
@@ -166,6 +179,7 @@ class DrainResults:
     not_sent: Mapping[SliceRef, Keep] = field(default_factory=lambda: MappingProxyType({}))
     fresh: RayState | None = None  # the read made right before draining
     base: Mapping[str, Any] | None = None  # the RayCluster the record write left (its patch base)
+    last: LastRead | None = None  # the read after the drains (None: `plan`'s assumed answers)
 
     @classmethod
     def assumed(cls, drains: Sequence[Drain]) -> DrainResults:
@@ -189,8 +203,12 @@ def decide(
     policy: Policy,
     now: datetime,
     drain_deadline_s: float = DRAIN_DEADLINE_S,
+    *,
+    mono_s: float | None = None,
 ) -> Decision:
-    """Plan from `observed` at `now` and list the writes that carry the plan out."""
+    """Plan from `observed` at `now` (wall clock) and `mono_s` (monotonic: every timer that
+    licenses a deletion; None: `now` stands in) and list the writes that carry the plan out."""
+    tick = tick_of(mono_s, now)
     raw = observed.raycluster
     spec = observed.spec if observed.spec is not None else parse_raycluster(raw)
     if observed.parsed_pods is not None:
@@ -212,17 +230,23 @@ def decide(
     )
     grace_s = policy.timeouts.missing_node_grace_s
     ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
-    result = plan(snapshot, ray, memory, policy, now, ev)
+    result = plan(snapshot, ray, memory, policy, now, ev, mono_s=mono_s)
     if ray_problem is not None:
         result = replace(result, problems=(*result.problems, ray_problem))
     # The gate also honours deadlines this plan set (preemptions it starts).
     deadlines = {**memory.preempting, **result.memory.preempting}
     ev = replace(ev, deadlines=MappingProxyType(deadlines))
     try:
-        result, writes, blocked = writes_for(raw, result, observed.gcs, now, drain_deadline_s, ev)
+        result, writes, blocked = writes_for(
+            raw, result, observed.gcs, now, drain_deadline_s, ev, tick=tick
+        )
     except PatchError as err:
-        return Decision(result, (), raw, observed.gcs, error=str(err), now=now, evidence=ev)
-    return Decision(result, writes, raw, observed.gcs, now=now, evidence=ev, blocked=blocked)
+        return Decision(
+            result, (), raw, observed.gcs, error=str(err), now=now, tick=tick, evidence=ev
+        )
+    return Decision(
+        result, writes, raw, observed.gcs, now=now, tick=tick, evidence=ev, blocked=blocked
+    )
 
 
 def writes_for(
@@ -232,8 +256,11 @@ def writes_for(
     now: datetime,
     drain_deadline_s: float,
     ev: Evidence,
+    *,
+    tick: datetime | None = None,
 ) -> tuple[Plan, tuple[Write, ...], tuple[Blocked, ...]]:
-    """The plan past the gate, and its record → drains → patch; raises PatchError.
+    """The plan past the gate, and its record → drains → patch; raises PatchError. `now` is
+    the wall clock (the drain deadlines Ray reads), `tick` the monotonic one (`tick_of`).
 
     The gate runs before any drain is sent (every drain assumed accepted): a slice it would
     refuse is not drained at all, so no host of it exits for nothing.
@@ -241,13 +268,14 @@ def writes_for(
     if not result.changes:
         stale = _stale_record(raw, result)
         return result, ((Patch(tuple(stale)),) if stale else ()), ()
+    tick = tick or now
     cluster_id = gcs.cluster_id if gcs else None
     deadline_ms = int((now.timestamp() + drain_deadline_s) * 1000)
-    drains = _drains(result, cluster_id, deadline_ms, ev, now)
-    result, blocked = gate(result, ev, DrainResults.assumed(drains).accepted, now)
+    drains = _drains(result, cluster_id, deadline_ms, ev, tick)
+    result, blocked = gate(result, ev, DrainResults.assumed(drains).accepted, tick)
     kept = {(x.group, x.slice_key) for x in _drained_first_deletions(result)}
     drains = [d for d in drains if (d.group, d.slice_key) in kept]
-    draining = _slices_to_drain(result, ev, now)
+    draining = _slices_to_drain(result, ev, tick)
     writes: list[Write] = []
     base = raw
     if draining and not _recorded(raw, draining):
@@ -259,7 +287,7 @@ def writes_for(
         )
         base = with_record(raw, draining)
     writes += drains
-    writes += _preemptions(result, cluster_id)
+    writes += _preemptions(result, cluster_id, tick, now)
     ops = _patch_ops(base, result)
     if ops:
         writes.append(Patch(tuple(ops)))
@@ -303,7 +331,7 @@ def _back_in_ray(decision: Decision, fresh: RayState | None) -> dict[SliceRef, K
     a Ray node that is back keeps its slice (never deleted over a node just seen alive)."""
     drained = {(d.group, d.slice_key) for d in decision.drains}
     deadlines = decision.evidence.deadlines if decision.evidence else {}
-    now = decision.now or _NEVER
+    now = decision.tick or decision.now or _NEVER
     alive = fresh.node_by_instance() if fresh is not None else {}
     kept: dict[SliceRef, Keep] = {}
     for g in decision.plan.groups:
@@ -329,11 +357,14 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
       raylets exit, so it can no longer run slice-wide work; its refusing hosts are drained for
       preemption with the drain deadline and the slice leaves whole once it passes (gate (d)),
       through the broken-slice path; never deleted over a refusing host now;
-    - then the deletion gate, with what was really accepted.
+    - then the deletion gate, with what was really accepted, judged by `results.last` (the read
+      after every drain answered): a pod with a live Ray node not drained now, or recreated
+      since the plan, keeps its slice (Keep(GATE_...)).
 
     Raises PatchError when the plan no longer fits `results.base`.
     """
-    now = decision.now or _NEVER
+    now = decision.tick or decision.now or _NEVER  # the monotonic clock: timers, deadlines
+    wall = decision.now or _NEVER
     result = decision.plan
     dropped: dict[SliceRef, Reason] = dict(results.not_sent)
     follow: list[Drain] = []
@@ -354,8 +385,8 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
             dropped[ref] = Keep(KeepKind.DRAIN_REFUSED, slice=d.slice_key, detail=why)
             refused[d.slice_key] = _refused(decision, d, now)
             continue
-        deadline = datetime.fromtimestamp(d.deadline_ms / 1000, UTC)
-        preempting[d.slice_key] = deadline
+        deadline = datetime.fromtimestamp(d.deadline_ms / 1000, UTC)  # what Ray was told
+        preempting[d.slice_key] = shown(deadline, wall, now)  # the same instant, monotonic
         dropped[ref] = ScaleDown(
             ScaleDownKind.PARTLY_DRAINED, d.slice_key, len(d.pods), deadline=deadline
         )
@@ -367,10 +398,13 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
         preempting=MappingProxyType(preempting),
         refused=MappingProxyType(refused),
     )
-    result = replace(result, memory=memory)
+    result = replace(result, memory=memory, deadline_s=_sooner(result.deadline_s, memory, now))
     ev = decision.evidence
     if ev is not None:
-        result, blocked = gate(result, ev.with_fresh(results.fresh), results.accepted, now)
+        judged = ev.with_fresh(results.fresh)
+        if results.last is not None:
+            judged = judged.after(results.last.ray, results.last.uids)
+        result, blocked = gate(result, judged, results.accepted, now)
     else:
         blocked = ()
     base = results.base if results.base is not None else decision.raycluster
@@ -378,6 +412,15 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
     if ops or not any(k in refused for keys in read_draining(base).values() for k in keys):
         ops += clear_ops(base)  # a record of a slice backing off stays: no rewrite on retry
     return Writes(result, Patch(tuple(ops)) if ops else None, tuple(follow), blocked)
+
+
+def _sooner(deadline_s: float | None, memory: Memory, tick: datetime) -> float | None:
+    """The plan's first deadline, with the ones set after the drains (a partly drained slice's
+    notice, a refused drain's backoff): each is a wake-up too."""
+    ends = [*memory.preempting.values(), *(r.until for r in memory.refused.values())]
+    ahead = [s for s in ((e - tick).total_seconds() for e in ends) if s > 0]
+    waits = [*ahead, *([deadline_s] if deadline_s is not None else [])]
+    return min(waits) if waits else None
 
 
 def patch_after_drains(
@@ -496,15 +539,20 @@ def _stale_record(raw: Mapping[str, Any], result: Plan) -> list[Op]:
     return [] if waiting else clear_ops(raw)  # a slice still to finish keeps its record
 
 
-def _preemptions(result: Plan, cluster_id: str | None) -> list[Drain]:
-    """Busy slices to drain for preemption, with the deadline the planner keeps for them."""
+def _preemptions(
+    result: Plan, cluster_id: str | None, tick: datetime, now: datetime
+) -> list[Drain]:
+    """Busy slices to drain for preemption, with the deadline the planner keeps for them (on the
+    monotonic clock; Ray is told it on the wall clock)."""
     return [
         Drain(
             group=d.group,
             slice_key=x.slice_key,
             node_ids=x.node_ids,
             cluster_id=cluster_id,
-            deadline_ms=int(result.memory.preempting[x.slice_key].timestamp() * 1000),
+            deadline_ms=int(
+                shown(result.memory.preempting[x.slice_key], tick, now).timestamp() * 1000
+            ),
             message=f"kuberay-scaler: {x.reason}",
             preempt=True,
             pods=x.pods,

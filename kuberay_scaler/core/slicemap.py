@@ -338,6 +338,12 @@ def _state(
     if failed:
         return SliceState.BROKEN, f"host {_label(failed[0])} {failed[0].detail}", F.HOST_FAILED
     if len(hosts) > want:
+        if _built_to_older_spec(hosts, joined, ray_known):
+            why = (
+                f"built to an older spec ({len(hosts)} hosts, numOfHosts {want} now):"
+                " serves until idle, then removed first"
+            )
+            return SliceState.OUTDATED, why, None
         why = f"{len(hosts)} hosts, more than numOfHosts {want}"
         return SliceState.BROKEN, why, F.TOO_MANY_HOSTS
     age = max((clock.age_s.get(h.pod_name, 0.0) for h in hosts), default=0.0)
@@ -363,6 +369,19 @@ def _state(
             return SliceState.BROKEN, f"not up after {_dur(age)}: {why}", F.NOT_UP_IN_TIME
         return SliceState.PENDING, why, None
     return SliceState.COMPLETE, _complete_reason(want), None
+
+
+def _built_to_older_spec(hosts: list[Host], joined: Mapping[str, RayNode], ray_known: bool) -> bool:
+    """More hosts than numOfHosts, each in its own place (host indexes 0..n-1, as KubeRay made
+    them for numOfHosts n), all Running and (Ray's view known) in Ray: a whole slice of the spec
+    before an edit lowered numOfHosts, not a broken one (duplicate replica labels repeat an
+    index; a host down makes it broken as any slice)."""
+    indexes = sorted(h.host_index for h in hosts if h.host_index is not None)
+    return (
+        indexes == list(range(len(hosts)))
+        and all(h.phase is HostPhase.RUNNING for h in hosts)
+        and (not ray_known or len(joined) == len(hosts))
+    )
 
 
 def _missing_for(

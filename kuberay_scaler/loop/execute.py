@@ -28,6 +28,7 @@ from kuberay_scaler.core.decision import (
     Decision,
     Drain,
     DrainResults,
+    LastRead,
     Writes,
     after_drains,
     drains_to_send,
@@ -39,7 +40,7 @@ from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.patch.ops import Op, PatchError
 from kuberay_scaler.core.planner.gate import Blocked, SliceRef
-from kuberay_scaler.loop.ports import ClusterView, Gcs, GcsFeed, Writer
+from kuberay_scaler.loop.ports import ClusterView, Gcs, GcsFeed, PodStore, Writer
 
 log = structlog.get_logger(__name__)
 
@@ -104,9 +105,19 @@ class WriteBackoff:
 
 
 async def execute(
-    decision: Decision, *, writer: Writer, gcs: Gcs, feed: GcsFeed, view: ClusterView
+    decision: Decision,
+    *,
+    writer: Writer,
+    gcs: Gcs,
+    feed: GcsFeed,
+    view: ClusterView,
+    pods: PodStore | None = None,
 ) -> Executed:
-    """Send the decision's writes; a failed write keeps only what depended on it."""
+    """Send the decision's writes; a failed write keeps only what depended on it.
+
+    The deletion gate judges the last read before the patch: once every drain answered, Ray is
+    read again and the pod cache's uids taken (`_last_read`), so a raylet replaced or a pod
+    recreated while a host answered late is never named (issue 30)."""
     uid = decision.plan.uid
     base: Mapping[str, Any] = decision.raycluster
     record, record_failed = decision.record, None
@@ -135,7 +146,8 @@ async def execute(
     answers = await drain_all(drains, gcs)
     if decision.drains:
         feed.poll_soon()
-    results = _results(answers, not_sent, fresh, base)
+    last = await _last_read(decision, gcs, pods, fresh if not answers else None)
+    results = replace(_results(answers, not_sent, fresh, base), last=last)
     try:
         writes = after_drains(decision, results)
     except PatchError as err:
@@ -186,6 +198,24 @@ async def _fresh_read(decision: Decision, gcs: Gcs) -> RayState | None:
     if fresh.state is None:
         log.warning("fresh GCS read before draining failed: draining nothing", error=fresh.error)
     return fresh.state
+
+
+async def _last_read(
+    decision: Decision, gcs: Gcs, pods: PodStore | None, fresh: RayState | None
+) -> LastRead | None:
+    """Ray's state and the named pods' uids right before the patch; None when it names no pod.
+    `fresh`: a read made before drains that were not sent (nothing answered since: reused)."""
+    named = {p for g in decision.plan.groups for x in g.deletions for p in x.pods}
+    if not named:
+        return None
+    if fresh is None:
+        read = await gcs.fresh_state()
+        if read.state is None:
+            log.warning("GCS read after the drains failed: deleting nothing", error=read.error)
+        fresh = read.state
+    store = pods.store if pods is not None else {}
+    uids = {p: str((store[p].get("metadata") or {}).get("uid") or "") for p in named if p in store}
+    return LastRead(fresh, MappingProxyType(uids))
 
 
 async def drain_all(drains: tuple[Drain, ...], gcs: Gcs) -> dict[SliceRef, SliceDrainResult]:

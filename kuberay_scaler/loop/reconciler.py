@@ -65,6 +65,7 @@ class Reconciler:
         self._config, self._policy = config, policy
         self._cluster, self._feed, self._gcs, self._writer = cluster, feed, gcs, writer
         self._wall, self._monotonic = wall, monotonic
+        self._pods = pods
         self.observer = Observer(pods, cluster, config.observing(policy))
         progress = Progress(monotonic(), config.unhealthy_after_s, config.unhealthy_after_failures)
         self.sink: Sink = sink or Recorder(events, progress, wall)
@@ -96,7 +97,8 @@ class Reconciler:
 
     def seconds_to_wake(self) -> float | None:
         """How long until a decision that time alone brings is due (an idle slice reaching its
-        timeout); the loop waits no longer than this for a change. None: nothing is due."""
+        timeout, any deadline the plan holds passing); the loop waits no longer than this for a
+        change. None: nothing is due."""
         return self.schedule.seconds_to_wake(self._monotonic())
 
     async def reconcile(self, reasons: set[str] | None = None) -> Plan | None:
@@ -180,14 +182,19 @@ class Reconciler:
 
     def decide(self, seen: Snapshot, now: Instant) -> Decision:
         return decide(
-            seen.observation, self.memory, self._policy, now.wall, self._config.drain_deadline_s
+            seen.observation,
+            self.memory,
+            self._policy,
+            now.wall,
+            self._config.drain_deadline_s,
+            mono_s=now.mono,  # every timer that licenses a deletion (the GCS replies too)
         )
 
     def _publish(self, decision: Decision, now: Instant) -> None:
         self.sink.published(decision)  # the plan, its writes and what the gate dropped
         # Memory that time alone moves is kept from every decision, written or not.
         self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
-        self.schedule.planned(decision.plan.next_idle_expiry_s, now.mono)
+        self.schedule.planned(decision.plan.next_wake_s, now.mono)
 
     # --- execute ---------------------------------------------------------------------------------
 
@@ -206,15 +213,24 @@ class Reconciler:
             return Outcome(Step.BACKOFF, "write backoff", demand=True)
         self.sink.carrying_out(decision)
         executed = await execute(
-            decision, writer=self._writer, gcs=self._gcs, feed=self._feed, view=self._cluster
+            decision,
+            writer=self._writer,
+            gcs=self._gcs,
+            feed=self._feed,
+            view=self._cluster,
+            pods=self._pods,
         )
-        return self._record(executed, held)
+        return self._record(executed, held, planned_at=now.mono)
 
     # --- record ----------------------------------------------------------------------------------
 
-    def _record(self, executed: Executed, held: Outcome | None) -> Outcome | None:
+    def _record(
+        self, executed: Executed, held: Outcome | None, *, planned_at: float
+    ) -> Outcome | None:
         """What became of the writes, remembered and said; None: replan."""
         self.memory = executed.remembered(self.memory)
+        # Deadlines set once the drains answered (a partly drained slice) wake the loop too.
+        self.schedule.planned(executed.plan.next_wake_s, planned_at)
         self.sink.blocked(executed.blocked)
         if executed.step == "patch" and executed.sent:
             self.sink.sent(executed.sent)

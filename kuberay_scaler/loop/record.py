@@ -63,6 +63,7 @@ class Recorder:
         self._wall = wall
         self.status = LoopStatus(progress)
         self._background: set[asyncio.Task[None]] = set()
+        self._outdated: frozenset[tuple[str, str]] = frozenset()  # outdated slices said
 
     def published(self, decision: Decision) -> None:
         self.status.last_decision = decision
@@ -75,6 +76,22 @@ class Recorder:
         for name, gs in result.slice_map.groups.items():
             for state in SliceState:
                 SLICES.labels(name, state.value).set(len(gs.by_state(state)))
+        self._say_outdated(result)
+
+    def _say_outdated(self, result: Plan) -> None:
+        """A spec edit that left slices built to the older spec is said at once, once per
+        slice: a warning line and an Event (the plan's reasons and /debug/slices say it too)."""
+        assert result.slice_map is not None
+        found = {
+            (name, sl.key): sl
+            for name, gs in result.slice_map.groups.items()
+            for sl in gs.by_state(SliceState.OUTDATED)
+        }
+        for name, key in sorted(found.keys() - self._outdated):
+            reason = found[(name, key)].reason
+            log.warning("slice outdated by a spec edit", group=name, slice=key, why=reason)
+            self._event("SliceOutdated", f"group {name}: slice {key} {reason}")
+        self._outdated = frozenset(found)
 
     def blocked(self, blocked: Sequence[Blocked]) -> None:
         """The gate dropped a deletion a planner path made: a planner bug, said loudly."""

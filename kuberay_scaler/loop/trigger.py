@@ -14,12 +14,13 @@ WAKE_MARGIN_S = 0.5
 MIN_WAKE_S = 0.5
 
 
-def wake_at(next_idle_expiry_s: float | None, now: float) -> float | None:
+def wake_at(next_wake_s: float | None, now: float) -> float | None:
     """When (monotonic) the plan made at `now` wants a reconcile again: its first idle slice
-    reaches its idle timeout (`Plan.next_idle_expiry_s`); None when nothing is due."""
-    if next_idle_expiry_s is None:
+    reaches its idle timeout or its first deadline passes (`Plan.next_wake_s`); None when
+    nothing is due."""
+    if next_wake_s is None:
         return None
-    return now + max(MIN_WAKE_S, next_idle_expiry_s + WAKE_MARGIN_S)
+    return now + max(MIN_WAKE_S, next_wake_s + WAKE_MARGIN_S)
 
 
 class Schedule:
@@ -31,8 +32,8 @@ class Schedule:
         self._wake_at: float | None = None
         self._settled: object | None = None
 
-    def planned(self, next_idle_expiry_s: float | None, now: float) -> None:
-        self._wake_at = wake_at(next_idle_expiry_s, now)
+    def planned(self, next_wake_s: float | None, now: float) -> None:
+        self._wake_at = wake_at(next_wake_s, now)
 
     def settled(self, inputs: object | None) -> None:
         """The inputs a reconcile settled with (nothing left to write); None: not settled."""

@@ -23,7 +23,7 @@ from ray.core.generated import autoscaler_pb2
 from kuberay_scaler.adapters.ray_gcs.poller import observation_of
 from kuberay_scaler.core.model.drains import DrainReason, HostDrain, SliceDrainResult
 from kuberay_scaler.core.model.outcome import OutcomeKind, PatchOutcome
-from kuberay_scaler.core.model.ray import RayObservation, RayState, epoch_ms
+from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.report import AutoscalingReport
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
@@ -47,7 +47,9 @@ class FakeClock:
     """Wall and monotonic time that move only when told."""
 
     wall_now: datetime = NOW
-    mono_now: float = 1000.0
+    # Starts where the wall clock does (the factories' idle clocks are on NOW): the two move
+    # together until a test steps one of them, as NTP steps the wall clock.
+    mono_now: float = NOW.timestamp()
 
     def wall(self) -> datetime:
         return self.wall_now
@@ -294,7 +296,7 @@ class Loop:
         if ray is not None:  # the GCS itself now answers this (a fresh read gets it)
             self.gcs.fresh, self.gcs.cluster_id, self.gcs.epoch = ray, cluster_id, epoch
         now = self.clock.monotonic()
-        read_at_ms = epoch_ms(self.clock.wall())
+        read_at_ms = int(now * 1000)  # the daemon stamps replies on the monotonic clock
         self.reconciler.observe_gcs(
             observation(
                 ray, observed_at=now, cluster_id=cluster_id, epoch=epoch, read_at_ms=read_at_ms

@@ -10,6 +10,7 @@ from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.gate import Blocked
 from tests.control.fakes import Loop, make_loop, reply_of
 from tests.control.test_faults import kill_between_record_and_patch, restarted
 from tests.control.test_reconciler import spec_group, workers_to_delete
@@ -231,3 +232,93 @@ def _reasons(loop: Loop) -> list[Any]:
     decision = loop.reconciler.status.last_decision
     assert decision is not None
     return [r for g in decision.plan.groups for r in g.reasons if isinstance(r, Keep)]
+
+
+# --- issue 30: the gate judges the last read, made after the drains answered ------------------
+
+
+def _late_host_world() -> tuple[Loop, list[RayNode]]:
+    """One idle 4-host slice (tpu-a) past its idle timeout, one busy slice (tpu-b) that stays."""
+    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
+    nodes = [
+        head_node(),
+        *tpu_slice_nodes("tpu-a", 4, idle_s=900),
+        *tpu_slice_nodes("tpu-b", 4, idle_s=None),
+    ]
+    loop = make_loop(cluster(tpu_group(replicas=2)), pods, state(nodes))
+    return loop, nodes
+
+
+def _answer_late(loop: Loop, meanwhile: Any) -> None:
+    """tpu-a's drain answers only after `meanwhile()` ran: one host answers late, and in that
+    time the world changes (a raylet replaced, a pod recreated)."""
+    drain = loop.gcs.drain
+
+    async def late(node_ids: Any, **kw: Any) -> Any:
+        answer = await drain(node_ids, **kw)
+        if node_id_of("tpu-a-3") in node_ids:
+            meanwhile()
+        return answer
+
+    loop.gcs.drain = late  # type: ignore[method-assign]
+
+
+def _gate_blocks(loop: Loop) -> list[Blocked]:
+    """Every deletion the gate drops from here on, as the loop hands them to its Sink."""
+    seen: list[Blocked] = []
+    said = loop.reconciler.sink.blocked
+
+    def blocked(found: Any) -> None:
+        seen.extend(found)
+        said(found)
+
+    loop.reconciler.sink.blocked = blocked  # type: ignore[method-assign]
+    return seen
+
+
+async def test_a_raylet_replaced_while_a_host_answers_late_is_never_named() -> None:
+    """Issue 30: tpu-a drained, tpu-a-3 answers 4 s late; meanwhile tpu-a-1's drained raylet
+    exits and the container restarts: a new raylet (new node id, same pod) takes work. The
+    patch was gated on the read before the drains and named tpu-a-1, RUNNING, never drained."""
+    loop, nodes = _late_host_world()
+    reborn = RayNode(
+        **{**tpu_slice_nodes("tpu-a", 4, idle_s=None)[1].__dict__, "node_id": "cd" * 28}
+    )
+    old = next(n for n in nodes if n.instance_id == "tpu-a-1")
+    after = [
+        RayNode(**{**old.__dict__, "status": NodeStatus.DEAD}) if n is old else n for n in nodes
+    ]
+
+    def replace_raylet() -> None:
+        loop.clock.advance(4)
+        loop.gcs.fresh = state([*after, reborn])
+
+    _answer_late(loop, replace_raylet)
+    blocked = _gate_blocks(loop)
+    await loop.reconciler.reconcile()
+    assert loop.gcs.drains, "the idle slice was never drained"
+    assert "tpu-a-1" not in named_pods(loop), "a pod running a new, undrained raylet was named"
+    assert workers_to_delete(loop) == []  # the slice is kept whole: broken now, not idle
+    assert [(b.pod, b.kind) for b in blocked] == [("tpu-a-1", KeepKind.GATE_NOT_DRAINED)]
+
+
+async def test_a_pod_recreated_while_a_host_answers_late_is_never_named() -> None:
+    """Issue 30, the other way: tpu-a-1's pod is recreated under the same name (a new uid) while
+    tpu-a-3 answers late; its new raylet has not joined yet. The plan's pod is gone: the new
+    one was never drained and must not be named."""
+    loop, nodes = _late_host_world()
+    old = next(n for n in nodes if n.instance_id == "tpu-a-1")
+    after = [n for n in nodes if n is not old]
+
+    def recreate_pod() -> None:
+        loop.clock.advance(4)
+        loop.pods.pods[1]["metadata"]["uid"] = "u-tpu-a-1-new"
+        loop.gcs.fresh = state(after)
+
+    _answer_late(loop, recreate_pod)
+    blocked = _gate_blocks(loop)
+    await loop.reconciler.reconcile()
+    assert loop.gcs.drains, "the idle slice was never drained"
+    assert "tpu-a-1" not in named_pods(loop), "a recreated pod (new uid) was named"
+    assert workers_to_delete(loop) == []
+    assert [(b.pod, b.kind) for b in blocked] == [("tpu-a-1", KeepKind.GATE_POD_REPLACED)]

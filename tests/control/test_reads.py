@@ -8,8 +8,9 @@ busy slice kept, CPU demand scaled up for: record → drain → patch), with the
   `spec.workerGroupSpecs` of a raw object, for its `test` guards): once when deciding, once
   more after the drains answered, over the object the record write returned;
 - GCS reply parses (the adapter's reply → `RayState` conversion): once per reply, by the poller
-  for the pushed observation and once for the fresh read right before draining; the loop itself
-  parses none.
+  for the pushed observation, once for the fresh read right before draining and once for the
+  read after the drains answered (the deletion gate's last evidence); the loop itself parses
+  none.
 """
 
 from __future__ import annotations
@@ -57,5 +58,5 @@ async def test_one_reconcile_reads_each_input_once(monkeypatch: pytest.MonkeyPat
     assert reads == {
         "raycluster parses": 1,
         "raw group-spec reads": 2,
-        "gcs parses": 2,  # the pushed observation + the fresh read before draining
+        "gcs parses": 3,  # the pushed observation + the reads before and after draining
     }

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kuberay_scaler.core.model.reasons import HoldKind
+from kuberay_scaler.core.model.reasons import HoldKind, Keep, KeepKind
+from kuberay_scaler.core.model.slices import SliceState
+from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import Loop, make_loop
 from tests.factories import (
     cluster,
@@ -23,8 +25,11 @@ from tests.factories import (
     head_node,
     node_id_of,
     pod,
+    slice_pods,
     state,
     tasks,
+    tpu_group,
+    tpu_slice_nodes,
 )
 
 CHANGED = {"raycluster"}  # what the view's on_change fires after a GET that saw the edit
@@ -224,3 +229,66 @@ async def test_idle_timeout_raised_keeps_a_worker_the_old_timeout_would_soon_del
     assert not loop.gcs.drains and _named(loop, "cpu") == []
     assert _group(loop, "cpu")["replicas"] == 1
     _invariants(loop)
+
+
+# --- issue 30: a slice built to an older spec is outdated, not broken ----------------------------
+
+
+async def test_num_of_hosts_lowered_on_a_live_group_destroys_no_busy_slice() -> None:
+    """numOfHosts 4 -> 2 on a group of two busy 4-host slices. Before: every slice "broken (4
+    hosts, more than numOfHosts 2)": all 8 RUNNING hosts drained for preemption and deleted,
+    and nothing said at the edit. Now they are outdated: they keep serving, are never drained
+    for it, and the edit is named at once (a reason, an Event, /debug/slices)."""
+    rc = cluster(tpu_group(replicas=2))
+    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
+    busy = state(
+        [
+            head_node(),
+            *tpu_slice_nodes("tpu-a", 4, idle_s=None),
+            *tpu_slice_nodes("tpu-b", 4, busy_hosts=(0,)),
+        ]
+    )
+    policy = Policy(broken_busy_max_s=60, preempt_deadline_s=10)  # short: a mistake shows fast
+    loop = make_loop(rc, pods, busy, policy=policy)
+    loop.gcs.busy = {n.node_id for n in busy.nodes}
+    await _settle(loop)
+    await _edit_then_read(loop, ["spec", "workerGroupSpecs", 0, "numOfHosts"], 2)
+    for _ in range(20):  # 200 s: past the broken-busy bound and a preemption notice
+        loop.clock.advance(10)
+        loop.see_ray(busy)
+        await loop.reconciler.reconcile({"timer"})
+    assert loop.gcs.drains == [], "a busy slice built to the old spec was drained"
+    assert _named(loop, "tpu") == []
+    decision = loop.reconciler.status.last_decision
+    assert decision is not None and decision.plan.slice_map is not None
+    slices = decision.plan.slice_map.groups["tpu"].slices
+    assert {s.state for s in slices} == {SliceState.OUTDATED}
+    assert all("numOfHosts 2" in s.reason for s in slices)
+    group = decision.plan.group("tpu")
+    assert group is not None
+    kept = [r for r in group.reasons if isinstance(r, Keep) and r.kind is KeepKind.OUTDATED]
+    assert {r.slice for r in kept} == {"tpu-a", "tpu-b"}
+    said = [m for reason, m in loop.events.recorded if reason == "SliceOutdated"]
+    assert len(said) == 2 and all("numOfHosts 2" in m for m in said)  # once per slice
+    doc = decision.plan.summary()["groups"][0]["slices"]
+    assert {d["state"] for d in doc} == {"outdated"}  # what /debug/slices shows
+    assert group.launching_hosts == 0  # both replicas have their pods: none is launching
+    assert _group(loop, "tpu")["replicas"] == 2
+
+
+async def test_an_idle_outdated_slice_is_removed_before_an_idle_current_one() -> None:
+    """After numOfHosts 4 -> 2: an idle 4-host slice (outdated) and an idle 2-host one (current,
+    idle longer); minReplicas lets one go: the outdated one goes."""
+    rc = cluster(tpu_group(replicas=2, min_replicas=1, hosts=2))
+    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-c", 2)
+    nodes = [
+        head_node(),
+        *tpu_slice_nodes("tpu-a", 4, idle_s=120),
+        *tpu_slice_nodes("tpu-c", 2, idle_s=900),
+    ]
+    loop = make_loop(rc, pods, state(nodes))
+    await loop.reconciler.reconcile()
+    assert _named(loop, "tpu") == [f"tpu-a-{i}" for i in range(4)]
+    drained = {d.node_id for d in loop.gcs.drains}
+    assert drained == {node_id_of(f"tpu-a-{i}") for i in range(4)}
+    assert _group(loop, "tpu")["replicas"] == 1

@@ -12,11 +12,13 @@ import pytest
 
 from kuberay_scaler.core.decision import (
     DrainResults,
+    LastRead,
     Observation,
     after_drains,
     decide,
     drains_to_send,
 )
+from kuberay_scaler.core.defaults import DRAIN_DEADLINE_S, DRAIN_RETRY_S
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.hosts import HostPhase
 from kuberay_scaler.core.model.plan import Memory
@@ -118,6 +120,54 @@ def _kinds(writes, group: str = "tpu") -> dict[str, object]:  # type: ignore[no-
     return {r.slice: r.kind for r in d.reasons if isinstance(r, Keep | ScaleDown) and r.slice}
 
 
+@pytest.mark.parametrize(
+    ("case", "last_nodes", "uid", "verdict"),
+    [
+        ("the drained raylets idle", "idle", "u-tpu-a-1", None),
+        ("the drained raylet exited (DEAD)", "dead", "u-tpu-a-1", None),
+        ("the drained raylet gone from the read", "gone", "u-tpu-a-1", None),
+        ("a new raylet took work", "reborn", "u-tpu-a-1", KeepKind.GATE_NOT_DRAINED),
+        ("the pod recreated (new uid)", "gone", "u-tpu-a-1-new", KeepKind.GATE_POD_REPLACED),
+        ("the read after the drains failed", None, "u-tpu-a-1", KeepKind.GATE_RAY_UNKNOWN),
+    ],
+)
+def test_the_evidence_is_newer_than_every_drain_answer(
+    case: str, last_nodes: str | None, uid: str, verdict: KeepKind | None
+) -> None:
+    """Issue 30: every host of tpu-a accepted its drain; what the read made after the last
+    answer shows of tpu-a-1 decides, not the read before the drains."""
+    decision = _idle_decision("tpu-a")
+    drained = tpu_slice_nodes("tpu-a", 4, idle_s=900)
+    one = drained[1]
+    if last_nodes is None:
+        last = None
+    else:
+        rest = [n for n in drained if n is not one]
+        shown = {
+            "idle": [one],
+            "dead": [replace(one, status=type(one.status).DEAD)],
+            "gone": [],
+            "reborn": [replace(tpu_slice_nodes("tpu-a", 4, idle_s=None)[1], node_id="cd" * 28)],
+        }[last_nodes]
+        last = state([head_node(), *rest, *shown])
+    uids = {f"tpu-a-{i}": f"u-tpu-a-{i}" for i in range(4)} | {"tpu-a-1": uid}
+    results = DrainResults(
+        accepted=frozenset(n.node_id for n in drained),
+        last=LastRead(last, MappingProxyType(uids)),
+    )
+    writes = after_drains(decision, results)
+    named = {p for g in writes.plan.groups for x in g.deletions for p in x.pods}
+    if verdict is None:
+        assert named == {f"tpu-a-{i}" for i in range(4)} and not writes.blocked, case
+    else:
+        assert named == set(), case  # the slice kept whole
+        assert [(b.pod, b.kind) for b in writes.blocked][:1] in (
+            [("tpu-a-1", verdict)],
+            [("tpu-a-0", verdict)],
+        ), case
+        assert _kinds(writes)["tpu-a"] is verdict, case
+
+
 def test_after_drains_tables_every_kind() -> None:
     decision = _idle_decision("tpu-a", "tpu-b", "tpu-c", "tpu-d")
     accepted = {node_id_of(f"tpu-a-{i}") for i in range(4)}
@@ -133,6 +183,9 @@ def test_after_drains_tables_every_kind() -> None:
     assert kinds["tpu-b"] is KeepKind.DRAIN_REFUSED  # none accepted: kept whole
     assert kinds["tpu-c"] is ScaleDownKind.PARTLY_DRAINED  # the rest drained for preemption
     assert kinds["tpu-d"] is KeepKind.NO_LONGER_IDLE
+    # Issue 30: the deadlines set once the drains answered are wake-ups too: tpu-c's notice,
+    # tpu-b's (and tpu-d's) refused-drain backoff.
+    assert writes.plan.next_wake_s == pytest.approx(min(DRAIN_DEADLINE_S, DRAIN_RETRY_S), abs=1)
     d = writes.plan.group("tpu")
     assert d is not None and [x.slice_key for x in d.deletions] == ["tpu-a"]
     assert d.target == 3 and not writes.blocked

@@ -204,12 +204,28 @@ def test_pending_host_in_a_young_slice_then_too_old() -> None:
 
 
 def test_more_hosts_than_num_of_hosts_is_broken() -> None:
-    extra = pod("tpu-o-extra", "tpu", replica="tpu-o", host_index=4)
+    extra = pod("tpu-o-extra", "tpu", replica="tpu-o", host_index=3)  # a place taken twice
     pods = [*slice_pods("tpu", "tpu-o", 4), extra]
 
     sl = only_slice(slice_map(pods, None))
 
     assert (sl.state, sl.reason) == (SliceState.BROKEN, "5 hosts, more than numOfHosts 4")
+
+
+def test_a_whole_slice_of_an_older_num_of_hosts_is_outdated_not_broken() -> None:
+    """Issue 30: numOfHosts lowered 5 -> 4 under a live slice (host indexes 0..4, all Running
+    and in Ray): built to the older spec, it serves on; one host down makes it broken."""
+    pods = slice_pods("tpu", "tpu-o", 5)
+    nodes = tpu_slice_nodes("tpu-o", 5)
+
+    sl = only_slice(slice_map(pods, nodes))
+
+    assert sl.state is SliceState.OUTDATED and sl.counts_as_capacity
+    assert sl.reason == (
+        "built to an older spec (5 hosts, numOfHosts 4 now): serves until idle, then removed first"
+    )
+    pods[2]["status"]["phase"] = "Failed"
+    assert only_slice(slice_map(pods, nodes)).state is SliceState.BROKEN
 
 
 def test_a_terminating_host_makes_the_whole_slice_terminating() -> None:

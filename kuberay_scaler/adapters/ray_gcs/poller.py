@@ -59,7 +59,9 @@ _Reply = autoscaler_pb2.GetClusterResourceStateReply
 
 
 def wall_ms() -> int:
-    """The daemon's wall clock in epoch ms (the planner's `now` is on it too)."""
+    """Epoch ms: what a reply is stamped with by default (one-shot use, where the planner's
+    `now` stands in for its monotonic reading). The daemon stamps replies on the monotonic clock
+    instead (app.py), the clock of the planner's `mono_s`: idle ages never see a wall step."""
     return time.time_ns() // 1_000_000
 
 

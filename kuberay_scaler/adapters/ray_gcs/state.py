@@ -6,9 +6,11 @@ only ever sees plain data. Node ids leave as hex strings (and go back to bytes o
 in drain.py).
 
 Idle clocks leave as points in time: a node Ray reports IDLE for `idle_duration_ms` at the
-moment the reply was read (`read_at_ms`, epoch ms on the daemon's wall clock) has been idle since
-`read_at_ms - idle_duration_ms` (`RayNode.idle_since_ms`); the planner derives durations from
-its own `now`, so an idle node is the same value from one reply to the next.
+moment the reply was read (`read_at_ms`: ms on the daemon's monotonic clock, the one of the
+planner's `mono_s`; epoch ms in one-shot use) has been idle since `read_at_ms - idle_duration_ms`
+(`RayNode.idle_since_ms`); the planner derives durations from its own reading of that clock, so
+an idle node is the same value from one reply to the next and a wall-clock step changes no
+idle age.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -26,6 +26,24 @@ from kuberay_scaler.core.model.reasons import (
     UnchangedKind,
 )
 from kuberay_scaler.core.model.slices import Slice, SliceMap
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def tick_of(mono_s: float | None, now: datetime) -> datetime:
+    """The planner's monotonic reading as an instant (issue 30): every duration that licenses a
+    deletion (broken-busy age, preemption deadlines, idle age, replace and refused-drain
+    backoffs) is measured on it, never on the wall clock `now`, so an NTP step cannot shorten
+    or stretch one. A `datetime` only so the timers keep their arithmetic: `mono_s` seconds
+    after the epoch. The daemon passes time.monotonic(); one-shot use (`plan`, tests) passes
+    nothing and the wall clock stands in for it (one reading: the two cannot diverge)."""
+    return now if mono_s is None else _EPOCH + timedelta(seconds=mono_s)
+
+
+def shown(instant: datetime, tick: datetime, now: datetime) -> datetime:
+    """A monotonic-clock instant (a deadline, a backoff's end) on the wall clock, for people
+    and for Ray: as far from `now` as it is from `tick`."""
+    return now + (instant - tick)
 
 
 class DeleteKind(StrEnum):
@@ -126,7 +144,8 @@ class Infeasible:
 
 @dataclass(frozen=True)
 class ReplaceBackoff:
-    """A group that replaced broken slices recently: the next replacement waits until `until`."""
+    """A group that replaced broken slices recently: the next replacement waits until `until`
+    (monotonic, `tick_of`)."""
 
     until: datetime
     failures: int  # consecutive replacements; the next delay grows with it
@@ -137,7 +156,7 @@ class ReplaceBackoff:
 class RefusedDrain:
     """A slice whose drain every host refused (or failed): retried only once its Ray idle state
     changes (a host's idle-since moved later: it was busy and is idle again; or its nodes
-    differ) or at `until`, whichever comes first."""
+    differ) or at `until` (monotonic, `tick_of`), whichever comes first."""
 
     until: datetime
     # node id → since when Ray said it was idle (epoch ms) when the drain was refused
@@ -147,7 +166,16 @@ class RefusedDrain:
 
 @dataclass(frozen=True)
 class Memory:
-    """What the planner carries between loops. The loop keeps it; the planner returns a new one."""
+    """What the planner carries between loops. The loop keeps it; the planner returns a new one.
+
+    Every instant in it is on the monotonic clock (`tick_of`), never the wall clock. A daemon
+    restart is a new monotonic clock and starts with an empty Memory, so each timer starts
+    again, never shorter than the truth: a slice being drained is finished from the draining
+    record on the RayCluster (restart adoption, `draining`), a preemption drain is sent again
+    with a fresh deadline (the wait only grows), the broken-busy bound and the replace and
+    refused-drain backoffs start over (later, never earlier, deletions); idle age is Ray's own
+    idle duration, which a restart of ours does not touch.
+    """
 
     backoff: Mapping[str, ReplaceBackoff] = field(default_factory=lambda: MappingProxyType({}))
     # Groups the loop holds (plan nothing for them): our write not yet observed (a text, or
@@ -190,7 +218,12 @@ class Plan:
     held: Hold | None = None  # the whole plan held (unsynced view, unknown demand)
     # Seconds until the first host that held demand stops settling (planner/capacity.py).
     settle_s: float | None = None
-    # When it was planned (epoch ms): the idle durations its documents show are as of then.
+    # Seconds until the first deadline its memory holds passes (a preemption notice, the
+    # broken-busy bound, a replace or refused-drain backoff): see `next_wake_s`.
+    deadline_s: float | None = None
+    # When it was planned, on the clock idle-since times are kept on (`tick_of`, in ms; the
+    # daemon stamps GCS replies on the monotonic clock): its documents' idle durations are as of
+    # then.
     now_ms: int = 0
 
     @property
@@ -215,6 +248,15 @@ class Plan:
         if self.settle_s is not None:  # the demand it held may need a slice then
             waits.append(self.settle_s)
         return max(0.0, min(waits)) if waits else None
+
+    @property
+    def next_wake_s(self) -> float | None:
+        """Seconds from this plan until time alone changes a decision: an idle slice reaching
+        its timeout, a host done settling, or a deadline passing (issue 30: every deadline the
+        plan holds is a wake-up, so e.g. a preempted surplus slice leaves when its notice ends,
+        not at the next resync). None when nothing is due."""
+        waits = [w for w in (self.next_idle_expiry_s, self.deadline_s) if w is not None]
+        return min(waits) if waits else None
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:
         gs = self.slice_map.groups.get(group) if self.slice_map else None

@@ -238,12 +238,17 @@ class KeepKind(StrEnum):
     RAY_NODE_BACK = "ray_node_back"  # judged gone, but the fresh read shows its Ray node alive
     RECORD_FAILED = "record_failed"  # the draining record was not written: nothing drained
     DRAIN_BACKING_OFF = "drain_backing_off"  # refused lately; retried on change or after a wait
+    # Built to an older spec (numOfHosts lowered since): serves on, never preempted for it,
+    # removed first once idle (issue 30).
+    OUTDATED = "outdated"
     # The deletion gate (core/planner/gate.py) dropped a deletion a planner path made: a pod whose
     # Ray node is neither drained now, nor DEAD, nor long gone. Non-zero means a planner bug.
     GATE_NOT_DRAINED = "gate_not_drained"  # a live Ray node of the pod was not drained now
     GATE_ABSENT = "gate_absent"  # no Ray node, but not absent for the whole grace yet
     GATE_RAY_UNKNOWN = "gate_ray_unknown"  # Ray's view unknown: no running pod may go
     GATE_POD_UNKNOWN = "gate_pod_unknown"  # a pod the cache does not know
+    # The pod cache shows another pod of that name (a new uid) than the one planned for.
+    GATE_POD_REPLACED = "gate_pod_replaced"
 
 
 @dataclass(frozen=True)
@@ -276,10 +281,12 @@ _KEEP_SLICE_TEXT = {
     KeepKind.RAY_NODE_BACK: "its Ray node is back in a fresh GCS read",
     KeepKind.RECORD_FAILED: "the draining record could not be written",
     KeepKind.DRAIN_BACKING_OFF: "its drain was refused lately; retried on change or later",
+    KeepKind.OUTDATED: "built to an older spec; serves until idle, then removed first",
     KeepKind.GATE_NOT_DRAINED: "deletion gate: a live Ray node was not drained",
     KeepKind.GATE_ABSENT: "deletion gate: Ray node absent, not yet for the whole grace",
     KeepKind.GATE_RAY_UNKNOWN: "deletion gate: Ray's view unknown",
     KeepKind.GATE_POD_UNKNOWN: "deletion gate: pod unknown",
+    KeepKind.GATE_POD_REPLACED: "deletion gate: pod recreated since the plan (new uid)",
 }
 GATE_KINDS = frozenset(k for k in KeepKind if k.value.startswith("gate_"))
 

@@ -19,6 +19,9 @@ class SliceState(StrEnum):
     PENDING = "pending"  # coming up: pods not all Running or not all in Ray yet
     PARTIAL = "partial"  # fewer pods than numOfHosts exist (being created or half deleted)
     BROKEN = "broken"  # will not become useful on its own: replace it
+    # Built to an older spec (more hosts than numOfHosts now, each in its place): it keeps
+    # serving, is never preempted or replaced for it, and leaves first once idle (issue 30).
+    OUTDATED = "outdated"
     TERMINATING = "terminating"  # being deleted (a pod terminating or named in workersToDelete)
 
 
@@ -66,7 +69,7 @@ class Slice:
 
     @cached_property
     def _idle_since(self) -> int | None:
-        if self.state is not SliceState.COMPLETE:
+        if self.state not in _SERVING:
             return None
         latest: int | None = None
         for host in self.hosts:
@@ -86,9 +89,10 @@ class Slice:
     @property
     def counts_as_capacity(self) -> bool:
         """Complete and pending slices will serve work; the others never count."""
-        return self.state in (SliceState.COMPLETE, SliceState.PENDING)
+        return self.state in (SliceState.COMPLETE, SliceState.PENDING, SliceState.OUTDATED)
 
 
+_SERVING = (SliceState.COMPLETE, SliceState.OUTDATED)  # every host up and in Ray
 _COMING = (SliceState.PENDING, SliceState.PARTIAL)
 
 
@@ -135,10 +139,10 @@ class GroupSlices:
 
     @cached_property
     def idle_by_since(self) -> tuple[tuple[int, str, Slice], ...]:
-        """Complete slices idle on every host, longest idle first (earliest idle-since, then
-        key): (idle-since, key, slice)."""
+        """Complete (and outdated) slices idle on every host, longest idle first (earliest
+        idle-since, then key): (idle-since, key, slice)."""
         idle = []
-        for s in self.by_state(SliceState.COMPLETE):
+        for s in (*self.by_state(SliceState.COMPLETE), *self.by_state(SliceState.OUTDATED)):
             since = s.idle_since_ms()
             if since is not None:
                 idle.append((since, s.key, s))

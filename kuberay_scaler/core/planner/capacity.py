@@ -13,7 +13,13 @@ from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.core.planner.bins import Bin, accelerators_of, bins_for_new_slice
 from kuberay_scaler.core.planner.shapes import SliceShape
 
-COUNTED = (SliceState.COMPLETE, SliceState.PENDING, SliceState.PARTIAL, SliceState.BROKEN)
+COUNTED = (
+    SliceState.COMPLETE,
+    SliceState.PENDING,
+    SliceState.PARTIAL,
+    SliceState.BROKEN,
+    SliceState.OUTDATED,  # a replica with its pods (of an older spec): not one launching
+)
 
 
 @dataclass
@@ -65,7 +71,7 @@ def build_capacity(
         if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
             continue
         group, key, state = owner.get(node.instance_id, (None, None, None))
-        usable = state in (None, SliceState.COMPLETE, SliceState.PENDING)
+        usable = state in (None, SliceState.COMPLETE, SliceState.PENDING, SliceState.OUTDATED)
         if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
         accelerators = accelerators_of(node.total)

@@ -33,6 +33,8 @@ from kuberay_scaler.core.model.plan import (
     ReplaceBackoff,
     SliceDeletion,
     Snapshot,
+    shown,
+    tick_of,
 )
 from kuberay_scaler.core.model.ray import RayState, epoch_ms
 from kuberay_scaler.core.model.reasons import (
@@ -62,6 +64,7 @@ from kuberay_scaler.core.planner.scale_down import (
     finish_recorded_drains,
     idle_deletions,
     idle_timeout,
+    outdated_kept,
     surplus_removals,
 )
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
@@ -106,24 +109,41 @@ def plan(
     policy: Policy,
     now: datetime,
     evidence: Evidence | None = None,
+    *,
+    mono_s: float | None = None,
 ) -> Plan:
     """The plan for every group; a group whose planning raises is held with a named problem
     and the others are planned without it (one bad group never stops the others).
 
+    `now`: the wall clock, for what Ray and Kubernetes read and people see. `mono_s`: the
+    monotonic clock, for every duration that licenses a deletion (`tick_of`; None: `now`).
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
     built it (`decide()` does, so it is built once per frame); otherwise built here."""
+    at = _At(now, tick_of(mono_s, now))
     try:
-        result = _plan(snapshot, ray, memory, policy, now, evidence)
+        result = _plan(snapshot, ray, memory, policy, at, evidence)
     except Exception:  # a planner bug reached by one group's numbers: find the group
-        failed = _failing_groups(snapshot, ray, memory, policy, now)
+        failed = _failing_groups(snapshot, ray, memory, policy, at)
         if not failed:
             raise  # not one group's doing: the loop counts it (and /healthz says so)
-        result = _without_groups(snapshot, ray, memory, policy, now, failed)
-    return replace(result, now_ms=epoch_ms(now))
+        result = _without_groups(snapshot, ray, memory, policy, at, failed)
+    return replace(result, now_ms=epoch_ms(at.tick))
+
+
+@dataclass(frozen=True)
+class _At:
+    """One planning moment on both clocks: `now` (wall: pods' timestamps, what Ray reads,
+    what people see) and `tick` (monotonic, `tick_of`: every timer in Memory, idle age)."""
+
+    now: datetime
+    tick: datetime
+
+    def shown(self, instant: datetime) -> datetime:
+        return shown(instant, self.tick, self.now)
 
 
 def _failing_groups(
-    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
+    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: _At
 ) -> dict[str, str]:
     """Each group planned alone; the ones that raise, with what they raised."""
     failed: dict[str, str] = {}
@@ -142,7 +162,7 @@ def _without_groups(
     ray: RayState | None,
     memory: Memory,
     policy: Policy,
-    now: datetime,
+    now: _At,
     failed: Mapping[str, str],
 ) -> Plan:
     problems = [
@@ -190,9 +210,10 @@ def _plan(
     ray: RayState | None,
     memory: Memory,
     policy: Policy,
-    now: datetime,
+    at: _At,
     evidence: Evidence | None = None,
 ) -> Plan:
+    now, tick = at.now, at.tick
     spec = snapshot.spec
     problems = _problems(ProblemKind.SPEC, spec.problems) + _problems(
         ProblemKind.POD, snapshot.problems
@@ -211,7 +232,7 @@ def _plan(
         why = Hold(HoldKind.DEMAND_UNKNOWN)
         return _held_plan(spec, slice_map, memory, problems, why, groups)
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
-    replacing = _replacing(groups, memory, now)
+    replacing = _replacing(groups, memory, tick)
     demand = bool(ray.tasks or ray.gangs or ray.constraint)
     capacity = build_capacity(
         slice_map,
@@ -224,7 +245,7 @@ def _plan(
         settle_s=policy.join_settle_s,
     )
     mode = spec.autoscaler.upscaling_mode
-    rooms = {n: _room(g, capacity, ray, memory, mode, now) for n, g in groups.items()}
+    rooms = {n: _room(g, capacity, ray, memory, mode, at) for n, g in groups.items()}
     fit = _fit_demand(ray, capacity, rooms)
     needed = _needed(capacity)
     backoff = dict(memory.backoff)
@@ -252,7 +273,7 @@ def _plan(
             spec,
             policy,
             backoff,
-            now,
+            at,
             (memory.preempting, preempting),
             _Judged(ev, busy, memory),
         )
@@ -285,14 +306,32 @@ def _plan(
         slice_map=slice_map,
         memory=replace(
             memory,
-            backoff=MappingProxyType(live_backoff(backoff, now)),
+            backoff=MappingProxyType(live_backoff(backoff, tick)),
             preempting=MappingProxyType(preempting),
             broken_busy_since=MappingProxyType(busy.since_out),
-            refused=MappingProxyType(_live_refused(memory, slice_map, now)),
+            refused=MappingProxyType(_live_refused(memory, slice_map, tick)),
         ),
         settle_s=settle_s,
     )
-    return finish_recorded_drains(result, memory.draining, ev, now)
+    result = replace(result, deadline_s=next_deadline_s(result.memory, policy, tick))
+    return finish_recorded_drains(result, memory.draining, ev, tick, wall_shift=now - tick)
+
+
+def next_deadline_s(memory: Memory, policy: Policy, tick: datetime) -> float | None:
+    """Seconds from `tick` until the first timer in `memory` runs out (preemption notices, the
+    broken-busy bound, replace and refused-drain backoffs); None when none is ahead. Each is a
+    decision time alone brings, so the loop wakes for it (`Plan.next_wake_s`)."""
+    ends = [
+        *memory.preempting.values(),
+        *(
+            since + timedelta(seconds=policy.broken_busy_max_s)
+            for since in memory.broken_busy_since.values()
+        ),
+        *(b.until for b in memory.backoff.values()),
+        *(r.until for r in memory.refused.values()),
+    ]
+    ahead = [(end - tick).total_seconds() for end in ends if end > tick]
+    return min(ahead) if ahead else None
 
 
 def _settling(
@@ -406,7 +445,7 @@ def _room(
     ray: RayState,
     memory: Memory,
     mode: UpscalingMode,
-    now: datetime,
+    at: _At,
 ) -> GroupRoom:
     group = g.slices.group
     room = GroupRoom(group=group, shape=g.shape, room=0)
@@ -415,9 +454,9 @@ def _room(
         room.blocked, room.holds_demand = g.hold_all, True
     elif group.suspend:
         room.blocked = Hold(HoldKind.GROUP_SUSPENDED, group.name)
-    elif back is not None and back.until > now:
+    elif back is not None and back.until > at.tick:
         room.blocked = Hold(
-            HoldKind.BACKING_OFF, group.name, until=back.until, failures=back.failures
+            HoldKind.BACKING_OFF, group.name, until=at.shown(back.until), failures=back.failures
         )
     elif group.effective_replicas >= group.max_replicas:
         room.blocked = Hold(HoldKind.AT_MAX_REPLICAS, group.name, limit=group.max_replicas)
@@ -487,10 +526,11 @@ def _decide(
     spec: ClusterSpec,
     policy: Policy,
     backoff: dict[str, ReplaceBackoff],
-    now: datetime,
+    at: _At,
     preempting: tuple[Mapping[str, datetime], dict[str, datetime]] = ({}, {}),
     judged: _Judged | None = None,
 ) -> GroupDecision:
+    tick, shift = at.tick, at.now - at.tick
     group = g.slices.group
     base = GroupDecision(
         group=group.name,
@@ -507,7 +547,7 @@ def _decide(
     deletions: list[SliceDeletion] = []
     if g.hold_down:
         reasons.append(g.hold_down)
-    elif (surplus := _above_max(g, preempting, policy, now, reasons, judged)) is not None:
+    elif (surplus := _above_max(g, preempting, policy, at, reasons, judged)) is not None:
         # Above maxReplicas: whole surplus slices leave and the target is maxReplicas. KubeRay
         # already clamps replicas to maxReplicas, so writing it changes nothing for slices that
         # stay (busy ones being drained); a plan that only drains writes nothing.
@@ -528,10 +568,11 @@ def _decide(
             backoff,
             policy.replace_backoff_s,
             policy.max_backoff_s,
-            now,
+            tick,
             reasons,
             busy,
             ev,
+            wall_shift=shift,
         )
         # Replicas asked for but without pods are never cancelled: the operator may be rebuilding
         # them right now (e.g. after a host pod was deleted). If demand is really gone they come
@@ -539,7 +580,10 @@ def _decide(
         timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
         keep = group.effective_replicas + room.added - group.min_replicas
         refused = judged.memory.refused if judged else None
-        deletions += idle_deletions(g.slices, keep, needed, timeout_s, reasons, refused, now)
+        deletions += idle_deletions(
+            g.slices, keep, needed, timeout_s, reasons, refused, tick, wall_shift=shift
+        )
+    reasons += outdated_kept(g.slices, deletions)
     idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
     below_min = not (group.suspend or g.hold_down) and group.replicas < group.min_replicas
     if below_min:
@@ -569,7 +613,7 @@ def _decide(
         return decision
     # Nothing changes: say why, slice kind by slice kind (busy, idle below the timeout, ...).
     timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
-    steady = why_unchanged(g.slices, needed, timeout_s, epoch_ms(now))
+    steady = why_unchanged(g.slices, needed, timeout_s, epoch_ms(tick))
     return replace(decision, reasons=(*decision.reasons, *steady))
 
 
@@ -581,7 +625,7 @@ def _above_max(
     g: _Group,
     preempting: tuple[Mapping[str, datetime], dict[str, datetime]],
     policy: Policy,
-    now: datetime,
+    at: _At,
     reasons: list[Reason],
     judged: _Judged | None = None,
 ) -> Surplus | None:
@@ -589,7 +633,9 @@ def _above_max(
     known, kept = preempting
     found: list[Reason] = []
     ev = judged.ev if judged else None
-    surplus = surplus_removals(g.slices, known, policy.preempt_deadline_s, now, found, ev)
+    surplus = surplus_removals(
+        g.slices, known, policy.preempt_deadline_s, at.tick, found, ev, wall_shift=at.now - at.tick
+    )
     if surplus.running <= g.slices.group.max_replicas:
         return None
     reasons.extend(found)

@@ -45,7 +45,7 @@ def why_unchanged(
 def _kind(
     sl: Slice, group: str, needed: set[SliceRef], timeout_s: float, now_ms: int
 ) -> UnchangedKind:
-    if sl.state is not SliceState.COMPLETE:
+    if sl.state not in (SliceState.COMPLETE, SliceState.OUTDATED):  # outdated ones serve
         return _STATE_KINDS[sl.state]
     idle_ms = sl.idle_ms(now_ms)
     if idle_ms is None:

@@ -12,6 +12,12 @@ nodes (every GCS entry with its instance id, not just one) is
   (c) the pod never had a Ray node (as far as this daemon saw) and is not Running, or
   (d) its slice's preemption deadline has passed.
 
+The evidence is the last read before the write (issue 30): after the drains answered, the shell
+reads Ray again and takes the pod cache's uids (`Evidence.after`); a pod whose live Ray nodes in
+that read are not among the ones drained (a raylet replaced meanwhile: a new node id on the same
+pod) or whose uid changed since the plan (the pod recreated under its name) is refused, and so is
+every pod needing Ray's word when that read failed. Only (d) is judged without it.
+
 A slice with one pod that fails is dropped whole (a partial deletion is worse than none) with
 a typed `Keep(GATE_...)` reason; the shell counts it (`kuberay_scaler_deletions_blocked_total`)
 and logs it at error: the planner paths use `gone_from_ray` themselves, so a block means one of
@@ -48,6 +54,10 @@ class Evidence:
     clock: HostClock
     grace_s: float  # the liveness grace (KUBERAY_SCALER_MISSING_NODE_GRACE_S)
     deadlines: Mapping[str, datetime] = field(default_factory=_no_deadlines)  # preemption
+    # The pod cache's uids as of the last read (pod name → uid); None: not read (the plan as
+    # `plan` shows it, or before the drains). A pod whose uid differs from the plan's is new.
+    uids_now: Mapping[str, str] | None = None
+    last_read_failed: bool = False  # the read after the drains failed: only (d) may go
 
     def with_fresh(self, fresh: RayState | None) -> Evidence:
         """Also judge by a fresher read: a node alive in either view must be drained or dead."""
@@ -63,6 +73,12 @@ class Evidence:
                     merged[pod][n.node_id] = n
         entries = {pod: tuple(by_id.values()) for pod, by_id in merged.items()}
         return replace(self, entries=MappingProxyType(entries))
+
+    def after(self, last: RayState | None, uids: Mapping[str, str]) -> Evidence:
+        """Judged by the last read, made after every drain answered: Ray's state then (None: it
+        failed) and the pod cache's uids then."""
+        newer = replace(self, uids_now=MappingProxyType(dict(uids)))
+        return replace(newer, last_read_failed=True) if last is None else newer.with_fresh(last)
 
     def alive_node_ids(self, pods: Iterable[str]) -> tuple[str, ...]:
         """Every live Ray node of these pods: what a drain must cover (a pod may have two)."""
@@ -110,18 +126,31 @@ def pod_blocker(
     pod: str, slice_key: str, ev: Evidence, accepted: frozenset[str], now: datetime
 ) -> KeepKind | None:
     """Why `pod` may not be named in workersToDelete now; None when it may."""
+    host = ev.hosts.get(pod)
+    if host is not None and _recreated(host, ev):
+        return KeepKind.GATE_POD_REPLACED  # not the pod planned for, whatever the deadline
     deadline = ev.deadlines.get(slice_key)
     if deadline is not None and deadline <= now:
         return None  # (d)
-    host = ev.hosts.get(pod)
     if host is None:
         return KeepKind.GATE_POD_UNKNOWN
+    if ev.last_read_failed:
+        return KeepKind.GATE_RAY_UNKNOWN
     alive = [n for n in ev.entries.get(pod, ()) if n.alive]
     if alive:
         return None if all(n.node_id in accepted for n in alive) else KeepKind.GATE_NOT_DRAINED
     if gone_from_ray(host, ev):
         return None  # (b) or (c)
     return KeepKind.GATE_ABSENT if ev.ray_known else KeepKind.GATE_RAY_UNKNOWN
+
+
+def _recreated(host: Host, ev: Evidence) -> bool:
+    """The pod cache now holds another pod of this name than the plan saw (a pod gone from the
+    cache is not: naming it deletes nothing)."""
+    if ev.uids_now is None or not host.uid:
+        return False
+    now_uid = ev.uids_now.get(host.pod_name)
+    return bool(now_uid) and now_uid != host.uid
 
 
 def gone_from_ray(host: Host, ev: Evidence) -> bool:

@@ -48,8 +48,13 @@ def replacements(
     reasons: list[Reason],
     busy: BrokenBusy | None = None,
     ev: Evidence | None = None,
+    *,
+    wall_shift: timedelta = timedelta(0),
 ) -> list[SliceDeletion]:
     """Delete every broken slice of the group unless it replaced some too recently.
+
+    `now` is the monotonic clock (`tick_of`): the backoff, the broken-busy bound and the
+    preemption deadline all run on it; `now + wall_shift` is the wall clock reasons show.
 
     Each replacement round doubles the group's next wait (`initial_s`, capped at `cap_s`), so a
     slice that breaks again and again (a bad node pool, a crashing image) is not churned.
@@ -68,7 +73,9 @@ def replacements(
         deadline = busy.preempting.get(sl.key)
         if deadline is not None and deadline <= now:
             broken.append(replace(sl, nodes={}))  # drained for preemption, time up: no drain
-        elif not _kept_busy(sl, busy, deadline, now, reasons) and not _absent(sl, ev, reasons):
+        elif not _kept_busy(sl, busy, deadline, now, reasons, wall_shift) and not _absent(
+            sl, ev, reasons
+        ):
             broken.append(sl)
     if not broken:
         return []
@@ -92,7 +99,12 @@ def replacements(
 
 
 def _kept_busy(
-    sl: Slice, busy: BrokenBusy, deadline: datetime | None, now: datetime, reasons: list[Reason]
+    sl: Slice,
+    busy: BrokenBusy,
+    deadline: datetime | None,
+    now: datetime,
+    reasons: list[Reason],
+    wall_shift: timedelta = timedelta(0),
 ) -> bool:
     working = sl.working_hosts
     if not working:
@@ -100,7 +112,8 @@ def _kept_busy(
     share = f"{len(working)} of {len(sl.hosts)} hosts not idle in Ray; {sl.reason}"
     if deadline is not None:  # drained for preemption already: wait for its deadline
         busy.preempting_out[sl.key] = deadline
-        detail = f"{share}; drained for preemption until {deadline.isoformat()}, then replaced"
+        until = (deadline + wall_shift).isoformat()
+        detail = f"{share}; drained for preemption until {until}, then replaced"
         reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail))
         return True
     since = busy.since.get(sl.key, now)
@@ -115,7 +128,7 @@ def _kept_busy(
     cause = (
         f"{sl.reason}; busy for {held_s:.0f} s, the most a broken slice is kept"
         f" ({busy.max_s:.0f} s): live hosts drained for preemption until"
-        f" {deadline.isoformat()}, then replaced whole"
+        f" {(deadline + wall_shift).isoformat()}, then replaced whole"
     )
     busy.preempt.append(deletion(sl, DeleteKind.PREEMPT, Replace(sl.key, sl.fault, cause)))
     reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=cause))

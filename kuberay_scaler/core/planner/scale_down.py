@@ -39,10 +39,16 @@ def idle_deletions(
     reasons: list[Reason],
     refused: Mapping[str, RefusedDrain] | None = None,
     now: datetime | None = None,
+    *,
+    wall_shift: timedelta = timedelta(0),
 ) -> list[SliceDeletion]:
     """Idle slices past `timeout_s` that demand does not use, while more than `keep_at_least`
     replicas (after this plan's additions) stay. A slice whose drain was refused lately waits
-    (`drain_backing_off`)."""
+    (`drain_backing_off`).
+
+    `now` is the monotonic clock (`tick_of`), the clock the daemon stamps GCS replies on: idle
+    age is Ray's own idle duration plus the monotonic time since the reply, so no wall-clock
+    step makes a slice idle-expired early."""
     group = slices.group
     idle: list[tuple[int, Slice]] = []
     if now is None:
@@ -58,8 +64,14 @@ def idle_deletions(
     if refused and idle:  # in slice order, as their reasons are said
         order = {s.key: i for i, s in enumerate(slices.slices)}
         idle.sort(key=lambda pair: order[pair[1].key])
-        idle = [(ms, sl) for ms, sl in idle if not drain_backing_off(sl, refused, now, reasons)]
-    idle.sort(key=lambda pair: (-pair[0], pair[1].key))  # ties (clamped at 0) by key
+        idle = [
+            (ms, sl)
+            for ms, sl in idle
+            if not drain_backing_off(sl, refused, now, reasons, wall_shift=wall_shift)
+        ]
+    # Outdated slices first (built to an older spec), then longest idle; ties (clamped at 0)
+    # by key.
+    idle.sort(key=lambda pair: (pair[1].state is not SliceState.OUTDATED, -pair[0], pair[1].key))
     chosen = idle[: max(0, keep_at_least)]
     if len(chosen) < len(idle):
         reasons.append(
@@ -73,8 +85,28 @@ def idle_deletions(
     return out
 
 
+def outdated_kept(slices: GroupSlices, leaving: list[SliceDeletion]) -> tuple[Keep, ...]:
+    """One Keep(OUTDATED) per slice built to an older spec that stays: the edit named in the
+    plan's reasons at once, not only when the slice leaves."""
+    gone = {x.slice_key for x in leaving}
+    return tuple(
+        Keep(
+            KeepKind.OUTDATED,
+            slice=sl.key,
+            detail=f"{len(sl.hosts)} hosts, numOfHosts {sl.expected_hosts} now",
+        )
+        for sl in slices.by_state(SliceState.OUTDATED)
+        if sl.key not in gone
+    )
+
+
 def drain_backing_off(
-    sl: Slice, refused: Mapping[str, RefusedDrain], now: datetime, reasons: list[Reason]
+    sl: Slice,
+    refused: Mapping[str, RefusedDrain],
+    now: datetime,
+    reasons: list[Reason],
+    *,
+    wall_shift: timedelta = timedelta(0),
 ) -> bool:
     """The slice's drain was refused lately and nothing about its idleness changed since: wait
     (Keep(DRAIN_BACKING_OFF)) instead of draining it again every round."""
@@ -86,7 +118,9 @@ def drain_backing_off(
         return False  # other raylets now: a new situation
     if any(s is None or s > entry.idle_since_ms[n] for n, s in since.items()):
         return False  # idle since later (or busy now): the host was busy since
-    detail = f"{entry.failures} refused round(s); next try by {entry.until.isoformat()}"
+    detail = (
+        f"{entry.failures} refused round(s); next try by {(entry.until + wall_shift).isoformat()}"
+    )
     reasons.append(Keep(KeepKind.DRAIN_BACKING_OFF, slice=sl.key, detail=detail))
     return True
 
@@ -110,13 +144,17 @@ def finish_recorded_drains(
     draining: Mapping[str, tuple[str, ...]],
     ev: Evidence | None = None,
     now: datetime | None = None,
+    *,
+    wall_shift: timedelta = timedelta(0),
 ) -> Plan:
     """Add a deletion for every recorded slice that still exists, is not yet being deleted and
     whose every host is idle in Ray or gone from it (`gone_from_ray`): a host that turned busy,
     or that is merely absent from a reply (a GCS restart, a partial reply), keeps the slice."""
     if not draining or result.slice_map is None or result.held:
         return result
-    groups = tuple(_finish(d, result, draining.get(d.group, ()), ev, now) for d in result.groups)
+    groups = tuple(
+        _finish(d, result, draining.get(d.group, ()), ev, now, wall_shift) for d in result.groups
+    )
     return replace(result, groups=groups)
 
 
@@ -126,6 +164,7 @@ def _finish(
     keys: tuple[str, ...],
     ev: Evidence | None,
     now: datetime | None,
+    wall_shift: timedelta = timedelta(0),
 ) -> GroupDecision:
     assert result.slice_map is not None
     gs = result.slice_map.groups.get(d.group)
@@ -141,7 +180,9 @@ def _finish(
         and sl.key not in planned
         and sl.state is not SliceState.TERMINATING
         and _idle_or_gone(sl, ev)
-        and not (now and drain_backing_off(sl, result.memory.refused, now, said))
+        and not (
+            now and drain_backing_off(sl, result.memory.refused, now, said, wall_shift=wall_shift)
+        )
     ]
     if not extra:
         return d
@@ -218,8 +259,13 @@ def surplus_removals(
     now: datetime,
     reasons: list[Reason],
     ev: Evidence | None = None,
+    *,
+    wall_shift: timedelta = timedelta(0),
 ) -> Surplus:
     """Whole slices out of a group above maxReplicas (a user lowered it, or set it to 0).
+
+    `now` is the monotonic clock (`tick_of`): preemption deadlines run on it; the deadline a
+    reason shows is on the wall clock (`now + wall_shift`).
 
     KubeRay with autoscaling on never deletes surplus pods itself, so we name them. The rule,
     in order, until the group is back at maxReplicas:
@@ -250,7 +296,7 @@ def surplus_removals(
     for sl in _surplus_order(live, preempting, now, ev):
         if out.leaving >= surplus:
             break
-        _remove_one(sl, group.max_replicas, preempting, deadline_s, now, out, ev)
+        _remove_one(sl, group.max_replicas, preempting, deadline_s, now, out, ev, wall_shift)
     reasons.extend(x.reason for x in (*out.deletions, *out.preempt))
     reasons.extend(out.still_draining)
     reasons.extend(out.waiting)
@@ -265,10 +311,12 @@ def _remove_one(
     now: datetime,
     out: Surplus,
     ev: Evidence | None = None,
+    wall_shift: timedelta = timedelta(0),
 ) -> None:
     def why(kind: ScaleDownKind, deadline: datetime | None = None) -> ScaleDown:
+        on_wall = deadline + wall_shift if deadline is not None else None
         return ScaleDown(
-            kind, sl.key, len(sl.hosts), running=out.running, limit=limit, deadline=deadline
+            kind, sl.key, len(sl.hosts), running=out.running, limit=limit, deadline=on_wall
         )
 
     deadline = preempting.get(sl.key)

@@ -1,0 +1,92 @@
+"""Issue 30: every duration that licenses a deletion runs on the monotonic clock.
+
+The fake clock's wall and monotonic readings diverge here as an NTP step makes them: the wall
+jumps an hour, the monotonic clock does not. Broken-but-busy age, preemption deadlines and idle
+age are judged on the monotonic clock, so a step neither deletes early nor leaves hosts
+draining an extra hour; what Ray reads (the drain deadline) stays on the wall clock.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from kuberay_scaler.core.model.drains import DrainReason
+from kuberay_scaler.core.model.ray import NodeStatus, RayNode
+from kuberay_scaler.core.planner.core import Policy
+from tests.control.fakes import Loop, make_loop
+from tests.control.test_deletion_gate import named_pods, settle
+from tests.factories import (
+    cluster,
+    head_node,
+    slice_pods,
+    state,
+    tpu_group,
+    tpu_slice_nodes,
+)
+
+HOUR = timedelta(hours=1)
+
+
+def _broken_busy() -> tuple[Loop, object]:
+    """tpu-a: host 2 Failed (its node DEAD), the three others running work."""
+    pods = slice_pods("tpu", "tpu-a", 4)
+    pods[2]["status"]["phase"] = "Failed"
+    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
+    nodes[2] = RayNode(**{**nodes[2].__dict__, "status": NodeStatus.DEAD})
+    ray = state([head_node(), *nodes])
+    policy = Policy(broken_busy_max_s=1800, preempt_deadline_s=30)
+    loop = make_loop(cluster(tpu_group(replicas=1)), pods, ray, policy=policy)
+    loop.gcs.busy = {n.node_id for n in nodes}
+    return loop, ray
+
+
+async def test_a_wall_step_forward_does_not_end_the_broken_busy_bound_early() -> None:
+    """Before: +1 h made the slice "busy for 3610 s" and its three running hosts were drained
+    for preemption at once (deleted 30 s later), 30 minutes early."""
+    loop, ray = _broken_busy()
+    await settle(loop, ray, 10)
+    loop.clock.wall_now += HOUR  # NTP steps the wall clock; the monotonic clock moves on
+    await settle(loop, ray, 60)
+    assert loop.gcs.drains == [], "drained for preemption on a wall-clock step"
+    assert named_pods(loop) == set()
+    # The bound still ends on time, by the monotonic clock: 1800 s after it began.
+    await settle(loop, ray, 1800 - 70 + 10)
+    assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
+    # What Ray reads is on the wall clock (stepped): the deadline is 30 s after the wall now.
+    deadline_s = loop.gcs.drains[0].deadline_ms / 1000
+    assert abs(deadline_s - (loop.clock.wall().timestamp() + 30)) <= 5
+
+
+async def test_a_wall_step_back_after_preemption_drains_leaves_no_host_draining_longer() -> None:
+    """Before: -1 h after the preemption drains kept the surplus slice draining until its wall
+    deadline came round again, an hour later."""
+    rc = cluster(tpu_group(replicas=1, max_replicas=0))
+    pods = slice_pods("tpu", "tpu-a", 4)
+    busy = state([head_node(), *tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))])
+    loop = make_loop(rc, pods, busy, policy=Policy(preempt_deadline_s=30))
+    await loop.reconciler.reconcile()
+    assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
+    loop.clock.wall_now -= HOUR
+    await settle(loop, busy, 35)  # past the 30 s notice on the monotonic clock
+    assert named_pods(loop) == {f"tpu-a-{i}" for i in range(4)}, "still draining after its notice"
+
+
+async def test_a_wall_step_forward_does_not_make_an_idle_slice_expire_early() -> None:
+    """Idle age is Ray's idle duration plus the monotonic time since the reply: a reply whose
+    idle clocks were read before a +1 h step is not an hour older after it."""
+    rc = cluster(tpu_group(replicas=2))
+    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
+    ray = state(
+        [
+            head_node(),
+            *tpu_slice_nodes("tpu-a", 4, idle_s=10),  # idle 10 s of the 60 s timeout
+            *tpu_slice_nodes("tpu-b", 4, idle_s=None),
+        ]
+    )
+    loop = make_loop(rc, pods, ray)
+    await loop.reconciler.reconcile()
+    loop.clock.wall_now += HOUR
+    loop.clock.advance(5)
+    loop.see_ray(ray)  # the same reply (its idle clocks unchanged since it was read)
+    await loop.reconciler.reconcile()
+    assert loop.gcs.drains == [] and named_pods(loop) == set(), "idle-expired by a wall step"
