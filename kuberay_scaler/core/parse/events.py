@@ -128,6 +128,16 @@ def last_seen_ms(raw: Mapping[str, Any]) -> int | None:
     return max(seen) if seen else None
 
 
+def worker_group_names(raycluster: object) -> tuple[str, ...]:
+    """The `groupName`s of a raw RayCluster's worker groups (whatever else it holds)."""
+    spec = _map(_map(raycluster).get("spec"))
+    groups = spec.get("workerGroupSpecs")
+    if not isinstance(groups, list):
+        return ()
+    names = (_text(_map(g).get("groupName"), _MAX_NAME) for g in groups[:1000])
+    return tuple(n for n in names if n)
+
+
 def pod_name_prefix(cluster: str) -> str:
     """What every KubeRay pod name of `cluster` starts with (lowercased, cut as KubeRay does)."""
     return cluster.lower()[:POD_PREFIX_LIMIT]
