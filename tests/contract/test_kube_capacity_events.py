@@ -5,7 +5,10 @@ once, nothing requested) under KubeRay's Role or after a 403."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,7 @@ from structlog.testing import capture_logs
 
 from kuberay_scaler.adapters.kube.access import detect_access
 from kuberay_scaler.adapters.kube.capacity import ALWAYS, CapacityEventsReader
+from kuberay_scaler.cli.main import main
 from kuberay_scaler.core.model.signals import CapacitySignal
 from kuberay_standins.apiserver import RESTRICTED_TOKEN, ApiServerStandIn
 from kuberay_standins.ca_standin import failed_scale_up, not_triggered, triggered
@@ -164,3 +168,29 @@ async def test_a_403_turns_it_off_for_good(apiserver: ApiServerStandIn, connect:
     assert woken  # the loop is told: it replans without Events
     warned = [e for e in logs if e["event"] == "capacity signals" and e["log_level"] == "warning"]
     assert len(warned) == 1 and "403" in warned[0]["events"]
+
+
+@pytest.mark.parametrize("allowed", [True, False], ids=["events-role", "kuberays-role"])
+async def test_check_config_access_says_which_signals_run_would_use(
+    apiserver: ApiServerStandIn,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    allowed: bool,
+) -> None:
+    for key in list(os.environ):
+        if key.startswith(("KUBERAY_SCALER_", "RAY_")):
+            monkeypatch.delenv(key)
+    token = with_events_role(apiserver) if allowed else RESTRICTED_TOKEN
+    kubeconfig = tmp_path / "kubeconfig"
+    apiserver.write_kubeconfig(kubeconfig, token=token, namespace=NAMESPACE)
+    monkeypatch.setenv("RAY_CLUSTER_NAME", CLUSTER)
+    monkeypatch.setenv("RAY_CLUSTER_NAMESPACE", NAMESPACE)
+    monkeypatch.setenv("KUBERAY_SCALER_KUBECONFIG", str(kubeconfig))
+    code = await asyncio.to_thread(main, ["check-config", "--access"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "capacity signals: pod conditions and the provisioning deadline always" in err
+    [line] = [x for x in err.splitlines() if x.startswith("kuberay-scaler: access: ")]
+    assert ("capacity Events read" in line) is allowed
+    assert ("capacity Events not read" in line) is not allowed
