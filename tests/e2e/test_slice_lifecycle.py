@@ -37,7 +37,7 @@ KUBERAY_AUTOSCALER_RULES = [
 ]
 RESTRICTED_MODE = (
     "RayCluster by GET on pod events + periodic refresh (no list/watch rayclusters); "
-    "Events off (no create events)"
+    "Events off (no create events); capacity Events not read (no get/list/watch events)"
 )
 
 
