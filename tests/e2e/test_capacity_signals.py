@@ -8,7 +8,10 @@ pods what the real one posts in a stockout. The daemon, as KubeRay's autoscaler 
 
 - under KubeRay's Role alone: runs, says capacity Events are not read, asks for none;
 - with deploy/capacity-events' Role bound too: reads them, and /debug/plan lists them as
-  CapacityEvents (stockout, scale-up triggered, no scale-up in backoff) for exactly those pods.
+  CapacityEvents (stockout, scale-up triggered, no scale-up in backoff) for exactly those pods;
+  and when a namespace ResourceQuota makes the real API server refuse a group's pods, the real
+  operator's `FailedToCreateWorkerPod` Event on the RayCluster is read as `quota` of that group
+  (named by the refused pod's generateName).
 
 `test_fallback_*` (v6e stuck → demand served by v5e; v6e Nodes appear → the probe moves new demand
 back) needs the planner side of issue 29 (the capacity-plan branch): it skips without it.
@@ -33,13 +36,15 @@ from kuberay_standins.ca_standin import ACCELERATOR, ClusterAutoscalerStandIn, M
 from tests.e2e.controlplane import REPO, RESTRICTED_USER, ControlPlane, tpu_node
 from tests.e2e.procs import Daemon
 from tests.e2e.ray_bridge import GROUP, labels_of, pod_name
-from tests.e2e.world import HOSTS, SLICE_UP_S, World, tpu_raycluster
+from tests.e2e.world import CLUSTER, HOSTS, SLICE_UP_S, World, tpu_raycluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 EVENTS_ROLE = REPO / "deploy" / "capacity-events" / "role.yaml"
 V5E = {ACCELERATOR: "tpu-v5-lite-podslice", "cloud.google.com/gke-tpu-topology": "4x4"}
 STUCK = "v5e-16"
+QUOTA_GROUP = "v6e-quota"
+V6E_16 = {ACCELERATOR: "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4"}
 # The real scheduler's words for a pod no Node's labels fit (pkg/scheduler/framework/plugins/
 # nodeaffinity: ErrReasonPod), inside its "0/N nodes are available: ..." summary.
 UNSCHEDULABLE = re.compile(
@@ -112,6 +117,10 @@ async def capacity_signals(daemon: Daemon) -> dict[str, Any]:
 async def test_stockout_events_reach_the_daemon_only_with_the_events_role(world: World) -> None:
     cluster = tpu_raycluster()
     with_group(cluster, STUCK, V5E, replicas=1, minReplicas=1, maxReplicas=1)
+    quota_group = copy.deepcopy(cluster["spec"]["workerGroupSpecs"][0])
+    quota_group.update(groupName=QUOTA_GROUP, replicas=0, minReplicas=0, maxReplicas=1)
+    quota_group["template"]["spec"]["nodeSelector"] = dict(V6E_16)
+    cluster["spec"]["workerGroupSpecs"].append(quota_group)
     await world.create_raycluster(cluster)
 
     # --- the real scheduler: no v5e Node, so the slice's pods are Unschedulable ---------------
@@ -162,11 +171,34 @@ async def test_stockout_events_reach_the_daemon_only_with_the_events_role(world:
             return await judged() == expected
 
         await world.wait_for(all_judged, 60, "the CapacityEvents in /debug/plan", async_ok=True)
+
+    # --- KubeRay refused by a namespace ResourceQuota: its Event names the group -------------
+    # No kube-controller-manager here, so the quota's usage is never computed and the API
+    # server refuses every pod asking for TPUs ("status unknown for quota"): quota all the same.
+    quota = {"metadata": {"name": "tpu"}, "spec": {"hard": {"requests.google.com/tpu": "0"}}}
+    await world.admin.ok("POST", f"/api/v1/namespaces/{world.namespace}/resourcequotas", quota)
+    await world.admin.ok(
+        "PATCH",
+        world.raycluster_path,
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": 1}],
+        content_type="application/json-patch+json",
+    )
+
+    async def quota_judged() -> list[dict[str, Any]]:
+        found = (await capacity_signals(reader)).get("capacity_events") or []
+        return [e for e in found if e["reason"] == "FailedToCreateWorkerPod"]
+
+    await world.wait_for(quota_judged, 60, "KubeRay's refusal in /debug/plan", async_ok=True)
+    [refused] = await quota_judged()
+    assert (refused["signal"], refused["group"], refused["pod"]) == ("quota", QUOTA_GROUP, None)
+    assert f'pods "{CLUSTER}-{QUOTA_GROUP}-worker-" is forbidden' in refused["message"]
+    assert refused["source"] == "raycluster-controller"
     signals = await capacity_signals(reader)
     assert signals["events"] == "read"
     assert "cluster-autoscaler Events on pods" in signals["signals"]
     for event in signals["capacity_events"]:
-        assert event["source"] == "cluster-autoscaler" and event["group"] is None
+        if event["pod"] is not None:
+            assert event["source"] == "cluster-autoscaler" and event["group"] is None
     [access] = [line["mode"] for line in reader.events("kubernetes access")]
     assert access.endswith("capacity Events read")
     assert await reader.metric("kuberay_scaler_api_requests_total", code="403") == 0
@@ -176,7 +208,6 @@ async def test_stockout_events_reach_the_daemon_only_with_the_events_role(world:
 # --- fallback: needs the planner side of issue 29 (capacity-plan branch) ---------------------
 
 FALLBACK_READY = hasattr(reasons.ScaleDownKind, "CANCEL_UNAVAILABLE")
-V6E_16 = {ACCELERATOR: "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4"}
 # The planner side's backoff setting, when it has one (its name is that branch's to choose).
 BACKOFF_ENV = next(
     (
