@@ -11,7 +11,7 @@ pods what the real one posts in a stockout. The daemon, as KubeRay's autoscaler 
   CapacityEvents (stockout, scale-up triggered, no scale-up in backoff) for exactly those pods;
   and when a namespace ResourceQuota makes the real API server refuse a group's pods, the real
   operator's `FailedToCreateWorkerPod` Event on the RayCluster is read as `quota` of that group
-  (named by the refused pod's generateName).
+  (named by the refused pod's name).
 
 `test_fallback_*` (v6e stuck → demand served by v5e; v6e Nodes appear → the probe moves new demand
 back) needs the planner side of issue 29 (the capacity-plan branch): it skips without it.
@@ -173,10 +173,14 @@ async def test_stockout_events_reach_the_daemon_only_with_the_events_role(world:
         await world.wait_for(all_judged, 60, "the CapacityEvents in /debug/plan", async_ok=True)
 
     # --- KubeRay refused by a namespace ResourceQuota: its Event names the group -------------
-    # No kube-controller-manager here, so the quota's usage is never computed and the API
-    # server refuses every pod asking for TPUs ("status unknown for quota"): quota all the same.
-    quota = {"metadata": {"name": "tpu"}, "spec": {"hard": {"requests.google.com/tpu": "0"}}}
-    await world.admin.ok("POST", f"/api/v1/namespaces/{world.namespace}/resourcequotas", quota)
+    # No kube-controller-manager here to fill the quota's status (admission judges by it: an
+    # empty status.hard refuses nothing), so the test writes the status that controller would.
+    quotas = f"/api/v1/namespaces/{world.namespace}/resourcequotas"
+    tpu = {"requests.google.com/tpu": "0"}
+    quota = {"metadata": {"name": "tpu"}, "spec": {"hard": tpu}}
+    created = await world.admin.ok("POST", quotas, quota)
+    created["status"] = {"hard": tpu, "used": tpu}
+    await world.admin.ok("PUT", f"{quotas}/tpu/status", created)
     await world.admin.ok(
         "PATCH",
         world.raycluster_path,
@@ -191,7 +195,9 @@ async def test_stockout_events_reach_the_daemon_only_with_the_events_role(world:
     await world.wait_for(quota_judged, 60, "KubeRay's refusal in /debug/plan", async_ok=True)
     [refused] = await quota_judged()
     assert (refused["signal"], refused["group"], refused["pod"]) == ("quota", QUOTA_GROUP, None)
-    assert f'pods "{CLUSTER}-{QUOTA_GROUP}-worker-" is forbidden' in refused["message"]
+    # kube-apiserver 1.36 names the pod before admission: the generated name, not generateName.
+    named = re.search(r'pods "([a-z0-9-]+)" is forbidden: exceeded quota: tpu', refused["message"])
+    assert named and named.group(1).startswith(f"{CLUSTER}-{QUOTA_GROUP}-worker-"), refused
     assert refused["source"] == "raycluster-controller"
     signals = await capacity_signals(reader)
     assert signals["events"] == "read"

@@ -242,6 +242,7 @@ def test_group_of_prefix_follows_kuberays_cut_and_case() -> None:
     prefix = f"{cluster}-v"[:50] + "-worker-"
     assert group_of_prefix(prefix, cluster, groups) is None
     assert group_of_prefix("c-v5e-worker-", "c", groups) == "V5E"
+    assert group_of_prefix("c-v5e-worker-85s99", "c", groups) == "V5E"  # named before admission
     assert group_of_prefix("c-v5e-", "c", groups) is None
     assert group_of_prefix(None, "c", groups) is None
 

@@ -143,12 +143,15 @@ def pod_name_prefix(cluster: str) -> str:
     return cluster.lower()[:POD_PREFIX_LIMIT]
 
 
-def group_of_prefix(prefix: str | None, cluster: str, groups: Collection[str]) -> str | None:
-    """The worker group whose KubeRay `generateName` is `prefix` (`<cluster>-<group>-worker-`,
-    lowercased, `<cluster>-<group>` cut to 50 characters); None when none or several match."""
-    if not prefix or not prefix.endswith("-worker-"):
+def group_of_prefix(name: str | None, cluster: str, groups: Collection[str]) -> str | None:
+    """The worker group a refused KubeRay pod belongs to, from the name the API server gave it:
+    its `generateName` `<cluster>-<group>-worker-` (older servers refuse before generating a
+    name) or a generated `<cluster>-<group>-worker-<suffix>` (kube-apiserver 1.36 names it
+    first). `<cluster>-<group>` is lowercased and cut to 50 characters, as KubeRay does; None
+    when no group, or several, fit."""
+    if not name or "-worker-" not in name:
         return None
-    stem = prefix[: -len("-worker-")]
+    stem = name.rpartition("-worker-")[0]
     matches = [g for g in groups if g and f"{cluster}-{g}".lower()[:POD_PREFIX_LIMIT] == stem]
     return matches[0] if len(matches) == 1 else None
 
