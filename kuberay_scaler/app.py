@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from kuberay_scaler.adapters.kube.access import detect_access
+from kuberay_scaler.adapters.kube.capacity import CapacityEventsReader
 from kuberay_scaler.adapters.kube.events import EventRecorder
 from kuberay_scaler.adapters.kube.informer import Informer, Source
 from kuberay_scaler.adapters.kube.raycluster import RayClusterView
@@ -21,6 +22,7 @@ from kuberay_scaler.adapters.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
 from kuberay_scaler.adapters.web.server import Probes, connection_cap, make_app, start_server
 from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.parse.events import worker_group_names
 from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.handsoff import OverrideBackoff
@@ -70,6 +72,7 @@ class Daemon:
         self._pods: Informer | None = None
         self._view: RayClusterView | None = None
         self._poller: GcsPoller | None = None
+        self._capacity: CapacityEventsReader | None = None
         self._started = time.monotonic()
         self._give_up = GiveUp(after_s=settings.give_up_after_s)
         self.exit_code = 0
@@ -180,6 +183,17 @@ class Daemon:
             # Ray's idle duration plus monotonic time since the reply, never a wall-clock step.
             wall=_monotonic_ms,
         )
+        view = self._view
+        self._capacity = CapacityEventsReader(
+            api,
+            namespace=s.cluster_namespace,
+            cluster=s.cluster_name,
+            enabled=access.read_events,
+            pods=lambda: self._pods.store if self._pods else {},
+            groups=lambda: worker_group_names(view.current()),
+            on_change=lambda: self.trigger.fire("capacity"),
+            silent_timeout=s.watch_silence_timeout_s,
+        )
         events = EventRecorder(
             api,
             namespace=s.cluster_namespace,
@@ -208,14 +222,16 @@ class Daemon:
                 api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
             ),
             events=events,
+            capacity=self._capacity,
         )
         if s.dry_run:
             log.info("dry run: plans are logged and served, nothing is drained or patched")
 
     async def _supervise(self, group: asyncio.TaskGroup) -> None:
-        assert self._pods and self._view and self._poller
+        assert self._pods and self._view and self._poller and self._capacity
         workers = [
             group.create_task(self._pods.run()),
+            group.create_task(self._capacity.run()),
             group.create_task(self._view.run()),
             group.create_task(self._poller.run()),
             group.create_task(self._watch_target()),
@@ -330,4 +346,7 @@ class Daemon:
         return True, "synced and GCS fresh"
 
     def _plan_document(self) -> dict[str, Any] | None:
-        return self.reconciler.document() if self.reconciler else None
+        document = self.reconciler.document() if self.reconciler else None
+        if document is not None and self._capacity is not None:
+            document["capacity_signals"] = self._capacity.document()
+        return document

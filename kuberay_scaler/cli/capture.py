@@ -6,6 +6,9 @@ writes:
 - `raycluster.json`: the RayCluster as the API server returns it;
 - `pods.json`: a PodList of the cluster's pods (`ray.io/cluster=<name>`);
 - `ray-state.json`: the GetClusterResourceStateReply in proto3 JSON;
+- `events.json`: an EventList of the Events the daemon would judge (the cluster-autoscaler's on
+  these pods, KubeRay's on this RayCluster; docs/capacity-signals.md), when the token may list
+  events (else `capture.json` says why there is none);
 - `capture.json`: when, from where, and what was redacted.
 
 Secrets are never written: every container env `value`, every annotation value (but the
@@ -19,6 +22,7 @@ replans the files at the captured moment.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -33,16 +37,18 @@ from google.protobuf import json_format
 
 from kuberay_scaler import __version__
 from kuberay_scaler.adapters.kube.session import open_api
-from kuberay_scaler.adapters.kube.transport import Target, request_json
+from kuberay_scaler.adapters.kube.transport import ApiError, Target, request_json
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.core.defaults import rayclusters_path
 from kuberay_scaler.core.model.labels import LABEL_CLUSTER
+from kuberay_scaler.core.parse.events import CLUSTER_AUTOSCALER, parse_event, worker_group_names
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.runtime.settings import Settings
 
 RAYCLUSTER_FILE = "raycluster.json"
 PODS_FILE = "pods.json"
 RAY_STATE_FILE = "ray-state.json"
+EVENTS_FILE = "events.json"
 META_FILE = "capture.json"
 REDACTED = "<redacted by kuberay-scaler capture>"
 _SECRET_WORDS = ("password", "token", "secret", "key", "credential")
@@ -98,6 +104,7 @@ async def capture(settings: Settings, out_dir: Path, now: datetime | None = None
             f"/api/v1/namespaces/{settings.cluster_namespace}/pods",
             query={"labelSelector": f"{LABEL_CLUSTER}={settings.cluster_name}"},
         )
+        events, events_note = await _capacity_events(api, settings, raycluster, pods)
     finally:
         await api.close()
     gcs = _gcs_client(settings)
@@ -118,8 +125,42 @@ async def capture(settings: Settings, out_dir: Path, now: datetime | None = None
             "gcs_address": settings.gcs_address,
             "gcs_cluster_id": cluster_id,
             "kuberay_scaler_version": __version__,
+            "events": events_note,
         },
+        events=events,
     )
+
+
+async def _capacity_events(
+    api: Any, settings: Settings, raycluster: Mapping[str, Any], pods: Mapping[str, Any]
+) -> tuple[list[Any] | None, str]:
+    """The Events the daemon would judge, as the API returns them; None (and why) when the
+    token may not list events (KubeRay's Role)."""
+    path = f"/api/v1/namespaces/{settings.cluster_namespace}/events"
+    selectors = (
+        f"involvedObject.kind=Pod,source={CLUSTER_AUTOSCALER}",
+        f"involvedObject.kind=RayCluster,involvedObject.name={settings.cluster_name}",
+    )
+    found: list[Any] = []
+    try:
+        for selector in selectors:
+            reply = await request_json(
+                api, Target("list", "events"), "GET", path, query={"fieldSelector": selector}
+            )
+            found += reply.get("items") or []
+    except ApiError as err:
+        if err.status != 403:
+            raise
+        return None, "not read: the token may not list events (deploy/capacity-events adds it)"
+    names = {(p.get("metadata") or {}).get("name") for p in pods.get("items") or []}
+    groups = worker_group_names(raycluster)
+    judged = [
+        raw
+        for raw in found
+        if (e := parse_event(raw, cluster=settings.cluster_name, groups=groups)) is not None
+        and (e.pod is None or e.pod in names)
+    ]
+    return judged, f"{len(judged)} judged of {len(found)} listed"
 
 
 def write_capture(
@@ -128,9 +169,10 @@ def write_capture(
     pods: Mapping[str, Any],
     ray_state: Mapping[str, Any],
     meta: Mapping[str, Any],
+    events: list[Any] | None = None,
 ) -> Path:
-    """Write the three inputs (redacted) and the meta file, readable by the owner only;
-    returns `out_dir`."""
+    """Write the inputs (redacted) and the meta file, readable by the owner only; returns
+    `out_dir`. `events` None: none were read (no file is written)."""
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # an existing directory keeps its mode
     found = Redactions()
     clean_rc = redact(raycluster, "raycluster", found)
@@ -139,6 +181,12 @@ def write_capture(
     _dump(out_dir / RAYCLUSTER_FILE, clean_rc)
     _dump(out_dir / PODS_FILE, pod_list)
     _dump(out_dir / RAY_STATE_FILE, ray_state)
+    if events is not None:
+        clean = [redact(e, f"events[{i}]", found) for i, e in enumerate(events)]
+        _dump(out_dir / EVENTS_FILE, {"apiVersion": "v1", "kind": "EventList", "items": clean})
+    else:
+        with contextlib.suppress(FileNotFoundError):  # an older capture's would mislead
+            (out_dir / EVENTS_FILE).unlink()
     _dump(out_dir / META_FILE, {**meta, "pods": len(items), "redacted": found.paths})
     return out_dir
 

@@ -22,6 +22,7 @@ from kuberay_scaler.runtime.settings import (
 )
 
 EXIT_CONFIG = 2
+ACCESS_CHECK_TIMEOUT_S = 20.0
 # KubeRay sets these in its autoscaler container (the drop-in); a sidecar sets them itself.
 INJECTED = ("RAY_CLUSTER_NAME", "RAY_CLUSTER_NAMESPACE", "RAY_HEAD_POD_NAME", "KUBERAY_CRD_VER")
 REQUIRED = ("RAY_CLUSTER_NAME",)
@@ -120,6 +121,13 @@ def _parser() -> argparse.ArgumentParser:
         " runs as 'Ray demand unknown' and still shows the slice map",
     )
     plan.add_argument(
+        "--events",
+        type=Path,
+        help="Events (kubectl get events -o json; core/v1 or events.k8s.io/v1; `-`: stdin): the"
+        " cluster-autoscaler's on the pods and KubeRay's on the RayCluster are judged as the"
+        " daemon judges them (docs/capacity-signals.md)",
+    )
+    plan.add_argument(
         "--capture",
         type=Path,
         help="a directory written by `capture`: its three files, replanned at the captured moment",
@@ -141,17 +149,32 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check-config", help="validate env configuration as `run` would, and print it"
     )
+    check.add_argument(
+        "--access",
+        action="store_true",
+        help="also ask the API server (SelfSubjectAccessReview, as `run` does at start) what the"
+        " token may do, and say the modes and capacity signals `run` would use",
+    )
     check.set_defaults(func=_check_config)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=lambda _: print(__version__) or 0)
     return parser
 
 
-def _check_config(_: argparse.Namespace) -> int:
+CAPACITY_NOTE = (
+    "capacity signals: pod conditions and the provisioning deadline always; the"
+    " cluster-autoscaler's and KubeRay's Events only where the token may get/list/watch events"
+    " (deploy/capacity-events); `run` asks at start and logs `capacity signals`,"
+    " `check-config --access` asks now"
+)
+
+
+def _check_config(args: argparse.Namespace) -> int:
     """Accept exactly what `run` accepts, and show the effective values (secrets masked)."""
     settings = load_settings()
     settings.require_cluster()
-    if settings.kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if settings.kubeconfig is None and not in_pod:
         # Not a file problem: validating a pod's configuration from a laptop is allowed.
         print(
             "kuberay-scaler: note: no KUBERAY_SCALER_KUBECONFIG and not in a pod: `run` would"
@@ -161,6 +184,37 @@ def _check_config(_: argparse.Namespace) -> int:
     else:
         _check_files(settings)
     print(json.dumps(settings.masked(), indent=2, default=str))
+    print(f"kuberay-scaler: note: {CAPACITY_NOTE}", file=sys.stderr)
+    if getattr(args, "access", False):
+        return _check_access(settings)
+    return 0
+
+
+def _check_access(settings: Settings) -> int:
+    """What the token may do, asked now: one line (the line `run` logs as `kubernetes access`)."""
+    import asyncio
+
+    from kuberay_scaler.adapters.kube.access import Access, detect_access
+    from kuberay_scaler.adapters.kube.session import SessionError, open_api
+
+    kubeconfig = str(settings.kubeconfig) if settings.kubeconfig else None
+
+    async def ask() -> Access:
+        api = await open_api(kubeconfig, request_timeout=settings.k8s_request_timeout_s)
+        try:
+            async with asyncio.timeout(ACCESS_CHECK_TIMEOUT_S):
+                return await detect_access(
+                    api, settings.cluster_namespace, name=settings.cluster_name
+                )
+        finally:
+            await api.close()
+
+    try:
+        access = asyncio.run(ask())
+    except (TimeoutError, SessionError, OSError) as err:
+        print(f"kuberay-scaler: access: cannot ask the API server: {err!r}", file=sys.stderr)
+        return 1
+    print(f"kuberay-scaler: access: {access.description}", file=sys.stderr)
     return 0
 
 
@@ -182,11 +236,15 @@ def _plan(args: argparse.Namespace) -> int:
     policy = policy_from_settings(load_settings())
     try:
         if args.capture is not None:
+            if args.events is not None:
+                raise InputError("--events goes with --raycluster: a capture has its events.json")
             document = plan_capture(args.capture, policy)
         elif args.raycluster is None:
             raise InputError("--raycluster (or --capture DIR) is required")
         else:
-            document = plan_files(args.raycluster, args.pods, args.ray_state, policy)
+            document = plan_files(
+                args.raycluster, args.pods, args.ray_state, policy, events=args.events
+            )
     except InputError as err:
         print(f"kuberay-scaler plan: {err}", file=sys.stderr)
         return EXIT_CONFIG

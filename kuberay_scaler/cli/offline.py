@@ -15,6 +15,8 @@ from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation, RayState, epoch_ms
+from kuberay_scaler.core.model.signals import CapacityEvent
+from kuberay_scaler.core.parse.events import capacity_events, worker_group_names
 from kuberay_scaler.core.parse.pods import pod_items
 from kuberay_scaler.core.planner.core import Policy
 
@@ -270,36 +272,84 @@ def load_ray_state(path: Path | None, read_at: datetime) -> RayState | None:
         raise InputError(f"Ray state {shown(path)}: {_clip(str(err))}") from None
 
 
+def load_events(
+    path: Path | None, raycluster: Mapping[str, Any], pods: list[Any]
+) -> tuple[CapacityEvent, ...]:
+    """The capacity news in an Event list (`kubectl get events -o json`, core/v1 or
+    events.k8s.io/v1), judged as the daemon judges what it watches: the newest per (pod, reason)
+    of the pods given, and the RayCluster's own. No file means none (the daemon without Events)."""
+    if path is None:
+        return ()
+    docs = load_documents(path, "Events")
+    items = docs[0].get("items") if len(docs) == 1 and isinstance(docs[0], Mapping) else None
+    if isinstance(items, list):  # an EventList (a `kind: List` is flattened already)
+        docs = items
+    elif len(docs) == 1 and isinstance(docs[0], list):
+        docs = docs[0]
+    for index, doc in enumerate(docs):
+        if not isinstance(doc, Mapping) or doc.get("kind", "Event") != "Event":
+            raise InputError(f"Events {shown(path)}: item {index} is not an Event object")
+    meta = raycluster.get("metadata") or {}
+    names = {str((p.get("metadata") or {}).get("name")) for p in pods if isinstance(p, Mapping)}
+    judged = capacity_events(
+        docs, cluster=str(meta.get("name") or ""), groups=worker_group_names(raycluster)
+    )
+    return tuple(e for e in judged if e.pod is None or e.pod in names)
+
+
 def plan_files(
     raycluster: Path,
     pods: Path | None,
     ray_state: Path | None,
     policy: Policy,
     now: datetime | None = None,
+    events: Path | None = None,
 ) -> dict[str, Any]:
     """Plan once from files and return the document the `plan` command prints.
 
     The same `decide()` the daemon runs: the writes include the draining-intent record and the
     drains, exactly as the daemon would send them for these inputs.
     """
-    stdin = [p for p in (raycluster, pods, ray_state) if p == STDIN]
+    stdin = [p for p in (raycluster, pods, ray_state, events) if p == STDIN]
     if len(stdin) > 1:
         raise InputError("only one input can be read from standard input (-)")
     rc = load_raycluster(raycluster)
     now = now or datetime.now(UTC)
     state = load_ray_state(ray_state, now)  # read at the moment planned: durations as given
     gcs = RayObservation(state, observed_at=0.0) if state is not None else None  # None: unknown
-    observed = Observation(raycluster=rc, pods=load_pods(pods), gcs=gcs)
+    pod_list = load_pods(pods)
+    capacity = load_events(events, rc, pod_list)
+    observed = Observation(raycluster=rc, pods=pod_list, gcs=gcs, capacity_events=capacity)
     decision = decide(observed, Memory(), policy, now)
     if decision.error is not None:  # cannot happen for a plan made from this very object
         raise InputError(decision.error)
     document = decision.document()
-    return {"cluster": document.pop("cluster"), "patch": document.pop("patch"), **document}
+    judged = {"capacity_events": [_event_document(e) for e in capacity]} if events else {}
+    return {
+        "cluster": document.pop("cluster"),
+        "patch": document.pop("patch"),
+        **document,
+        **judged,
+    }
+
+
+def _event_document(event: CapacityEvent) -> dict[str, Any]:
+    return {
+        "signal": event.signal.value,
+        "source": event.source,
+        "reason": event.reason,
+        "message": event.message,
+        "last_seen": datetime.fromtimestamp(event.last_seen_ms / 1000, UTC).isoformat(),
+        "pod": event.pod,
+        "group": event.group,
+        "count": event.count,
+    }
 
 
 def plan_capture(directory: Path, policy: Policy) -> dict[str, Any]:
     """Replan the files `capture` wrote, at the moment they were captured."""
     from kuberay_scaler.cli.capture import (
+        EVENTS_FILE,
         PODS_FILE,
         RAY_STATE_FILE,
         RAYCLUSTER_FILE,
@@ -308,12 +358,14 @@ def plan_capture(directory: Path, policy: Policy) -> dict[str, Any]:
 
     if not (directory / RAYCLUSTER_FILE).is_file():
         raise InputError(f"capture {directory}: no {RAYCLUSTER_FILE} (not a capture directory)")
+    events = directory / EVENTS_FILE  # absent in captures older than it, or without the Role
     return plan_files(
         directory / RAYCLUSTER_FILE,
         directory / PODS_FILE,
         directory / RAY_STATE_FILE,
         policy,
         now=read_captured_at(directory),
+        events=events if events.is_file() else None,
     )
 
 

@@ -26,7 +26,7 @@ from kuberay_scaler.core.parse.pod_cache import PodCache
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.loop.expectations import Expectations
 from kuberay_scaler.loop.handsoff import HandsOff, Overridden, OverrideBackoff, hands_off
-from kuberay_scaler.loop.ports import ClusterView, PodStore
+from kuberay_scaler.loop.ports import CapacityFeed, ClusterView, PodStore
 
 # Input sources the loop can be blind to (the `source` label of kuberay_scaler_blind_seconds).
 SOURCES = ("gcs", "pods", "raycluster")
@@ -67,9 +67,16 @@ class ObserveConfig:
 class Observer:
     """Keeps what observing needs between reconciles; `snapshot()` once per reconcile."""
 
-    def __init__(self, pods: PodStore, cluster: ClusterView, config: ObserveConfig) -> None:
+    def __init__(
+        self,
+        pods: PodStore,
+        cluster: ClusterView,
+        config: ObserveConfig,
+        capacity: CapacityFeed | None = None,
+    ) -> None:
         self._pods = pods
         self._cluster = cluster
+        self._capacity = capacity  # None: no Events source (tests, `plan`)
         self._config = config
         self.expectations = Expectations(timeout=config.expectation_timeout_s)
         self.hands_off = HandsOff()
@@ -122,6 +129,7 @@ class Observer:
         self._liveness.observe_pods(now.mono, hosts)
         synced = self._pods.synced and self._cluster.synced
         ray = self._ray_view(now.mono)
+        capacity = self._capacity.events() if self._capacity is not None else ()
         blind, unknown = self.blindness(now.mono, found=True)
         observation = Observation(
             raycluster=raw,
@@ -131,6 +139,7 @@ class Observer:
             clock=self._liveness.clock(now.mono),
             parsed_pods=(hosts, problems),
             spec=spec,
+            capacity_events=capacity,
         )
         meta = raw.get("metadata") or {}
         inputs = (
@@ -141,6 +150,7 @@ class Observer:
             ray is not None and ray.known,
             synced,
             tuple(sorted((g, str(h)) for g, h in holds.items())),
+            capacity,
         )
         return Snapshot(observation, inputs, blind, unknown, overridden, recreated)
 

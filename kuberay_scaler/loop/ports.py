@@ -16,6 +16,7 @@ from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Plan
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.report import AutoscalingReport
+from kuberay_scaler.core.model.signals import CapacityEvent
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.handsoff import Overridden
 from kuberay_scaler.loop.health import LoopStatus, Outcome, Want
@@ -54,6 +55,15 @@ class ClusterView(Protocol):
 
     async def refresh(self) -> RawObject | None:
         """GET now; raises the adapter's error when the GET fails."""
+
+
+class CapacityFeed(Protocol):
+    """Capacity news read from Events (kube.capacity.CapacityEventsReader): the newest per
+    (pod, reason) for the cluster's pods now, and the RayCluster's; empty where the Role
+    cannot read Events."""
+
+    def events(self) -> tuple[CapacityEvent, ...]:
+        """Oldest first."""
 
 
 class Gcs(Protocol):

@@ -35,7 +35,16 @@ from kuberay_scaler.loop.health import (
     reading_of,
 )
 from kuberay_scaler.loop.observe import Instant, Observer, Snapshot
-from kuberay_scaler.loop.ports import ClusterView, Events, Gcs, GcsFeed, PodStore, Sink, Writer
+from kuberay_scaler.loop.ports import (
+    CapacityFeed,
+    ClusterView,
+    Events,
+    Gcs,
+    GcsFeed,
+    PodStore,
+    Sink,
+    Writer,
+)
 from kuberay_scaler.loop.record import Recorder
 from kuberay_scaler.loop.report import report_for
 from kuberay_scaler.loop.trigger import Schedule
@@ -61,12 +70,13 @@ class Reconciler:
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
         sink: Sink | None = None,
+        capacity: CapacityFeed | None = None,
     ) -> None:
         self._config, self._policy = config, policy
         self._cluster, self._feed, self._gcs, self._writer = cluster, feed, gcs, writer
         self._wall, self._monotonic = wall, monotonic
         self._pods = pods
-        self.observer = Observer(pods, cluster, config.observing(policy))
+        self.observer = Observer(pods, cluster, config.observing(policy), capacity)
         progress = Progress(monotonic(), config.unhealthy_after_s, config.unhealthy_after_failures)
         self.sink: Sink = sink or Recorder(events, progress, wall)
         self.memory = Memory()

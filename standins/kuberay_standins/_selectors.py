@@ -89,7 +89,13 @@ def labels_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return labels if isinstance(labels, Mapping) else {}
 
 
+# Field labels whose value lives elsewhere: an Event's `source` is its `source.component`
+# (kube-apiserver pkg/registry/core/event/strategy.go ToSelectableFields).
+_FIELD_ALIASES = {"source": "source.component"}
+
+
 def _field_value(obj: Mapping[str, Any], path: str) -> str:
+    path = _FIELD_ALIASES.get(path, path)
     current: Any = obj
     for part in path.split("."):
         if not isinstance(current, Mapping):

@@ -8,6 +8,7 @@ from kuberay_scaler.core.decision import decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import Hold, HoldKind
+from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.observe import Instant, ObserveConfig, Observer
 from tests.control.fakes import FakeApiServer, FakePods, FakeView, observation
@@ -98,3 +99,36 @@ def test_our_write_is_held_until_seen_and_an_override_is_held_typed() -> None:
 def _kind(hold: str | Hold) -> HoldKind:
     assert isinstance(hold, Hold)
     return hold.kind
+
+
+class Feed:
+    """The capacity Events port (loop/ports.py CapacityFeed): what the reader holds now."""
+
+    def __init__(self) -> None:
+        self.held: tuple[CapacityEvent, ...] = ()
+
+    def events(self) -> tuple[CapacityEvent, ...]:
+        return self.held
+
+
+def test_capacity_events_reach_the_observation_and_change_the_inputs() -> None:
+    view = FakeView(FakeApiServer(cluster(tpu_group(replicas=1))))
+    feed = Feed()
+    seen = Observer(FakePods(slice_pods("tpu", "tpu-a", 4)), view, CONFIG, feed)
+    seen.see_ray(observation(state([head_node()]), observed_at=1000.0))
+    before = seen.snapshot(at(0))
+    stockout = CapacityEvent(
+        CapacitySignal.STOCKOUT,
+        "cluster-autoscaler",
+        "FailedScaleUp",
+        "GCE out of resources",
+        1_000,
+        pod="tpu-a-0",
+    )
+    feed.held = (stockout,)
+    after = seen.snapshot(at(1))
+    assert before is not None and after is not None
+    assert before.observation.capacity_events == ()
+    assert after.observation.capacity_events == (stockout,)
+    assert before.inputs != after.inputs  # news alone is worth a plan
+    assert Observer(FakePods([]), view, CONFIG).snapshot(at(2)) is not None  # no feed: none

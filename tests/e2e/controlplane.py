@@ -470,6 +470,18 @@ class ControlPlane:
         return answer
 
 
+def tpu_node(name: str, accelerator: str, topology: str) -> dict[str, Any]:
+    """A kwok Node hosting one TPU host of `accelerator` (GKE's label value, e.g.
+    `tpu-v5-lite-podslice`) in a slice of `topology`: what a test adds for a type the shared
+    plane lacks (and deletes at its end: Nodes outlive namespaces)."""
+    node = _node(name, tpu=True)
+    node["metadata"]["labels"] |= {
+        "cloud.google.com/gke-tpu-accelerator": accelerator,
+        "cloud.google.com/gke-tpu-topology": topology,
+    }
+    return node
+
+
 def _node(name: str, *, tpu: bool) -> dict[str, Any]:
     capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
     labels = {"kubernetes.io/hostname": name, "type": "kwok"}

@@ -37,7 +37,7 @@ KUBERAY_AUTOSCALER_RULES = [
 ]
 RESTRICTED_MODE = (
     "RayCluster by GET on pod events + periodic refresh (no list/watch rayclusters); "
-    "Events off (no create events)"
+    "Events off (no create events); capacity Events not read (no get/list/watch events)"
 )
 
 
@@ -154,7 +154,9 @@ async def test_idle_slice_deleted_whole_in_sidecar_mode(world: World) -> None:
     assert world.observer.replicas_seen(TPU_GROUP) == [1, 0]
     assert not await probe.workers()
     modes = [line.get("mode") for line in daemon.events("kubernetes access")]
-    assert modes == ["RayCluster by watch; Events on"]
+    assert modes == [
+        "RayCluster by watch; Events on; capacity Events not read (no get/list/watch events)"
+    ]
     events = await world.admin.ok("GET", f"/api/v1/namespaces/{world.namespace}/events")
     ours = [e for e in events["items"] if e.get("reason") == "ScaledDown"]
     assert ours and replica in ours[0]["message"], "a ScaledDown Event naming the slice"

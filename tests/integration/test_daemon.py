@@ -109,6 +109,12 @@ async def test_dry_run_plans_but_writes_nothing(cluster: LocalCluster) -> None:
         assert not cluster.worker_pods()
         patches = [r for r in cluster.api.requests if r.method == "PATCH"]
         assert patches == []
+        # KubeRay's Role (the harness's token): capacity Events are not read, and it says so.
+        status, text = await asyncio.to_thread(_get, daemon, "/debug/plan")
+        signals = json.loads(text)["capacity_signals"]
+        assert status == 200 and signals["events"].startswith("not read"), signals
+        assert signals["capacity_events"] == []
+        assert not [r for r in cluster.api.requests if r.path.endswith("/events")]
     finally:
         await asyncio.to_thread(driver.stop)
     assert (await asyncio.to_thread(daemon.stop))[0] == 0

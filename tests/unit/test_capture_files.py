@@ -8,10 +8,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from google.protobuf import json_format
 
 from kuberay_scaler.cli.capture import REDACTED, read_captured_at, write_capture
-from kuberay_scaler.cli.offline import plan_capture
+from kuberay_scaler.cli.offline import InputError, plan_capture, plan_files
 from kuberay_scaler.core.defaults import JOIN_SETTLE_S
 from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION as DRAINING
@@ -191,3 +192,78 @@ def test_shell_exports_and_registry_credentials_are_redacted(tmp_path: Path) -> 
     items = json.loads((out / "pods.json").read_text())["items"]
     # A digest is no credential: an image without one is kept whole.
     assert items[1]["spec"]["containers"][0]["image"] == "rayproject/ray:2.9@sha256:" + "b" * 64
+
+
+def _ca_event(pod_name: str, reason: str, message: str, at: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod_name}.{reason}", "namespace": "default"},
+        "involvedObject": {"kind": "Pod", "name": pod_name, "namespace": "default"},
+        "reason": reason,
+        "message": message,
+        "source": {"component": "cluster-autoscaler"},
+        "lastTimestamp": at,
+        "count": 1,
+    }
+
+
+STOCKOUT = (
+    "Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources."
+    " Pod is at risk of not being scheduled."
+)
+
+
+def test_the_events_judged_are_captured_redacted_and_replanned(tmp_path: Path) -> None:
+    rc = cluster(group("cpu", replicas=1, max_replicas=3))
+    running = pod("cpu-0", "cpu")
+    reply = json_format.MessageToDict(reply_of(state([head_node()])))
+    leaky = _ca_event(
+        "cpu-0",
+        "TriggeredScaleUp",
+        "pod triggered scale-up: [{https://u:hunter2@example.com/grp?sig=hunter2 0->1 (max: 3)}]",
+        "2026-11-30T11:59:00Z",
+    )
+    events = [leaky, _ca_event("cpu-0", "FailedScaleUp", STOCKOUT, "2026-11-30T11:59:30Z")]
+    meta = {"captured_at": NOW.isoformat(), "cluster": "rc"}
+    out = write_capture(tmp_path / "cap", rc, {"items": [running]}, reply, meta, events=events)
+
+    written = out / "events.json"
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert "hunter2" not in written.read_text()
+    doc = plan_capture(out, Policy())
+    judged = [(e["pod"], e["reason"], e["signal"], e["last_seen"]) for e in doc["capacity_events"]]
+    assert judged == [
+        ("cpu-0", "TriggeredScaleUp", "scale-up-triggered", "2026-11-30T11:59:00+00:00"),
+        ("cpu-0", "FailedScaleUp", "stockout", "2026-11-30T11:59:30+00:00"),
+    ]
+    # The explicit-file form judges the same file the same way.
+    explicit = plan_files(
+        out / "raycluster.json",
+        out / "pods.json",
+        out / "ray-state.json",
+        Policy(),
+        now=NOW,
+        events=written,
+    )
+    assert explicit["capacity_events"] == doc["capacity_events"]
+    # Rewritten without Events (a token without the Role): no stale file left to mislead.
+    write_capture(out, rc, {"items": [running]}, reply, meta, events=None)
+    assert not written.exists()
+    assert "capacity_events" not in plan_capture(out, Policy())
+
+
+def test_events_of_pods_not_captured_or_not_events_at_all(tmp_path: Path) -> None:
+    rc = cluster(group("cpu", replicas=1))
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"kind": "PodList", "items": [pod("cpu-0", "cpu")]}))
+    rc_file = tmp_path / "rc.json"
+    rc_file.write_text(json.dumps(rc))
+    events = tmp_path / "events.json"
+    other = _ca_event("elsewhere-0", "FailedScaleUp", STOCKOUT, "2026-11-30T11:59:30Z")
+    events.write_text(json.dumps({"kind": "EventList", "items": [other]}))
+    doc = plan_files(rc_file, pods, None, Policy(), now=NOW, events=events)
+    assert doc["capacity_events"] == []  # the daemon drops news of pods it does not have
+    events.write_text(json.dumps({"kind": "EventList", "items": [{"kind": "Pod"}]}))
+    with pytest.raises(InputError, match="item 0 is not an Event"):
+        plan_files(rc_file, pods, None, Policy(), now=NOW, events=events)

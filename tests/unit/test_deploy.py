@@ -206,3 +206,25 @@ def test_the_network_policy_admits_only_the_scraper_to_our_port_and_keeps_rays_o
     for ray_port in (6379, 8265, 10001, 8080, 44216, 44218, 65535):
         assert admitted(ray_port) == [None], ray_port
     assert admitted(5000, "UDP") == [None]
+
+
+def test_the_optional_events_role_grants_exactly_what_the_daemon_asks_for() -> None:
+    """deploy/capacity-events: events get/list/watch in the namespace, nothing else, bound to a
+    ServiceAccount; the verbs are the ones the daemon's access review checks."""
+    from kuberay_scaler.adapters.kube.access import READ_EVENTS
+
+    objects = render(DEPLOY / "capacity-events")
+    [role] = [d for d in objects if d["kind"] == "Role"]
+    [binding] = [d for d in objects if d["kind"] == "RoleBinding"]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert {(p.group, p.resource, p.verb) for p in READ_EVENTS} == {
+        ("", "events", verb) for verb in role["rules"][0]["verbs"]
+    }
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert [s["kind"] for s in binding["subjects"]] == ["ServiceAccount"]

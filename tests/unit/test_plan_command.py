@@ -249,3 +249,41 @@ def test_plan_reads_a_reply_through_the_adapter_without_loading_grpc() -> None:
     assert done.returncode == 0, done.stderr
     nodes, grpc_modules = done.stdout.split(" ", 1)
     assert int(nodes) > 0 and grpc_modules.strip() == "[]"
+
+
+def test_plan_events_judges_a_kubectl_event_list(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sample = SAMPLES / "ray-cluster.tpu-v6e-16-multihost.yaml"
+    rc = the_raycluster(sample)
+    name, group = rc["metadata"]["name"], rc["spec"]["workerGroupSpecs"][0]["groupName"]
+    refused = (
+        f'Failed to create worker Pod for the cluster default/{name}, pods "{name}-{group}-worker-"'
+        " is forbidden: exceeded quota: tpu, requested: google.com/tpu=4, used: google.com/tpu=0,"
+        " limited: google.com/tpu=0"
+    )
+    events = tmp_path / "events.yaml"  # events.k8s.io/v1, as KubeRay v1.7.0 writes it
+    events.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "events.k8s.io/v1",
+                "kind": "Event",
+                "metadata": {"name": "e1"},
+                "regarding": {"kind": "RayCluster", "name": name},
+                "reason": "FailedToCreateWorkerPod",
+                "note": refused,
+                "reportingController": "raycluster-controller",
+                "eventTime": "2026-12-04T12:03:10.000000Z",
+            }
+        )
+    )
+    code, out, err = run_plan(capsys, "--raycluster", sample, "--events", events)
+    assert code == 0, err
+    [judged] = json.loads(out)["capacity_events"]
+    assert (judged["signal"], judged["group"], judged["source"]) == (
+        "quota",
+        group,
+        "raycluster-controller",
+    )
+    code, _, err = run_plan(capsys, "--capture", tmp_path, "--events", events)
+    assert code == 2 and "--events goes with --raycluster" in err

@@ -39,6 +39,12 @@ WATCH_RAYCLUSTERS = (
     Permission("watch", "ray.io", "rayclusters"),
 )
 CREATE_EVENTS = (Permission("create", "", "events"),)
+# Reading the cluster-autoscaler's and KubeRay's Events (capacity signals): deploy/capacity-events.
+READ_EVENTS = (
+    Permission("get", "", "events"),
+    Permission("list", "", "events"),
+    Permission("watch", "", "events"),
+)
 REQUIRED = (
     Permission("list", "", "pods"),
     Permission("watch", "", "pods"),
@@ -54,6 +60,7 @@ class Access:
     watch_rayclusters: bool
     create_events: bool
     missing: tuple[str, ...] = ()
+    read_events: bool = False  # list+watch events: capacity signals from Events
 
     @property
     def description(self) -> str:
@@ -64,8 +71,13 @@ class Access:
             else "RayCluster by GET on pod events + periodic refresh (no list/watch rayclusters)"
         )
         events = "Events on" if self.create_events else "Events off (no create events)"
+        reading = (
+            "capacity Events read"
+            if self.read_events
+            else "capacity Events not read (no get/list/watch events)"
+        )
         missing = f"; MISSING: {', '.join(self.missing)}" if self.missing else ""
-        return f"{raycluster}; {events}{missing}"
+        return f"{raycluster}; {events}; {reading}{missing}"
 
 
 async def detect_access(
@@ -97,12 +109,13 @@ async def detect_access(
 
 
 async def _review_all(api: ApiClient, namespace: str, name: str) -> Access:
-    checks = (*WATCH_RAYCLUSTERS, *CREATE_EVENTS, *REQUIRED)
+    checks = (*WATCH_RAYCLUSTERS, *CREATE_EVENTS, *READ_EVENTS, *REQUIRED)
     answers = await asyncio.gather(*(_allowed(api, namespace, check, name) for check in checks))
     allowed = dict(zip(checks, answers, strict=True))
     return Access(
         watch_rayclusters=all(allowed[p] for p in WATCH_RAYCLUSTERS),
         create_events=all(allowed[p] for p in CREATE_EVENTS),
+        read_events=all(allowed[p] for p in READ_EVENTS),
         missing=tuple(str(p) for p in REQUIRED if not allowed[p]),
     )
 
