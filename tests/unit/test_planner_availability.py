@@ -393,3 +393,43 @@ def test_slim_pod_keeps_what_judges_a_pod_unschedulable() -> None:
         host = parse_pod(slim_pod(p), spec)
         assert host == parse_pod(p, spec)
         assert isinstance(host, Host) and host.detail == "Unschedulable"
+
+
+# ---- what the user reads ----------------------------------------------------------------------
+
+
+def test_the_morning_log_line_says_what_happened() -> None:
+    from kuberay_scaler.loop.record import capacity_lines
+
+    result = _plan(_groups(v6e_replicas=1), _stuck_v6e(), _demand(), events=(_stockout(),))
+    ((line, change),) = capacity_lines(result)
+    assert change.kind is ChangeKind.MARKED
+    assert line.startswith("v6e unavailable (stockout): Node scale up in zones")
+    assert "(cluster-autoscaler, 11:59:55)" in line  # the Event's own time
+    assert "; 1 pending slice(s) cancelled; demand → v5e; v6e probed again at 12:03:00" in line
+
+
+def test_debug_documents_show_availability_and_the_next_probe() -> None:
+    from kuberay_scaler.adapters.web.slices_page import render_slices
+
+    result = _plan(_groups(v6e_replicas=1), _stuck_v6e(), _demand(), events=(_stockout(),))
+    doc = result.summary()
+    v6e = next(g for g in doc["groups"] if g["name"] == "v6e")
+    assert v6e["availability"]["state"] == "unavailable"
+    assert v6e["availability"]["cause"] == "stockout"
+    assert v6e["availability"]["next_probe_at"] == "2026-11-30T12:03:00+00:00"
+    assert doc["fallbacks"] == [{"from": "v6e", "to": "v5e", "cause": "stockout", "slices": 1}]
+    page = render_slices(doc)
+    assert "avail-unavailable" in page and "next probe at 2026-11-30T12:03:00+00:00" in page
+
+
+def test_ray_status_shows_the_unavailable_group_with_its_cause() -> None:
+    from kuberay_scaler.loop.report import report_from_plan
+
+    result = _plan(_groups(v6e_replicas=1), _stuck_v6e(), _demand(), events=(_stockout(),))
+    report = report_from_plan(result, NOW_MS // 1000)
+    (failed,) = [f for f in report.failed if f.group == "v6e"]
+    assert "unavailable (stockout)" in failed.reason and "demand → v5e" in failed.reason
+    assert failed.started_at_s == (NOW_MS - 5_000) // 1000  # when the autoscaler said so
+    assert [p.group for p in report.pending_pods] == []  # the cancelled pods are not pending
+    assert {g.group for g in report.launching} == {"v5e"}

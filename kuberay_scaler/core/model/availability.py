@@ -102,10 +102,7 @@ class AvailabilityChange:
         a = self.after
         if self.kind in (ChangeKind.MARKED, ChangeKind.PROBE_FAILED):
             again = "probe failed; " if self.kind is ChangeKind.PROBE_FAILED else ""
-            return (
-                f"{self.group} {again}unavailable ({self.cause}): {_said(a)};"
-                f" probed again in {self.backoff_s:.0f} s"
-            )
+            return f"{self.group} {again}unavailable ({self.cause}): {_said(a)}"
         if self.kind is ChangeKind.PROBE:
             return f"{self.group}: backoff over, probing with one slice"
         if self.kind is ChangeKind.RECOVERED:
