@@ -433,3 +433,48 @@ def test_ray_status_shows_the_unavailable_group_with_its_cause() -> None:
     assert failed.started_at_s == (NOW_MS - 5_000) // 1000  # when the autoscaler said so
     assert [p.group for p in report.pending_pods] == []  # the cancelled pods are not pending
     assert {g.group for g in report.launching} == {"v5e"}
+
+
+def test_the_probe_is_a_wake_up() -> None:
+    result = _plan(_groups(v6e_replicas=1), _stuck_v6e(), _demand(), events=(_stockout(),))
+    assert result.next_idle_expiry_s == 180
+
+
+async def test_the_recorder_sets_the_gauges_counts_fallbacks_and_sends_one_event() -> None:
+    import asyncio
+
+    from kuberay_scaler.loop.health import Progress
+    from kuberay_scaler.loop.record import Recorder
+    from kuberay_scaler.runtime.metrics import REGISTRY
+    from tests.control.fakes import FakeEvents
+
+    rc, pods = _groups(v6e_replicas=1), _stuck_v6e()
+    gcs = RayObservation(state=_demand(), observed_at=0.0)
+    observed = Observation(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
+    decision = decide(observed, Memory(), Policy(), NOW, mono_s=MONO)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    before = sample(
+        "kuberay_scaler_fallbacks_total", **{"from": "v6e", "to": "v5e", "cause": "stockout"}
+    )
+    events = FakeEvents()
+    recorder = Recorder(events, Progress(0.0, 60.0, 3))
+    recorder.published(decision)
+    recorder.applied(decision.plan)
+    for _ in range(1000):  # sent in the background: the unavailable Event and one per group
+        if len(events.recorded) >= 3:
+            break
+        await asyncio.sleep(0)
+    assert len(events.recorded) == 3
+    assert sample("kuberay_scaler_group_available", group="v6e", cause="stockout") == 0
+    assert sample("kuberay_scaler_group_available", group="v5e", cause="none") == 1
+    after = sample(
+        "kuberay_scaler_fallbacks_total", **{"from": "v6e", "to": "v5e", "cause": "stockout"}
+    )
+    assert (after or 0) - (before or 0) == 1
+    reasons = [r for r, _ in events.recorded]
+    assert reasons.count("GroupUnavailable") == 1
+    (text,) = [m for r, m in events.recorded if r == "GroupUnavailable"]
+    assert "demand → v5e" in text

@@ -230,7 +230,8 @@ class Plan:
     @property
     def next_idle_expiry_s(self) -> float | None:
         """Seconds from this plan's observation until the first idle slice that stays reaches
-        its idle timeout, or a host that held demand stops settling; None when neither is due.
+        its idle timeout, a host that held demand stops settling, or an unavailable group's
+        probe is due; None when none is.
         Those clocks move with time alone, so the loop plans again then instead of waiting for
         its resync timer."""
         waits = [
@@ -241,6 +242,7 @@ class Plan:
         ]
         if self.settle_s is not None:  # the demand it held may need a slice then
             waits.append(self.settle_s)
+        waits.extend(self.next_probe_s.values())  # an unavailable group's probe is due then
         return max(0.0, min(waits)) if waits else None
 
     def availability_doc(self, group: str) -> dict[str, Any]:

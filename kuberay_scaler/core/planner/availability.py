@@ -59,7 +59,6 @@ _FAILED = {
     CapacitySignal.SCALE_UP_FAILED: UnavailableCause.STOCKOUT,
 }
 _NOT_UP = (SliceFault.NOT_UP_IN_TIME, SliceFault.HOSTS_MISSING)
-_ALIVE = (SliceState.COMPLETE, SliceState.PENDING, SliceState.PARTIAL, SliceState.BROKEN)
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,10 @@ def judge_availability(
     for name, gs in slice_map.groups.items():
         before = previous.get(name, GroupAvailability(since_mono=mono_s))
         found = _signals(gs, by_group.get(name, []), before, policy, mono_s, clock, skip_no_pods)
+        if before.unavailable or found.failure is not None:  # only then read (a 10k-slice walk)
+            complete = _complete(gs)
+            came_up = bool(complete - before.complete_at_mark)
+            found = replace(found, complete=complete, came_up=came_up)
         after, change = _next(name, before, found, policy, mono_s)
         groups[name] = after
         if change is not None:
@@ -116,8 +119,11 @@ def judge_availability(
 def _events_by_group(
     slice_map: SliceMap, events: Iterable[CapacityEvent]
 ) -> dict[str, list[CapacityEvent]]:
-    owner = {pod: name for name, gs in slice_map.groups.items() for pod in _hosts(gs)}
+    events = tuple(events)
     out: dict[str, list[CapacityEvent]] = {}
+    if not events:
+        return out
+    owner = {pod: name for name, gs in slice_map.groups.items() for pod in _hosts(gs)}
     for ev in events:
         group = ev.group or (owner.get(ev.pod) if ev.pod else None)
         if group is not None:
@@ -142,13 +148,7 @@ def _signals(
     trigger_ms = max((e.last_seen_ms for e in events if _is(e, "trigger")), default=0)
     newest_ms = max(before.seen_failure_ms, newest_failure.last_seen_ms if newest_failure else 0)
     no_pods = _no_pods_since(gs, before, mono_s) if gs.group.name not in skip_no_pods else None
-    complete = _complete(gs)
-    base = _Signals(
-        came_up=bool(complete - before.complete_at_mark),
-        newest_failure_ms=newest_ms,
-        no_pods_since=no_pods,
-        complete=complete,
-    )
+    base = _Signals(newest_failure_ms=newest_ms, no_pods_since=no_pods)
     # A failure Event not judged yet, not followed by a scale-up the autoscaler triggered.
     if newest_failure is not None and newest_failure.last_seen_ms > before.seen_failure_ms:
         if trigger_ms <= newest_failure.last_seen_ms:
@@ -231,19 +231,21 @@ def group_deadline_s(gs: GroupSlices, default_s: float) -> float:
 def _past_deadline(gs: GroupSlices, policy: AvailabilityPolicy, clock: HostClock | None) -> str:
     """A slice not up within the group's deadline, said; "" when none."""
     deadline = group_deadline_s(gs, policy.deadline_s)
-    for sl in gs.slices:
-        if sl.state is SliceState.BROKEN and sl.fault in _NOT_UP:
+    for sl in gs.by_state(SliceState.BROKEN):
+        if sl.fault in _NOT_UP:
             return f"slice {sl.key}: {sl.reason}"
-        if sl.state in (SliceState.PENDING, SliceState.PARTIAL) and clock is not None:
-            age = max((clock.age_s.get(h.pod_name, 0.0) for h in sl.hosts), default=0.0)
-            if age > deadline:
-                return f"slice {sl.key} not up after {age:.0f} s (deadline {deadline:.0f} s)"
+    if clock is None:
+        return ""
+    for sl in gs.coming_up:
+        age = max((clock.age_s.get(h.pod_name, 0.0) for h in sl.hosts), default=0.0)
+        if age > deadline:
+            return f"slice {sl.key} not up after {age:.0f} s (deadline {deadline:.0f} s)"
     return ""
 
 
 def _no_pods_since(gs: GroupSlices, before: GroupAvailability, mono_s: float) -> float | None:
     """Since when replicas asked for have had no pods; None while every replica has pods."""
-    slices = sum(1 for s in gs.slices if s.state in _ALIVE)
+    slices = len(gs.slices) - len(gs.by_state(SliceState.TERMINATING))
     if gs.group.effective_replicas <= slices:
         return None
     return before.no_pods_since_mono if before.no_pods_since_mono is not None else mono_s
