@@ -478,3 +478,22 @@ async def test_the_recorder_sets_the_gauges_counts_fallbacks_and_sends_one_event
     assert reasons.count("GroupUnavailable") == 1
     (text,) = [m for r, m in events.recorded if r == "GroupUnavailable"]
     assert "demand → v5e" in text
+
+
+def test_a_probe_refused_by_the_autoscaler_fails_after_the_grace() -> None:
+    marked = _marked()
+    probe = _plan(_groups(0, 1), [], _demand(), marked.memory, at=181)
+    refused = CapacityEvent(
+        CapacitySignal.NO_SCALE_UP,
+        "cluster-autoscaler",
+        "NotTriggerScaleUp",
+        "pod didn't trigger scale-up: 1 max node group size reached",
+        NOW_MS + 190_000,
+        pod="v6e-a-0",
+    )
+    stuck, rc = _stuck_v6e(age_s=10), _groups(1, 1)
+    early = _plan(rc, stuck, _demand(), probe.memory, at=200, events=(refused,))
+    assert early.memory.availability["v6e"].probing
+    late = _plan(rc, stuck, _demand(), early.memory, at=242, events=(refused,))
+    a = late.memory.availability["v6e"]
+    assert (a.cause, a.failures, a.probing) == (UnavailableCause.UNSCHEDULABLE, 2, False)

@@ -179,7 +179,9 @@ def _signals(
     ]
     if refused:
         newest = max(refused, key=_at)
-        waited = mono_s - before.since_mono if before.state is Availability.SUSPECT else 0.0
+        # Suspect since, or probing since (the probe's slice is judged by the same grace).
+        judged = before.state is Availability.SUSPECT or before.probing
+        waited = mono_s - before.since_mono if judged else 0.0
         if waited >= policy.grace_s:
             failure = _from_event(newest, UnavailableCause.UNSCHEDULABLE)
             return replace(base, failure=failure)
@@ -310,7 +312,7 @@ def _while_unavailable(
         return _mark(name, before, kept, found, policy, mono_s, ChangeKind.PROBE_FAILED)
     if before.probing:
         return kept, None
-    after = replace(kept, probing=True)
+    after = replace(kept, probing=True, since_mono=mono_s)
     return after, _change(name, before, after, ChangeKind.PROBE)
 
 
