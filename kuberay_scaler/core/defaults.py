@@ -60,8 +60,8 @@ MAX_PROVISION_TIME_S = 900.0
 # before one slice is tried again, doubling per failed probe up to the max.
 UNAVAILABLE_BACKOFF_S = 180.0
 UNAVAILABLE_MAX_BACKOFF_S = 1800.0
-# Pods still Unschedulable this long after the cluster-autoscaler said NotTriggerScaleUp, or
-# replicas asked for that have had no pods this long: the group is unavailable.
+# Pods still Unschedulable this long after the cluster-autoscaler said NotTriggerScaleUp: the
+# group is unavailable.
 CAPACITY_GRACE_S = 60.0
 MISSING_NODE_GRACE_S = 180.0
 REPLACE_BACKOFF_S = 300.0

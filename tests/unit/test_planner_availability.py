@@ -266,11 +266,13 @@ def test_image_pull_failure_makes_the_group_unavailable() -> None:
     assert _targets(result) == {"v6e": 0, "v5e": 1}
 
 
-def test_replicas_without_pods_for_the_grace_are_quota() -> None:
+def test_replicas_without_pods_for_the_deadline_are_quota() -> None:
     rc = _groups(v6e_replicas=1)
     first = _plan(rc, [], _demand())
     assert _targets(first) == {"v6e": 1, "v5e": 0}  # asked for: KubeRay is creating them
-    later = _plan(rc, [], _demand(), first.memory, at=61)
+    slow = _plan(rc, [], _demand(), first.memory, at=899)  # a slow operator is no quota
+    assert _targets(slow) == {"v6e": 1, "v5e": 0}
+    later = _plan(rc, [], _demand(), slow.memory, at=901)
     assert later.memory.availability["v6e"].cause is UnavailableCause.QUOTA
     assert _targets(later) == {"v6e": 0, "v5e": 1}
     v6e = _decision(later, "v6e")
@@ -497,3 +499,19 @@ def test_a_probe_refused_by_the_autoscaler_fails_after_the_grace() -> None:
     late = _plan(rc, stuck, _demand(), early.memory, at=242, events=(refused,))
     a = late.memory.availability["v6e"]
     assert (a.cause, a.failures, a.probing) == (UnavailableCause.UNSCHEDULABLE, 2, False)
+
+
+def test_kuberays_failed_to_create_event_is_quota_at_once() -> None:
+    failed = CapacityEvent(
+        CapacitySignal.QUOTA,
+        "raycluster-controller",
+        "FailedToCreateWorkerPod",
+        'Failed to create worker Pod default/rc-v6e-x, pods "rc-v6e-x" is forbidden: exceeded'
+        " quota: tpu-quota, requested: google.com/tpu=4, used: google.com/tpu=16,"
+        " limited: google.com/tpu=16",
+        NOW_MS - 1_000,
+        group="v6e",
+    )
+    result = _plan(_groups(v6e_replicas=1), [], _demand(), events=(failed,))
+    assert result.memory.availability["v6e"].cause is UnavailableCause.QUOTA
+    assert _targets(result) == {"v6e": 0, "v5e": 1}

@@ -10,8 +10,8 @@ Signals, fastest first:
   `TriggeredScaleUp` for `grace_s` → unavailable(unschedulable);
 - ErrImagePull / ImagePullBackOff / CrashLoopBackOff on a host of a slice not up →
   unavailable(image);
-- replicas asked for that have had no pods for `grace_s` (KubeRay could not create them) →
-  unavailable(quota);
+- replicas asked for that have had no pods for the group's provisioning deadline (KubeRay could
+  not create them; its own FailedToCreateWorkerPod Event is the fast path) → unavailable(quota);
 - a slice not up within the group's provisioning deadline → unavailable(provisioning-deadline).
 
 Unschedulable pods alone (no Events readable, or none yet) make a group suspect only: every new
@@ -65,7 +65,7 @@ _NOT_UP = (SliceFault.NOT_UP_IN_TIME, SliceFault.HOSTS_MISSING)
 class AvailabilityPolicy:
     initial_s: float = UNAVAILABLE_BACKOFF_S  # KUBERAY_SCALER_UNAVAILABLE_BACKOFF_S
     cap_s: float = UNAVAILABLE_MAX_BACKOFF_S  # KUBERAY_SCALER_UNAVAILABLE_MAX_BACKOFF_S
-    grace_s: float = CAPACITY_GRACE_S  # Unschedulable after NotTriggerScaleUp; no pods
+    grace_s: float = CAPACITY_GRACE_S  # Unschedulable after NotTriggerScaleUp
     deadline_s: float = MAX_PROVISION_TIME_S  # the cluster default provisioning deadline
 
 
@@ -166,7 +166,10 @@ def _signals(
     late = _past_deadline(gs, policy, clock)
     if late:
         return replace(base, failure=_failed(UnavailableCause.PROVISIONING_DEADLINE, late, "pods"))
-    if no_pods is not None and mono_s - no_pods >= policy.grace_s:
+    # KubeRay's own FailedToCreateWorkerPod Event is the fast path (a QUOTA event above); without
+    # it, replicas with no pods at all wait out the group's deadline: an operator that is down
+    # or slow is not a quota, and a grace shorter than that would cancel what it is creating.
+    if no_pods is not None and mono_s - no_pods >= group_deadline_s(gs, policy.deadline_s):
         detail = (
             f"replicas without pods for {mono_s - no_pods:.0f} s (KubeRay could not create them)"
         )
