@@ -279,6 +279,7 @@ def test_replicas_without_pods_for_the_deadline_are_quota() -> None:
     assert [r.kind for r in v6e.reasons if isinstance(r, ScaleDown)] == [
         ScaleDownKind.CANCEL_UNAVAILABLE
     ]
+    assert v6e.reason_code == "cancel_unavailable"
 
 
 # ---- backoff and probe ------------------------------------------------------------------------
@@ -515,3 +516,21 @@ def test_kuberays_failed_to_create_event_is_quota_at_once() -> None:
     result = _plan(_groups(v6e_replicas=1), [], _demand(), events=(failed,))
     assert result.memory.availability["v6e"].cause is UnavailableCause.QUOTA
     assert _targets(result) == {"v6e": 0, "v5e": 1}
+
+
+def test_the_stage_is_pure_and_returns_frozen_values() -> None:
+    from types import MappingProxyType
+
+    from kuberay_scaler.core.planner.availability import AvailabilityPolicy, judge_availability
+    from kuberay_scaler.core.slicemap import build_slice_map
+
+    snap = snapshot_of(_groups(v6e_replicas=1), _stuck_v6e())
+    slice_map = build_slice_map(snap.spec, snap.hosts, _demand(), NOW)
+    previous: dict[str, GroupAvailability] = {}
+    args = (slice_map, (_stockout(),), previous, AvailabilityPolicy(), MONO)
+    first, again = judge_availability(*args), judge_availability(*args)
+    assert first == again and previous == {}  # same values in, same values out; input untouched
+    assert isinstance(first.groups, MappingProxyType)
+    assert first.groups["v6e"].cause is UnavailableCause.STOCKOUT
+    assert first.groups["v5e"].state is Availability.AVAILABLE
+    assert [c.group for c in first.changes] == ["v6e"]

@@ -106,7 +106,10 @@ class GroupDecision:
             return str(faults[0] or "broken")
         if action is Action.SCALE_DOWN:
             first = (*self.deletions, *self.preempt)
-            return str(first[0].reason.kind) if first else "replicas_above_max"
+            if first:
+                return str(first[0].reason.kind)
+            downs = [r for r in self.reasons if isinstance(r, ScaleDown)]  # replicas without pods
+            return str(downs[0].kind) if downs else "replicas_above_max"
         if action is Action.CLEAR_WORKERS_TO_DELETE:
             return "workers_deleted"
         return "none"
