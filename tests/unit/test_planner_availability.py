@@ -534,3 +534,17 @@ def test_the_stage_is_pure_and_returns_frozen_values() -> None:
     assert first.groups["v6e"].cause is UnavailableCause.STOCKOUT
     assert first.groups["v5e"].state is Availability.AVAILABLE
     assert [c.group for c in first.changes] == ["v6e"]
+
+
+def test_the_deadline_annotation_parses_or_names_the_group_as_a_problem() -> None:
+    rc = _groups()
+    meta = {"annotations": {ANNOTATION_MAX_PROVISION: "300"}}
+    rc["spec"]["workerGroupSpecs"][0]["template"]["metadata"] = meta
+    spec = parse_raycluster(rc)
+    v6e = spec.group("v6e")
+    assert v6e is not None and v6e.max_provision_s == 300
+    for bad in ("0", "-5", "soon", "nan", "inf"):
+        meta["annotations"][ANNOTATION_MAX_PROVISION] = bad
+        spec = parse_raycluster(rc)
+        assert spec.group("v6e") is None and spec.group("v5e") is not None
+        assert any(ANNOTATION_MAX_PROVISION in p.message for p in spec.problems)
