@@ -44,10 +44,10 @@ from kuberay_scaler.core.model.availability import (
     GroupAvailability,
     UnavailableCause,
 )
-from kuberay_scaler.core.model.hosts import HostPhase
+from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.reasons import SliceFault
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
-from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
+from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceMap, SliceState
 
 IMAGE_FAILURES = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff", "InvalidImageName"}
@@ -59,6 +59,8 @@ _FAILED = {
     CapacitySignal.SCALE_UP_FAILED: UnavailableCause.STOCKOUT,
 }
 _NOT_UP = (SliceFault.NOT_UP_IN_TIME, SliceFault.HOSTS_MISSING)
+_TRIGGERED = CapacitySignal.SCALE_UP_TRIGGERED
+_NOT_TRIGGERED = CapacitySignal.NO_SCALE_UP
 
 
 @dataclass(frozen=True)
@@ -144,65 +146,108 @@ def _signals(
     clock: HostClock | None,
     skip_no_pods: frozenset[str],
 ) -> _Signals:
-    newest_failure = max((e for e in events if e.signal in _FAILED), key=_at, default=None)
-    trigger_ms = max((e.last_seen_ms for e in events if _is(e, "trigger")), default=0)
-    newest_ms = max(before.seen_failure_ms, newest_failure.last_seen_ms if newest_failure else 0)
+    """The strongest signal of this frame, fastest source first (see the module docstring)."""
+    failed = [e for e in events if e.signal in _FAILED]
+    newest_failure = max(failed, key=_at, default=None)
+    triggered_ms = max((e.last_seen_ms for e in events if e.signal is _TRIGGERED), default=0)
     no_pods = _no_pods_since(gs, before, mono_s) if gs.group.name not in skip_no_pods else None
-    base = _Signals(newest_failure_ms=newest_ms, no_pods_since=no_pods)
-    # A failure Event not judged yet, not followed by a scale-up the autoscaler triggered.
-    if newest_failure is not None and newest_failure.last_seen_ms > before.seen_failure_ms:
-        if trigger_ms <= newest_failure.last_seen_ms:
-            return replace(
-                base, failure=_from_event(newest_failure, _FAILED[newest_failure.signal])
-            )
-        why = f"scale-up triggered again after: {newest_failure.message}"
-        return replace(base, suspicion=_suspect(why, "cluster-autoscaler", trigger_ms))
+    base = _Signals(
+        newest_failure_ms=max(
+            before.seen_failure_ms, newest_failure.last_seen_ms if newest_failure else 0
+        ),
+        no_pods_since=no_pods,
+    )
     stuck = [(sl, h) for sl in gs.coming_up for h in sl.hosts if h.phase is HostPhase.PENDING]
-    image = [(sl, h) for sl, h in stuck if h.detail in IMAGE_FAILURES]
-    if image:
-        sl, h = image[0]
-        detail = f"pod {h.pod_name} of slice {sl.key}: {h.detail}"
-        return replace(base, failure=_failed(UnavailableCause.IMAGE, detail, "pods"))
+    found = (
+        _failure_event(newest_failure, triggered_ms, before)
+        or _image(stuck)
+        or _deadline(gs, policy, clock)
+        or _no_pods(gs, no_pods, policy, mono_s)
+        or _refused(stuck, events, triggered_ms, before, policy, mono_s)
+        or _unschedulable(stuck)
+    )
+    if found is None:
+        return base
+    if found.state is Availability.UNAVAILABLE:
+        return replace(base, failure=found)
+    return replace(base, suspicion=found)
+
+
+def _failure_event(
+    newest: CapacityEvent | None, triggered_ms: int, before: GroupAvailability
+) -> GroupAvailability | None:
+    """A scale-up failure not judged yet: unavailable, unless a scale-up the autoscaler
+    triggered after it says it is still trying (suspect: never fight its own fallbacks)."""
+    if newest is None or newest.last_seen_ms <= before.seen_failure_ms:
+        return None
+    if triggered_ms <= newest.last_seen_ms:
+        return _from_event(newest, _FAILED[newest.signal])
+    why = f"scale-up triggered again after: {newest.message}"
+    return _suspect(why, newest.source, triggered_ms)
+
+
+def _image(stuck: list[tuple[Slice, Host]]) -> GroupAvailability | None:
+    for sl, h in stuck:
+        if h.detail in IMAGE_FAILURES:
+            detail = f"pod {h.pod_name} of slice {sl.key}: {h.detail}"
+            return _failed(UnavailableCause.IMAGE, detail, "pods")
+    return None
+
+
+def _deadline(
+    gs: GroupSlices, policy: AvailabilityPolicy, clock: HostClock | None
+) -> GroupAvailability | None:
     late = _past_deadline(gs, policy, clock)
-    if late:
-        return replace(base, failure=_failed(UnavailableCause.PROVISIONING_DEADLINE, late, "pods"))
-    # KubeRay's own FailedToCreateWorkerPod Event is the fast path (a QUOTA event above); without
-    # it, replicas with no pods at all wait out the group's deadline: an operator that is down
-    # or slow is not a quota, and a grace shorter than that would cancel what it is creating.
-    if no_pods is not None and mono_s - no_pods >= group_deadline_s(gs, policy.deadline_s):
-        detail = (
-            f"replicas without pods for {mono_s - no_pods:.0f} s (KubeRay could not create them)"
-        )
-        return replace(base, failure=_failed(UnavailableCause.QUOTA, detail, "pods"))
+    return _failed(UnavailableCause.PROVISIONING_DEADLINE, late, "pods") if late else None
+
+
+def _no_pods(
+    gs: GroupSlices, since: float | None, policy: AvailabilityPolicy, mono_s: float
+) -> GroupAvailability | None:
+    """Replicas with no pods at all for the group's deadline. KubeRay's own
+    FailedToCreateWorkerPod Event is the fast path (a QUOTA Event); without it an operator that
+    is down or slow is no quota, and a shorter grace would cancel what it is creating."""
+    if since is None or mono_s - since < group_deadline_s(gs, policy.deadline_s):
+        return None
+    detail = f"replicas without pods for {mono_s - since:.0f} s (KubeRay could not create them)"
+    return _failed(UnavailableCause.QUOTA, detail, "pods")
+
+
+def _refused(
+    stuck: list[tuple[Slice, Host]],
+    events: list[CapacityEvent],
+    triggered_ms: int,
+    before: GroupAvailability,
+    policy: AvailabilityPolicy,
+    mono_s: float,
+) -> GroupAvailability | None:
+    """NotTriggerScaleUp on a pod still Unschedulable, no scale-up triggered since: suspect,
+    then unavailable once suspect (or probing) for the grace."""
     unschedulable = {h.pod_name for _, h in stuck if h.detail == UNSCHEDULABLE}
     refused = [
         e
         for e in events
-        if _is(e, "no_scale_up") and e.last_seen_ms > trigger_ms and (e.pod in unschedulable)
+        if e.signal is _NOT_TRIGGERED and e.last_seen_ms > triggered_ms and e.pod in unschedulable
     ]
-    if refused:
-        newest = max(refused, key=_at)
-        # Suspect since, or probing since (the probe's slice is judged by the same grace).
-        judged = before.state is Availability.SUSPECT or before.probing
-        waited = mono_s - before.since_mono if judged else 0.0
-        if waited >= policy.grace_s:
-            failure = _from_event(newest, UnavailableCause.UNSCHEDULABLE)
-            return replace(base, failure=failure)
-        return replace(base, suspicion=_suspect(newest.message, newest.source, newest.last_seen_ms))
-    if unschedulable:
-        detail = f"{len(unschedulable)} pod(s) Unschedulable, waiting for a node"
-        return replace(base, suspicion=_suspect(detail, "pods", None))
-    return base
+    if not refused:
+        return None
+    newest = max(refused, key=_at)
+    judged = before.state is Availability.SUSPECT or before.probing
+    if judged and mono_s - before.since_mono >= policy.grace_s:
+        return _from_event(newest, UnavailableCause.UNSCHEDULABLE)
+    return _suspect(newest.message, newest.source, newest.last_seen_ms)
+
+
+def _unschedulable(stuck: list[tuple[Slice, Host]]) -> GroupAvailability | None:
+    """Unschedulable pods alone: every new TPU pod is, until its node exists. Suspect only."""
+    count = sum(1 for _, h in stuck if h.detail == UNSCHEDULABLE)
+    if not count:
+        return None
+    return _suspect(f"{count} pod(s) Unschedulable, waiting for a node", "pods", None)
 
 
 def _at(e: CapacityEvent) -> int:
     return e.last_seen_ms
-
-
-def _is(e: CapacityEvent, what: str) -> bool:
-    if what == "trigger":
-        return e.signal is CapacitySignal.SCALE_UP_TRIGGERED
-    return e.signal is CapacitySignal.NO_SCALE_UP
 
 
 def _from_event(e: CapacityEvent, cause: UnavailableCause) -> GroupAvailability:
