@@ -91,7 +91,9 @@ class Recorder:
                 up = a is None or a.state is not Availability.UNAVAILABLE
                 GROUP_AVAILABLE.labels(d.group, cause).set(1 if up else 0)
         for line, change in capacity_lines(result):
-            log.warning("capacity", group=change.group, change=change.kind.value, text=line)
+            # Suspect comes with every new TPU slice (Unschedulable until its node exists).
+            said = log.warning if change.kind in _LOSSES else log.info
+            said("capacity", group=change.group, change=change.kind.value, text=line)
             reason = _CHANGE_EVENTS.get(change.kind)
             if reason is not None:
                 self._event(reason, line)
@@ -239,6 +241,7 @@ class Recorder:
         task.add_done_callback(self._background.discard)
 
 
+_LOSSES = (ChangeKind.MARKED, ChangeKind.PROBE_FAILED)
 _CHANGE_EVENTS = {
     ChangeKind.MARKED: "GroupUnavailable",
     ChangeKind.PROBE_FAILED: "GroupUnavailable",
