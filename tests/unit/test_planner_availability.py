@@ -548,3 +548,12 @@ def test_the_deadline_annotation_parses_or_names_the_group_as_a_problem() -> Non
         spec = parse_raycluster(rc)
         assert spec.group("v6e") is None and spec.group("v5e") is not None
         assert any(ANNOTATION_MAX_PROVISION in p.message for p in spec.problems)
+
+
+def test_an_unavailable_group_with_a_write_in_flight_never_holds_demand() -> None:
+    # Our cancel of v6e is not observed yet; demand preferring v6e first must still go on.
+    marked = _marked()
+    memory = replace(marked.memory, awaiting_write={"v6e": "cancel in flight"})
+    ray = state([head_node()], [TaskDemand(_prefers("v6e-16", "v5litepod-16"), 8)])
+    result = _plan(_groups(1, 1), _stuck_v6e(), ray, memory, at=5)
+    assert _targets(result)["v5e"] == 2

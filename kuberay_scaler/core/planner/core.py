@@ -479,12 +479,14 @@ def _room(
     if avail is not None and avail.unavailable:
         room.unavailable_cause = avail.cause.value if avail.cause else "unavailable"
         room.availability_rank = 0 if avail.probing else 1
-    if g.hold_all:
+    if avail is not None and avail.blocks_launch:
+        # Before the holds: a write of ours in flight can only cancel here, never add, so the
+        # demand goes on to the next group instead of waiting for it.
+        room.blocked = _unavailable_hold(group.name, avail, now, news.mono_s)
+    elif g.hold_all:
         room.blocked, room.holds_demand = g.hold_all, True
     elif group.suspend:
         room.blocked = Hold(HoldKind.GROUP_SUSPENDED, group.name)
-    elif avail is not None and avail.blocks_launch:
-        room.blocked = _unavailable_hold(group.name, avail, now, news.mono_s)
     elif back is not None and back.until > now:
         room.blocked = Hold(
             HoldKind.BACKING_OFF, group.name, until=back.until, failures=back.failures
