@@ -557,3 +557,19 @@ def test_an_unavailable_group_with_a_write_in_flight_never_holds_demand() -> Non
     ray = state([head_node()], [TaskDemand(_prefers("v6e-16", "v5litepod-16"), 8)])
     result = _plan(_groups(1, 1), _stuck_v6e(), ray, memory, at=5)
     assert _targets(result)["v5e"] == 2
+
+
+def test_a_group_whose_planning_raises_keeps_its_backoff(monkeypatch: Any) -> None:
+    from kuberay_scaler.core.planner import core
+    from kuberay_scaler.core.planner.shapes import slice_shape as real
+
+    marked = _marked()
+
+    def fragile(g: Any) -> Any:
+        if g.name == "v6e":
+            raise ZeroDivisionError("a bug only this group's numbers reach")
+        return real(g)
+
+    monkeypatch.setattr(core, "slice_shape", fragile)
+    result = _plan(_groups(0, 1), [], _demand(), marked.memory, at=10)
+    assert result.memory.availability["v6e"] == marked.memory.availability["v6e"]

@@ -115,7 +115,7 @@ _NONE = Cancelled()
 
 @dataclass(frozen=True)
 class _Capacity:
-    """This frame's capacity news: the Events, the monotonic reading, the judged availability."""
+    """This frame's capacity news: the Events and the daemon's monotonic reading."""
 
     events: tuple[CapacityEvent, ...] = ()
     mono_s: float = 0.0
@@ -348,7 +348,7 @@ def _plan(
             preempting=MappingProxyType(preempting),
             broken_busy_since=MappingProxyType(busy.since_out),
             refused=MappingProxyType(_live_refused(memory, slice_map, now)),
-            availability=judged.groups,
+            availability=_kept_availability(judged, memory, spec),
         ),
         settle_s=settle_s,
         availability_changes=judged.changes,
@@ -554,6 +554,18 @@ def _judge_availability(
         clock,
         held=tuple(memory.awaiting_write),
     )
+
+
+def _kept_availability(
+    judged: AvailabilityResult, memory: Memory, spec: ClusterSpec
+) -> Mapping[str, GroupAvailability]:
+    """This frame's availability, and last frame's of groups skipped this frame (a group whose
+    planning raised keeps its backoff)."""
+    skipped = [n for n in spec.skipped_groups if n in memory.availability]
+    if not skipped:
+        return judged.groups
+    kept = {n: memory.availability[n] for n in skipped}
+    return MappingProxyType({**kept, **judged.groups})
 
 
 def _fallbacks(rooms: Mapping[str, GroupRoom]) -> tuple[Fallback, ...]:
