@@ -230,7 +230,8 @@ def decide(
     )
     grace_s = policy.timeouts.missing_node_grace_s
     ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
-    result = plan(snapshot, ray, memory, policy, now, ev, mono_s=mono_s)
+    events = observed.capacity_events
+    result = plan(snapshot, ray, memory, policy, now, ev, mono_s=mono_s, events=events)
     if ray_problem is not None:
         result = replace(result, problems=(*result.problems, ray_problem))
     # The gate also honours deadlines this plan set (preemptions it starts).

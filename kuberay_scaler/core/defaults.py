@@ -56,6 +56,13 @@ OVERRIDE_MEMORY_S = 3600.0
 
 # Slices and replacement.
 MAX_PROVISION_TIME_S = 900.0
+# Group availability (issue 29): an unavailable group (stockout, quota, ...) waits this long
+# before one slice is tried again, doubling per failed probe up to the max.
+UNAVAILABLE_BACKOFF_S = 180.0
+UNAVAILABLE_MAX_BACKOFF_S = 1800.0
+# Pods still Unschedulable this long after the cluster-autoscaler said NotTriggerScaleUp: the
+# group is unavailable.
+CAPACITY_GRACE_S = 60.0
 MISSING_NODE_GRACE_S = 180.0
 REPLACE_BACKOFF_S = 300.0
 MAX_REPLACE_BACKOFF_S = 1800.0

@@ -327,6 +327,8 @@ def _state(
     clock: HostClock,
 ) -> tuple[SliceState, str, SliceFault | None]:
     want = group.num_of_hosts
+    if group.max_provision_s is not None:  # the group's own deadline (its template annotation)
+        timeouts = SliceTimeouts(group.max_provision_s, timeouts.missing_node_grace_s)
     terminating = [h for h in hosts if h.phase is HostPhase.TERMINATING]
     if marked or terminating:
         why = "named in workersToDelete" if marked else f"{len(terminating)} host(s) terminating"

@@ -203,7 +203,12 @@ class Reconciler:
     def _publish(self, decision: Decision, now: Instant) -> None:
         self.sink.published(decision)  # the plan, its writes and what the gate dropped
         # Memory that time alone moves is kept from every decision, written or not.
-        self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
+        kept = decision.plan.memory
+        self.memory = replace(
+            self.memory,
+            broken_busy_since=kept.broken_busy_since,
+            availability=kept.availability,
+        )
         self.schedule.planned(decision.plan.next_wake_s, now.mono)
 
     # --- execute ---------------------------------------------------------------------------------

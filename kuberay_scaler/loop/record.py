@@ -15,7 +15,8 @@ from typing import Any
 import structlog
 
 from kuberay_scaler.core.decision import Decision, Drain, RecordIntent, Write
-from kuberay_scaler.core.model.plan import GroupDecision, Plan
+from kuberay_scaler.core.model.availability import Availability, AvailabilityChange, ChangeKind
+from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.core.model.reasons import Action
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.planner.gate import Blocked
@@ -26,6 +27,8 @@ from kuberay_scaler.runtime.metrics import (
     BLIND_SECONDS,
     DECISIONS,
     DELETIONS_BLOCKED,
+    FALLBACKS,
+    GROUP_AVAILABLE,
     LAST_SUCCESSFUL_RECONCILE,
     OLDEST_UNMET_WANT,
     OVERRIDES,
@@ -71,6 +74,7 @@ class Recorder:
         result = decision.plan
         for d in result.groups:
             TARGET_REPLICAS.labels(d.group).set(d.target)
+        self._availability(result)
         if result.slice_map is None:
             return
         for name, gs in result.slice_map.groups.items():
@@ -92,6 +96,25 @@ class Recorder:
             log.warning("slice outdated by a spec edit", group=name, slice=key, why=reason)
             self._event("SliceOutdated", f"group {name}: slice {key} {reason}")
         self._outdated = frozenset(found)
+
+    def _availability(self, result: Plan) -> None:
+        """Each group's availability as a gauge; each transition said once (log and Event)."""
+        if result.held is None:
+            GROUP_AVAILABLE.clear()  # a group's cause label changes: no stale series left
+            for d in result.groups:
+                a = result.memory.availability.get(d.group)
+                cause = _cause_label(
+                    a.state.value if a else "", a.cause.value if a and a.cause else ""
+                )
+                up = a is None or a.state is not Availability.UNAVAILABLE
+                GROUP_AVAILABLE.labels(d.group, cause).set(1 if up else 0)
+        for line, change in capacity_lines(result):
+            # Suspect comes with every new TPU slice (Unschedulable until its node exists).
+            said = log.warning if change.kind in _LOSSES else log.info
+            said("capacity", group=change.group, change=change.kind.value, text=line)
+            reason = _CHANGE_EVENTS.get(change.kind)
+            if reason is not None:
+                self._event(reason, line)
 
     def blocked(self, blocked: Sequence[Blocked]) -> None:
         """The gate dropped a deletion a planner path made: a planner bug, said loudly."""
@@ -124,6 +147,8 @@ class Recorder:
 
     def applied(self, result: Plan) -> None:
         self._decisions(result, dry_run=False)
+        for f in result.fallbacks:
+            FALLBACKS.labels(f.from_group, f.to_group, f.cause).inc(f.slices)
         for d in result.groups:
             if d.changes:
                 self._event(_event_reason(d), _event_text(d))
@@ -242,6 +267,49 @@ class Recorder:
         task = asyncio.get_running_loop().create_task(self._events.record(reason, message))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+_LOSSES = (ChangeKind.MARKED, ChangeKind.PROBE_FAILED)
+_CHANGE_EVENTS = {
+    ChangeKind.MARKED: "GroupUnavailable",
+    ChangeKind.PROBE_FAILED: "GroupUnavailable",
+    ChangeKind.PROBE: "GroupProbing",
+    ChangeKind.RECOVERED: "GroupAvailable",
+}
+
+
+def _cause_label(state: str, cause: str) -> str:
+    if cause:
+        return cause
+    return "suspect" if state == Availability.SUSPECT.value else "none"
+
+
+def capacity_lines(result: Plan) -> list[tuple[str, AvailabilityChange]]:
+    """One sentence per availability transition, as the morning log should read it: "v6e
+    unavailable (stockout): GCE out of resources (cluster-autoscaler, 12:03:10); 1 pending
+    slice cancelled; demand → v5e; v6e probed again at 12:06:10"."""
+    out = []
+    for change in result.availability_changes:
+        text = str(change)
+        if change.kind in (ChangeKind.MARKED, ChangeKind.PROBE_FAILED):
+            decision = result.group(change.group)
+            cancelled = [
+                x for x in (decision.deletions if decision else ()) if x.kind is DeleteKind.CANCEL
+            ]
+            if cancelled:
+                text += f"; {len(cancelled)} pending slice(s) cancelled"
+            to = sorted({f.to_group for f in result.fallbacks if f.from_group == change.group})
+            if to:
+                text += f"; demand → {', '.join(to)}"
+            probe_s = result.next_probe_s.get(change.group)
+            if probe_s is not None:
+                at = datetime.fromtimestamp(result.now_ms / 1000 + probe_s, UTC)
+                text += (
+                    f"; {change.group} probed again at {at.strftime('%H:%M:%S')}"
+                    f" (in {change.backoff_s:.0f} s)"
+                )
+        out.append((text, change))
+    return out
 
 
 def _event_reason(d: GroupDecision) -> str:

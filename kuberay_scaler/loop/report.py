@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kuberay_scaler.core.decision import Decision
+from kuberay_scaler.core.model.availability import Availability
 from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.core.model.ray import Bundle, GangDemand, TaskDemand
@@ -43,7 +44,10 @@ def report_from_plan(
     for decision in plan.groups:
         pods_waiting = 0
         if slice_map and decision.group in slice_map.groups:
+            cancelled = {x.slice_key for x in decision.deletions if x.kind is DeleteKind.CANCEL}
             for sl in slice_map.groups[decision.group].coming_up:  # the others wait for none
+                if sl.key in cancelled:
+                    continue  # cancelled: said under failed, not as launching
                 waiting = _waiting_pods(sl, decision.group, now_s)
                 pods_waiting += len(waiting)
                 pending.extend(waiting)
@@ -62,6 +66,7 @@ def report_from_plan(
                 )
             )
         failed.extend(_broken_but_busy(decision, now_s))
+        failed.extend(_unavailable(plan, decision, now_s))
     tasks, gangs, constraints = _infeasible(plan)
     return AutoscalingReport(
         launching=tuple(launching),
@@ -88,6 +93,27 @@ def _broken_but_busy(decision: GroupDecision, now_s: int) -> list[FailedRequest]
         for r in decision.reasons
         if isinstance(r, Keep) and r.kind is KeepKind.BROKEN_BUT_BUSY
     ]
+
+
+def _unavailable(plan: Plan, decision: GroupDecision, now_s: int) -> list[FailedRequest]:
+    """A group that cannot get capacity, with the cause and its next probe (issue 29): `ray
+    status` shows it as a failed launch, the reason under -v."""
+    a = plan.memory.availability.get(decision.group)
+    if a is None or a.state is not Availability.UNAVAILABLE:
+        return []
+    cancelled = [x for x in decision.deletions if x.kind is DeleteKind.CANCEL]
+    reason = f"{decision.group} {a}"
+    if cancelled:
+        reason += f"; {len(cancelled)} pending slice(s) cancelled"
+    to = sorted({f.to_group for f in plan.fallbacks if f.from_group == decision.group})
+    if to:
+        reason += f"; demand → {', '.join(to)}"
+    probe_s = plan.next_probe_s.get(decision.group)
+    if probe_s is not None:
+        reason += f"; probed again in {probe_s:.0f} s"
+    started = a.at_ms // 1000 if a.at_ms else now_s
+    hosts = sum(len(x.pods) for x in cancelled) or decision.num_of_hosts
+    return [FailedRequest(decision.group, hosts, reason, started, now_s)]
 
 
 def _launching(decision: GroupDecision, launches_asked: bool) -> int:

@@ -125,3 +125,19 @@ OLDEST_UNMET_WANT = Gauge(
     ["group"],
     registry=REGISTRY,
 )
+
+# --- group availability and fallback ---------------------------------------------------------
+GROUP_AVAILABLE = Gauge(
+    "kuberay_scaler_group_available",
+    "1 while a worker group can get capacity (available or suspect), 0 while it is unavailable;"
+    " cause: none, suspect, or why it is unavailable (stockout, quota, unschedulable, image,"
+    " provisioning-deadline).",
+    ["group", "cause"],
+    registry=REGISTRY,
+)
+FALLBACKS = Counter(
+    "kuberay_scaler_fallbacks_total",
+    "Slices opened in group `to` for demand that prefers the unavailable group `from`.",
+    ["from", "to", "cause"],
+    registry=REGISTRY,
+)

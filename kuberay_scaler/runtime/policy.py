@@ -17,4 +17,6 @@ def policy_from_settings(settings: Settings) -> Policy:
         replace_backoff_s=settings.replace_backoff_s,
         preempt_deadline_s=settings.preempt_deadline_s,
         broken_busy_max_s=settings.broken_busy_max_s,
+        unavailable_backoff_s=settings.unavailable_backoff_s,
+        unavailable_max_backoff_s=settings.unavailable_max_backoff_s,
     )

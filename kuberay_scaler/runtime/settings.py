@@ -325,6 +325,20 @@ class Settings(BaseSettings):
         "A broken slice with a busy host is kept at most this long, then its live"
         " hosts are drained for preemption and it is replaced whole.",
     )
+    # --- group availability (issue 29): fallback between slice types ---
+    unavailable_backoff_s: float = seconds(
+        D.UNAVAILABLE_BACKOFF_S,
+        "unavailable_backoff_s",
+        "A group that cannot get capacity (stockout, quota, unschedulable, image, provisioning"
+        " deadline) adds no slice this long, then one slice probes it; each failed probe doubles"
+        " the wait.",
+    )
+    unavailable_max_backoff_s: float = seconds(
+        D.UNAVAILABLE_MAX_BACKOFF_S,
+        "unavailable_max_backoff_s",
+        "The longest an unavailable group waits before its next probe (it wins over a larger"
+        " KUBERAY_SCALER_UNAVAILABLE_BACKOFF_S).",
+    )
     # --- the loop: health by progress, giving up on a target not served, overrides ---
     unhealthy_after_failures: int = count(
         D.UNHEALTHY_AFTER_FAILURES,

@@ -78,6 +78,8 @@ def test_dashboard_loads_with_panels_and_variables() -> None:
         "Reconcile latency",
         "Kubernetes API errors",
         "GCS RPC errors",
+        "Group availability",
+        "Fallbacks between groups",
     } <= titles
     assert all(p.get("targets") for p in dashboard["panels"])
     assert {v["name"] for v in dashboard["templating"]["list"]} >= {"namespace", "cluster"}

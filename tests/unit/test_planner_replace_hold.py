@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kuberay_scaler.core.model.availability import UnavailableCause
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, ReplaceBackoff
 from kuberay_scaler.core.model.reasons import (
     Hold,
@@ -15,7 +16,10 @@ from kuberay_scaler.core.model.reasons import (
     KeepKind,
     ProblemKind,
     Replace,
+    ScaleDown,
+    ScaleDownKind,
     SliceFault,
+    Waiting,
 )
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.slicemap import SliceTimeouts
@@ -85,7 +89,9 @@ def test_ray_node_missing_within_the_grace_is_waited_for() -> None:
     assert deleted_pods(result, "tpu") == []
 
 
-def test_slice_pending_past_max_provision_time_is_replaced() -> None:
+def test_slice_pending_past_max_provision_time_is_cancelled_not_replaced() -> None:
+    # Issue 29: past the provisioning deadline the group is unavailable; a slice whose pods
+    # never ran is cancelled (the target drops), never replaced by the same stuck pods.
     pods = slice_pods("tpu", "tpu-a", 4, phase="Pending", age_s=700)
     result = plan_of(
         cluster(tpu_group(replicas=1)),
@@ -96,21 +102,34 @@ def test_slice_pending_past_max_provision_time_is_replaced() -> None:
     decision = result.group("tpu")
     assert decision is not None
     (deletion,) = decision.deletions
-    assert deletion.kind is DeleteKind.REPLACE
-    assert isinstance(deletion.reason, Replace)
-    assert deletion.reason.fault is SliceFault.NOT_UP_IN_TIME
-    assert [r.slice for r in decision.reasons if isinstance(r, Replace)] == ["tpu-a"]
+    assert deletion.kind is DeleteKind.CANCEL
+    assert isinstance(deletion.reason, ScaleDown)
+    assert deletion.reason.kind is ScaleDownKind.CANCEL_UNAVAILABLE
+    assert not [r for r in decision.reasons if isinstance(r, Replace)]
+    assert decision.target == 0
+    availability = result.memory.availability["tpu"]
+    assert availability.cause is UnavailableCause.PROVISIONING_DEADLINE
+    waiting = [r for r in decision.reasons if isinstance(r, Waiting)]
+    assert [w.blocked.kind for w in waiting] == [HoldKind.GROUP_UNAVAILABLE]
 
 
 def test_replacement_serves_the_demand_no_extra_slice_is_launched() -> None:
-    pods = slice_pods("tpu", "tpu-a", 4, phase="Pending", age_s=700)
+    pods = slice_pods("tpu", "tpu-a", 4)
+    pods[2]["status"]["phase"] = "Failed"
     result = plan_of(
         cluster(tpu_group(replicas=1)),
         pods,
         state([head_node()], [tasks({"TPU": 4}, 4)]),
         policy=POLICY,
     )
+    assert [x.kind for x in deletions(result, "tpu")] == [DeleteKind.REPLACE]
     assert targets(result) == {"tpu": 1}
+
+
+def deletions(result: Any, name: str) -> list[Any]:
+    decision = result.group(name)
+    assert decision is not None
+    return list(decision.deletions)
 
 
 def test_partial_slice_past_max_provision_time_is_replaced_as_a_unit() -> None:

@@ -23,6 +23,8 @@ th { background: #f3f3f3; }
 .partial { background: #ffe0b3; } .broken { background: #f8c9c9; }
 .outdated { background: #e0e0f8; }
 .terminating { background: #e0e0e0; }
+.avail-available { background: #d9f2d9; } .avail-suspect { background: #fff3cc; }
+.avail-unavailable { background: #f8c9c9; }
 .held { color: #a15c00; } .muted { color: #666; }
 ul { margin: .2em 0 .6em 1.2em; padding: 0; }
 """
@@ -79,7 +81,24 @@ def _group(g: Mapping[str, Any]) -> str:
     held_line = f"<p class='held'>Held: {escape(held.get('text', ''))}</p>" if held else ""
     reasons = [r.get("text", "") for r in g.get("reasons") or []]
     decided = "<p>Why:</p>" + _list(reasons) if reasons else "<p class='muted'>No reasons.</p>"
-    return head + held_line + _slices_table(g.get("slices") or []) + decided
+    availability = _availability(g.get("availability") or {})
+    return head + availability + held_line + _slices_table(g.get("slices") or []) + decided
+
+
+def _availability(a: Mapping[str, Any]) -> str:
+    """The group's availability (issue 29): its state, what said so, and its next probe."""
+    state = str(a.get("state") or "available")
+    line = f"Availability: <span class='state avail-{escape(state)}'>{escape(state)}</span>"
+    if a.get("text") and state != "available":
+        line += f" {escape(str(a['text']))}"
+    if a.get("next_probe_at"):
+        line += (
+            f"; next probe at {escape(str(a['next_probe_at']))}"
+            f" (in {_seconds(a.get('next_probe_in_s'))})"
+        )
+    elif a.get("probing"):
+        line += "; probing now (one slice)"
+    return f"<p>{line}</p>"
 
 
 def _slices_table(slices: Sequence[Mapping[str, Any]]) -> str:

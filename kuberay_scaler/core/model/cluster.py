@@ -77,6 +77,9 @@ class WorkerGroup:
     container: ContainerShape
     node_selector: Mapping[str, str]
     workers_to_delete: tuple[str, ...]
+    # The group's own provisioning deadline (template annotation ANNOTATION_MAX_PROVISION);
+    # None: the cluster default.
+    max_provision_s: float | None = None
 
     @property
     def is_multi_host(self) -> bool:

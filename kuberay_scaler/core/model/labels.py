@@ -15,6 +15,11 @@ LABEL_REPLICA_INDEX = "ray.io/worker-group-replica-index"
 LABEL_HOST_INDEX = "ray.io/replica-host-index"
 LABEL_LEGACY_REPLICA = "replicaIndex"  # set by the GKE TPU webhook on older operators
 
+# Annotation on a worker group's template metadata: its own provisioning deadline in seconds (a
+# slice not up by then makes the group unavailable; the cluster default is
+# KUBERAY_SCALER_MAX_PROVISION_TIME_S).
+ANNOTATION_MAX_PROVISION = "kuberay-scaler.io/max-provision-time-s"
+
 # Ray node labels. KubeRay sets RAY_NODE_TYPE_NAME=<groupName>; Ray turns it into NODE_GROUP.
 NODE_GROUP_LABEL = "ray.io/node-group"
 TPU_SLICE_LABEL = "ray.io/tpu-slice-name"

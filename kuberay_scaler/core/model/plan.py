@@ -9,6 +9,11 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from kuberay_scaler.core.model.availability import (
+    AvailabilityChange,
+    GroupAvailability,
+    said_by,
+)
 from kuberay_scaler.core.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.core.model.hosts import Host, HostClock
 from kuberay_scaler.core.model.ray import GangDemand, TaskDemand
@@ -55,6 +60,9 @@ class DeleteKind(StrEnum):
     # Above maxReplicas with no work: hosts that joined Ray are idle and drained first (none for
     # a slice still coming up or one already drained for preemption).
     SURPLUS = "surplus"
+    # A pending slice of an unavailable group whose pods never ran: named whole, no drain (the
+    # gate's (c)), and the target lowered by it: it is not replaced (issue 29).
+    CANCEL = "cancel"
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,10 @@ class GroupDecision:
             return str(faults[0] or "broken")
         if action is Action.SCALE_DOWN:
             first = (*self.deletions, *self.preempt)
-            return str(first[0].reason.kind) if first else "replicas_above_max"
+            if first:
+                return str(first[0].reason.kind)
+            downs = [r for r in self.reasons if isinstance(r, ScaleDown)]  # replicas without pods
+            return str(downs[0].kind) if downs else "replicas_above_max"
         if action is Action.CLEAR_WORKERS_TO_DELETE:
             return "workers_deleted"
         return "none"
@@ -192,6 +203,20 @@ class Memory:
     # Broken slices kept because a host is busy: slice key → since when (bounded, see
     # KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
     broken_busy_since: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+    # Each group's availability (core/planner/availability.py): kept every frame, written or not.
+    availability: Mapping[str, GroupAvailability] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Slices opened in `to_group` for demand that prefers the unavailable `from_group`."""
+
+    from_group: str
+    to_group: str
+    cause: str
+    slices: int
 
 
 @dataclass(frozen=True)
@@ -225,6 +250,11 @@ class Plan:
     # daemon stamps GCS replies on the monotonic clock): its documents' idle durations are as of
     # then.
     now_ms: int = 0
+    # Group availability transitions this plan made, and where demand fell back to (issue 29).
+    availability_changes: tuple[AvailabilityChange, ...] = ()
+    fallbacks: tuple[Fallback, ...] = ()
+    # Seconds from this plan until each unavailable group's next probe (monotonic, from mono_s).
+    next_probe_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def changes(self) -> bool:
@@ -236,7 +266,8 @@ class Plan:
     @property
     def next_idle_expiry_s(self) -> float | None:
         """Seconds from this plan's observation until the first idle slice that stays reaches
-        its idle timeout, or a host that held demand stops settling; None when neither is due.
+        its idle timeout, a host that held demand stops settling, or an unavailable group's
+        probe is due; None when none is.
         Those clocks move with time alone, so the loop plans again then instead of waiting for
         its resync timer."""
         waits = [
@@ -247,6 +278,7 @@ class Plan:
         ]
         if self.settle_s is not None:  # the demand it held may need a slice then
             waits.append(self.settle_s)
+        waits.extend(self.next_probe_s.values())  # an unavailable group's probe is due then
         return max(0.0, min(waits)) if waits else None
 
     @property
@@ -257,6 +289,10 @@ class Plan:
         not at the next resync). None when nothing is due."""
         waits = [w for w in (self.next_idle_expiry_s, self.deadline_s) if w is not None]
         return min(waits) if waits else None
+
+    def availability_doc(self, group: str) -> dict[str, Any]:
+        a = self.memory.availability.get(group)
+        return availability_doc(a, self.next_probe_s.get(group), self.now_ms)
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:
         gs = self.slice_map.groups.get(group) if self.slice_map else None
@@ -294,8 +330,13 @@ class Plan:
                     "held": _hold_doc(g.held),
                     "reasons": [_reason_doc(r) for r in g.reasons],
                     "slices": self._slices_doc(g.group),
+                    "availability": self.availability_doc(g.group),
                 }
                 for g in self.groups
+            ],
+            "fallbacks": [
+                {"from": f.from_group, "to": f.to_group, "cause": f.cause, "slices": f.slices}
+                for f in self.fallbacks
             ],
             "infeasible": [
                 {
@@ -311,6 +352,28 @@ class Plan:
                 {"kind": p.kind.value, "group": p.group, "text": str(p)} for p in self.problems
             ],
         }
+
+
+def availability_doc(
+    a: GroupAvailability | None, next_probe_s: float | None, now_ms: int
+) -> dict[str, Any]:
+    """A group's availability as people read it: state, cause, who said so, the next probe."""
+    if a is None:
+        return {"state": "available"}
+    doc: dict[str, Any] = {"state": a.state.value, "text": str(a)}
+    if a.cause is not None:
+        doc["cause"] = a.cause.value
+    if a.source:
+        doc["said_by"] = said_by(a)
+    if a.failures:
+        doc["failures"] = a.failures
+    if a.probing:
+        doc["probing"] = True
+    if next_probe_s is not None:
+        doc["next_probe_in_s"] = round(next_probe_s, 1)
+        at = datetime.fromtimestamp(now_ms / 1000 + next_probe_s, UTC)
+        doc["next_probe_at"] = at.isoformat(timespec="seconds")
+    return doc
 
 
 def slice_doc(sl: Slice, now_ms: int) -> dict[str, Any]:

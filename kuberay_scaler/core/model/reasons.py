@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from kuberay_scaler.core.model.availability import AvailabilityChange
+
 
 class HoldKind(StrEnum):
     """Why nothing (or only part) is decided for the whole cluster or for one group."""
@@ -31,6 +33,11 @@ class HoldKind(StrEnum):
     NO_ROOM = "no_room"  # the demand needs more slices than the group may add
     # Demand held by hosts that joined just now: it may be their own work still reported pending.
     JOIN_SETTLING = "join_settling"
+    # The group cannot get capacity (stockout, quota, ...; core/planner/availability.py): no
+    # slice is added until its probe; demand another group can serve goes there.
+    GROUP_UNAVAILABLE = "group_unavailable"
+    # Its backoff ended: one slice is being tried again; more demand goes elsewhere meanwhile.
+    GROUP_PROBING = "group_probing"
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,11 @@ def _hold_text(h: Hold) -> str:
             return "Conservative upscaling: waiting for launching slices"
         case HoldKind.NO_ROOM:
             return "needs more slices than allowed"
+        case HoldKind.GROUP_UNAVAILABLE:
+            at = f"; probed again at {h.until.strftime('%H:%M:%S')}" if h.until else ""
+            return f"{h.group} {h.detail}{at}"
+        case HoldKind.GROUP_PROBING:
+            return f"{h.group} {h.detail}: one slice at a time until it comes up"
         case HoldKind.JOIN_SETTLING:
             return (
                 f"{h.count} host(s) whose Ray container started less than {h.detail} ago hold "
@@ -134,6 +146,21 @@ class ScaleUp:
 
 
 @dataclass(frozen=True)
+class FellBack:
+    """Slices of this group added for demand that prefers `from_group`, which is unavailable."""
+
+    demand: Demand
+    count: int
+    from_group: str
+    cause: str  # the unavailable cause (metrics label)
+
+    kind = "fallback"
+
+    def __str__(self) -> str:
+        return f"{self.count}× {self.demand} → here: {self.from_group} unavailable ({self.cause})"
+
+
+@dataclass(frozen=True)
 class Waiting:
     """Demand this group would serve but may not add a slice for now."""
 
@@ -159,6 +186,9 @@ class ScaleDownKind(StrEnum):
     # Some hosts accepted their drain (their raylets exit), others refused: the refusing hosts
     # are drained for preemption until `deadline`, then the slice leaves whole (never half).
     PARTLY_DRAINED = "partly_drained"
+    # The group is unavailable: a slice whose pods never ran is cancelled (no drain needed),
+    # not replaced; its demand goes to the next group.
+    CANCEL_UNAVAILABLE = "cancel_unavailable"
 
 
 @dataclass(frozen=True)
@@ -171,8 +201,12 @@ class ScaleDown:
     running: int = 0  # ABOVE_MAX / PREEMPT: slices the group runs
     limit: int = 0  # ABOVE_MAX / PREEMPT: maxReplicas
     deadline: datetime | None = None  # PREEMPT / PREEMPTED: when the drain's time is up
+    detail: str = ""  # CANCEL_UNAVAILABLE: why the group is unavailable
 
     def __str__(self) -> str:
+        if self.kind is ScaleDownKind.CANCEL_UNAVAILABLE:
+            what = f"slice {self.slice}" if self.slice else f"{self.hosts} replica(s) without pods"
+            return f"cancel pending {what} (its pods never ran): {self.detail}"
         if self.kind is ScaleDownKind.RECORDED_DRAIN:
             return f"remove slice {self.slice}: finishing a drain recorded before a restart"
         above = f"{self.running} slices running, above maxReplicas {self.limit}"
@@ -395,6 +429,7 @@ class Unchanged:
 
 Reason = (
     ScaleUp
+    | FellBack
     | Waiting
     | ScaleDown
     | Replace
@@ -404,6 +439,7 @@ Reason = (
     | RunsMaxReplicas
     | Hold
     | Unchanged
+    | AvailabilityChange
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from kuberay_scaler.core.model.cluster import (
     WorkerGroup,
     frozen_map,
 )
+from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.core.parse.quantity import parse_amount, resources_json
 
 # Container resources a Ray node reports as a resource of its own name. KubeRay's `ray start`
@@ -151,7 +153,24 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
         container=_ray_container(pod_spec),
         node_selector=_string_map(pod_spec.get("nodeSelector"), "template nodeSelector"),
         workers_to_delete=_workers_to_delete(scale_strategy),
+        max_provision_s=_max_provision(_mapping(raw.get("template")).get("metadata")),
     )
+
+
+def _max_provision(meta: object) -> float | None:
+    """The group's own provisioning deadline from its template's annotation, if set."""
+    raw = _mapping(_mapping(meta).get("annotations")).get(ANNOTATION_MAX_PROVISION)
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise GroupError(
+            f"annotation {ANNOTATION_MAX_PROVISION} must be positive seconds, got {raw!r}"
+        )
+    return seconds
 
 
 def _check_sizes(replicas: int, min_replicas: int, num_of_hosts: int) -> None:

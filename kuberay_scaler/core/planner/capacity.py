@@ -47,6 +47,7 @@ def build_capacity(
     bins: bool = True,
     now: datetime | None = None,
     settle_s: float = 0.0,
+    unavailable: Collection[str] = (),
 ) -> Capacity:
     """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
 
@@ -59,6 +60,8 @@ def build_capacity(
     host that joined as taken there and as still pending.
     The same reply at a slice's last host's join (or a single-host worker's) is the settle:
     see `_settling_bin`, a pure function of the pod's own `startedAt` and `now`.
+    `unavailable` names groups that cannot get capacity (core/planner/availability.py): what
+    they have coming up (pending, partial, replicas without pods) is not capacity (issue 29).
     """
     cap = Capacity(with_total=with_total)
     unidentified = _unidentified_pods(slice_map)
@@ -72,6 +75,8 @@ def build_capacity(
             continue
         group, key, state = owner.get(node.instance_id, (None, None, None))
         usable = state in (None, SliceState.COMPLETE, SliceState.PENDING, SliceState.OUTDATED)
+        if state is SliceState.PENDING and group in unavailable:
+            continue  # a stuck slice of a group that cannot get capacity: not coming
         if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
         accelerators = accelerators_of(node.total)
@@ -94,6 +99,9 @@ def build_capacity(
     for name, gs in slice_map.groups.items():
         shape = shapes.get(name)
         if shape is None:
+            continue
+        if name in unavailable:
+            cap.virtual[name] = _virtual(gs, unidentified)  # asked for, but none will come
             continue
         for sl in gs.slices:
             if sl.hosts and sl.hosts[0].pod_name in unidentified:

@@ -16,7 +16,11 @@ from kuberay_scaler.core.defaults import (
     MAX_REPLACE_BACKOFF_S,
     PREEMPT_DEADLINE_S,
     REPLACE_BACKOFF_S,
+    UNAVAILABLE_BACKOFF_S,
+    UNAVAILABLE_MAX_BACKOFF_S,
 )
+from kuberay_scaler.core.liveness import HostClock
+from kuberay_scaler.core.model.availability import GroupAvailability
 from kuberay_scaler.core.model.cluster import (
     MAX_GROUP_HOSTS,
     ClusterSpec,
@@ -26,6 +30,7 @@ from kuberay_scaler.core.model.cluster import (
 )
 from kuberay_scaler.core.model.plan import (
     DeleteKind,
+    Fallback,
     GroupDecision,
     Infeasible,
     Memory,
@@ -40,6 +45,7 @@ from kuberay_scaler.core.model.ray import RayState, epoch_ms
 from kuberay_scaler.core.model.reasons import (
     ClearWorkersToDelete,
     DemandKind,
+    FellBack,
     Hold,
     HoldKind,
     PlanProblem,
@@ -52,8 +58,15 @@ from kuberay_scaler.core.model.reasons import (
     ScaleUp,
     Waiting,
 )
+from kuberay_scaler.core.model.signals import CapacityEvent
 from kuberay_scaler.core.model.slices import GroupSlices, SliceMap
+from kuberay_scaler.core.planner.availability import (
+    AvailabilityPolicy,
+    AvailabilityResult,
+    judge_availability,
+)
 from kuberay_scaler.core.planner.bins import bins_for_new_slice
+from kuberay_scaler.core.planner.cancel import Cancelled, cancellations
 from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
@@ -88,6 +101,31 @@ class Policy:
     # How long after its Ray container started a worker host's used resources may still be
     # work reported pending (see JOIN_SETTLE_S); 0 turns the settle off.
     join_settle_s: float = JOIN_SETTLE_S
+    # Group availability (issue 29): the backoff before an unavailable group is probed
+    # (KUBERAY_SCALER_UNAVAILABLE_BACKOFF_S), doubling up to ..._UNAVAILABLE_MAX_BACKOFF_S.
+    unavailable_backoff_s: float = UNAVAILABLE_BACKOFF_S
+    unavailable_max_backoff_s: float = UNAVAILABLE_MAX_BACKOFF_S
+
+    def availability(self) -> AvailabilityPolicy:
+        return AvailabilityPolicy(
+            initial_s=self.unavailable_backoff_s,
+            cap_s=self.unavailable_max_backoff_s,
+            deadline_s=self.timeouts.max_provision_s,
+        )
+
+
+_NONE = Cancelled()
+
+
+@dataclass(frozen=True)
+class _Capacity:
+    """This frame's capacity news: the Events and the daemon's monotonic reading."""
+
+    events: tuple[CapacityEvent, ...] = ()
+    mono_s: float = 0.0
+
+
+_NO_NEWS = _Capacity()
 
 
 @dataclass
@@ -100,6 +138,7 @@ class _Group:
     hold_down: Hold | None = None  # no deletions (scale-up still allowed)
     clear_wtd: bool = False
     reasons: list[Reason] = field(default_factory=list)
+    availability: GroupAvailability | None = None
 
 
 def plan(
@@ -111,6 +150,7 @@ def plan(
     evidence: Evidence | None = None,
     *,
     mono_s: float | None = None,
+    events: tuple[CapacityEvent, ...] = (),
 ) -> Plan:
     """The plan for every group; a group whose planning raises is held with a named problem
     and the others are planned without it (one bad group never stops the others).
@@ -118,15 +158,17 @@ def plan(
     `now`: the wall clock, for what Ray and Kubernetes read and people see. `mono_s`: the
     monotonic clock, for every duration that licenses a deletion (`tick_of`; None: `now`).
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
-    built it (`decide()` does, so it is built once per frame); otherwise built here."""
+    built it (`decide()` does, so it is built once per frame); otherwise built here.
+    `events`: capacity Events, oldest first (availability backoffs run on `mono_s` too)."""
     at = _At(now, tick_of(mono_s, now))
+    news = _Capacity(events, now.timestamp() if mono_s is None else mono_s)
     try:
-        result = _plan(snapshot, ray, memory, policy, at, evidence)
+        result = _plan(snapshot, ray, memory, policy, at, evidence, news)
     except Exception:  # a planner bug reached by one group's numbers: find the group
-        failed = _failing_groups(snapshot, ray, memory, policy, at)
+        failed = _failing_groups(snapshot, ray, memory, policy, at, news)
         if not failed:
             raise  # not one group's doing: the loop counts it (and /healthz says so)
-        result = _without_groups(snapshot, ray, memory, policy, at, failed)
+        result = _without_groups(snapshot, ray, memory, policy, at, failed, news)
     return replace(result, now_ms=epoch_ms(at.tick))
 
 
@@ -143,7 +185,12 @@ class _At:
 
 
 def _failing_groups(
-    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: _At
+    snapshot: Snapshot,
+    ray: RayState | None,
+    memory: Memory,
+    policy: Policy,
+    now: _At,
+    news: _Capacity = _NO_NEWS,
 ) -> dict[str, str]:
     """Each group planned alone; the ones that raise, with what they raised."""
     failed: dict[str, str] = {}
@@ -151,7 +198,7 @@ def _failing_groups(
         others = tuple(g.name for g in snapshot.spec.groups if g is not group)
         alone = _skip_groups(snapshot, others, [])
         try:
-            _plan(alone, ray, memory, policy, now)
+            _plan(alone, ray, memory, policy, now, None, news)
         except Exception as err:
             failed[group.name] = f"{type(err).__name__}: {err}"
     return failed
@@ -164,12 +211,14 @@ def _without_groups(
     policy: Policy,
     now: _At,
     failed: Mapping[str, str],
+    news: _Capacity = _NO_NEWS,
 ) -> Plan:
     problems = [
         Problem(f"planning failed ({why}); group skipped, the others planned", name)
         for name, why in failed.items()
     ]
-    result = _plan(_skip_groups(snapshot, tuple(failed), problems), ray, memory, policy, now)
+    skipped = _skip_groups(snapshot, tuple(failed), problems)
+    result = _plan(skipped, ray, memory, policy, now, None, news)
     held = [
         GroupDecision(
             group=g.name,
@@ -212,6 +261,7 @@ def _plan(
     policy: Policy,
     at: _At,
     evidence: Evidence | None = None,
+    news: _Capacity = _NO_NEWS,
 ) -> Plan:
     now, tick = at.now, at.tick
     spec = snapshot.spec
@@ -231,8 +281,12 @@ def _plan(
     if ray is None:
         why = Hold(HoldKind.DEMAND_UNKNOWN)
         return _held_plan(spec, slice_map, memory, problems, why, groups)
+    judged = _judge_availability(snapshot, slice_map, ray, memory, policy, now, news)
+    for name, a in judged.groups.items():
+        groups[name].availability = a
+    unavailable = {n for n, a in judged.groups.items() if a.blocks_launch}
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
-    replacing = _replacing(groups, memory, tick)
+    replacing = _replacing(groups, memory, tick) - unavailable
     demand = bool(ray.tasks or ray.gangs or ray.constraint)
     capacity = build_capacity(
         slice_map,
@@ -243,9 +297,10 @@ def _plan(
         bins=demand,
         now=now,
         settle_s=policy.join_settle_s,
+        unavailable=unavailable,
     )
     mode = spec.autoscaler.upscaling_mode
-    rooms = {n: _room(g, capacity, ray, memory, mode, at) for n, g in groups.items()}
+    rooms = {n: _room(g, capacity, ray, memory, mode, at, news) for n, g in groups.items()}
     fit = _fit_demand(ray, capacity, rooms)
     needed = _needed(capacity)
     backoff = dict(memory.backoff)
@@ -264,6 +319,8 @@ def _plan(
         since=memory.broken_busy_since,
         preempting=memory.preempting,
     )
+    for change in judged.changes:
+        groups[change.group].reasons.append(change)
     decisions = [
         _decide(
             g,
@@ -310,8 +367,12 @@ def _plan(
             preempting=MappingProxyType(preempting),
             broken_busy_since=MappingProxyType(busy.since_out),
             refused=MappingProxyType(_live_refused(memory, slice_map, tick)),
+            availability=_kept_availability(judged, memory, spec),
         ),
         settle_s=settle_s,
+        availability_changes=judged.changes,
+        fallbacks=_fallbacks(rooms),
+        next_probe_s=MappingProxyType(_next_probes(judged.groups, news.mono_s)),
     )
     result = replace(result, deadline_s=next_deadline_s(result.memory, policy, tick))
     return finish_recorded_drains(result, memory.draining, ev, tick, wall_shift=now - tick)
@@ -446,11 +507,20 @@ def _room(
     memory: Memory,
     mode: UpscalingMode,
     at: _At,
+    news: _Capacity = _NO_NEWS,
 ) -> GroupRoom:
     group = g.slices.group
     room = GroupRoom(group=group, shape=g.shape, room=0)
     back = memory.backoff.get(group.name)
-    if g.hold_all:
+    avail = g.availability
+    if avail is not None and avail.unavailable:
+        room.unavailable_cause = avail.cause.value if avail.cause else "unavailable"
+        room.availability_rank = 0 if avail.probing else 1
+    if avail is not None and avail.blocks_launch:
+        # Before the holds: a write of ours in flight can only cancel here, never add, so the
+        # demand goes on to the next group instead of waiting for it.
+        room.blocked = _unavailable_hold(group.name, avail, at.now, news.mono_s)
+    elif g.hold_all:
         room.blocked, room.holds_demand = g.hold_all, True
     elif group.suspend:
         room.blocked = Hold(HoldKind.GROUP_SUSPENDED, group.name)
@@ -472,10 +542,83 @@ def _room(
         if mode is UpscalingMode.CONSERVATIVE and _conservative_limit(g, cap, ray) < room.room:
             room.room = _conservative_limit(g, cap, ray)
             room.exhausted = Hold(HoldKind.CONSERVATIVE_UPSCALING, group.name)
-        if room.room <= 0:
+        if avail is not None and avail.probing:
+            _probe_room(room, g, cap, avail)
+        if room.room <= 0 and room.blocked is None:
             room.blocked = Hold(HoldKind.CONSERVATIVE_UPSCALING, group.name)
             room.holds_demand = True
     return room
+
+
+def _probe_room(room: GroupRoom, g: _Group, cap: Capacity, avail: GroupAvailability) -> None:
+    """A probing group adds one slice at a time until one comes up; the rest goes elsewhere."""
+    name = g.slices.group.name
+    launching = len(g.slices.coming_up) + cap.virtual.get(name, 0)
+    probe = Hold(HoldKind.GROUP_PROBING, name, detail=str(avail))
+    if launching >= 1:
+        room.room, room.blocked = 0, probe
+    elif room.room > 1:
+        room.room, room.exhausted = 1, probe
+
+
+def _unavailable_hold(name: str, avail: GroupAvailability, now: datetime, mono_s: float) -> Hold:
+    """Why an unavailable group adds nothing, with the wall time of its next probe."""
+    left = (avail.until_mono - mono_s) if avail.until_mono is not None else None
+    until = now + timedelta(seconds=max(0.0, left)) if left is not None else None
+    return Hold(HoldKind.GROUP_UNAVAILABLE, name, detail=str(avail), until=until)
+
+
+def _judge_availability(
+    snapshot: Snapshot,
+    slice_map: SliceMap,
+    ray: RayState | None,
+    memory: Memory,
+    policy: Policy,
+    now: datetime,
+    news: _Capacity,
+) -> AvailabilityResult:
+    clock = snapshot.clock
+    if clock is None:  # one-shot use: the pods' own timestamps, as the slice map used
+        clock = HostClock.from_timestamps(
+            snapshot.hosts, ray.node_by_instance() if ray else {}, now
+        )
+    return judge_availability(
+        slice_map,
+        news.events,
+        memory.availability,
+        policy.availability(),
+        news.mono_s,
+        clock,
+        held=tuple(memory.awaiting_write),
+    )
+
+
+def _kept_availability(
+    judged: AvailabilityResult, memory: Memory, spec: ClusterSpec
+) -> Mapping[str, GroupAvailability]:
+    """This frame's availability, and last frame's of groups skipped this frame (a group whose
+    planning raised keeps its backoff)."""
+    skipped = [n for n in spec.skipped_groups if n in memory.availability]
+    if not skipped:
+        return judged.groups
+    kept = {n: memory.availability[n] for n in skipped}
+    return MappingProxyType({**kept, **judged.groups})
+
+
+def _fallbacks(rooms: Mapping[str, GroupRoom]) -> tuple[Fallback, ...]:
+    merged: Counter[tuple[str, str, str]] = Counter()
+    for name, room in rooms.items():
+        for (source, cause, _demand), n in room.fell_back.items():
+            merged[(source, name, cause)] += n
+    return tuple(Fallback(f, t, c, n) for (f, t, c), n in sorted(merged.items()))
+
+
+def _next_probes(groups: Mapping[str, GroupAvailability], mono_s: float) -> dict[str, float]:
+    return {
+        name: max(0.0, a.until_mono - mono_s)
+        for name, a in groups.items()
+        if a.blocks_launch and a.until_mono is not None
+    }
 
 
 def _host_bound(group: WorkerGroup) -> int:
@@ -543,8 +686,10 @@ def _decide(
     if g.hold_all:
         return replace(base, held=g.hold_all, reasons=(*reasons, g.hold_all))
     reasons += [ScaleUp(demand, n) for demand, n in room.reasons.items()]
+    reasons += [FellBack(d, n, src, cause) for (src, cause, d), n in room.fell_back.items()]
     reasons += [Waiting(demand, n, hold) for (demand, hold), n in room.waiting.items()]
     deletions: list[SliceDeletion] = []
+    cancelled = Cancelled()
     if g.hold_down:
         reasons.append(g.hold_down)
     elif (surplus := _above_max(g, preempting, policy, at, reasons, judged)) is not None:
@@ -563,8 +708,12 @@ def _decide(
         )
     else:
         busy, ev = (judged.busy, judged.ev) if judged else (None, None)
+        if g.availability is not None and ev is not None:
+            cancelled = cancellations(g.slices, g.availability, ev, virtual)
+            deletions += cancelled.deletions
+            reasons += cancelled.reasons
         deletions += replacements(
-            g.slices,
+            _without_slices(g.slices, cancelled.keys),
             backoff,
             policy.replace_backoff_s,
             policy.max_backoff_s,
@@ -578,7 +727,7 @@ def _decide(
         # them right now (e.g. after a host pod was deleted). If demand is really gone they come
         # up, turn idle and leave through the idle path, drained like any other slice.
         timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
-        keep = group.effective_replicas + room.added - group.min_replicas
+        keep = group.effective_replicas + room.added - group.min_replicas - cancelled.replicas
         refused = judged.memory.refused if judged else None
         deletions += idle_deletions(
             g.slices, keep, needed, timeout_s, reasons, refused, tick, wall_shift=shift
@@ -589,8 +738,9 @@ def _decide(
     if below_min:
         # KubeRay runs minReplicas when replicas is lower: plan (and write) what runs.
         reasons.append(RunsMinReplicas(group.replicas, group.min_replicas))
-    scaled = room.added or idle_deleted or below_min
-    target = group.effective_replicas + room.added - idle_deleted if scaled else group.replicas
+    scaled = room.added or idle_deleted or below_min or cancelled.replicas
+    gone = idle_deleted + cancelled.replicas
+    target = group.effective_replicas + room.added - gone if scaled else group.replicas
     if not g.hold_down and group.min_replicas <= group.max_replicas < target:
         # No more slices than maxReplicas run (else the surplus path above): the rest will
         # never run, KubeRay clamps; write what runs (sidecar mode: KubeRay deleted them).
@@ -603,7 +753,7 @@ def _decide(
         clear_workers_to_delete=g.clear_wtd and not deletions,
         held=g.hold_down,
         reasons=tuple(reasons),
-        launching_hosts=_launching_hosts(g, virtual + room.added),
+        launching_hosts=_launching_hosts(g, virtual + room.added, cancelled),
         new_hosts=room.added * group.num_of_hosts,
         preempt=tuple(
             x for x in (judged.busy.preempt if judged else ()) if x.slice_key in _keys(g)
@@ -643,9 +793,24 @@ def _above_max(
     return surplus
 
 
-def _launching_hosts(g: _Group, launching_slices: int) -> int:
-    pending = [h for s in g.slices.coming_up for h in s.hosts if h.pod_name not in s.nodes]
-    return len(pending) + max(0, launching_slices) * g.slices.group.num_of_hosts
+def _launching_hosts(g: _Group, launching_slices: int, cancelled: Cancelled = _NONE) -> int:
+    gone = cancelled.keys
+    pending = [
+        h
+        for s in g.slices.coming_up
+        if s.key not in gone
+        for h in s.hosts
+        if h.pod_name not in s.nodes
+    ]
+    slices = max(0, launching_slices - cancelled.without_pods)
+    return len(pending) + slices * g.slices.group.num_of_hosts
+
+
+def _without_slices(gs: GroupSlices, keys: frozenset[str]) -> GroupSlices:
+    """The group's slices less those already decided (cancelled)."""
+    if not keys:
+        return gs
+    return GroupSlices(gs.group, tuple(s for s in gs.slices if s.key not in keys))
 
 
 def _held_plan(

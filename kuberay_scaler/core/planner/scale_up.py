@@ -44,6 +44,12 @@ class GroupRoom:
     added: int = 0
     reasons: Counter[Demand] = field(default_factory=Counter)  # demand → units served
     waiting: Counter[tuple[Demand, Hold]] = field(default_factory=Counter)
+    # Availability (core/planner/availability.py): 0 available, suspect or probing (its one
+    # slice comes first), 1 unavailable; the cause while it is unavailable (probing or not).
+    availability_rank: int = 0
+    unavailable_cause: str | None = None
+    # Slices added here for demand whose better group is unavailable: (from, cause, demand) → n.
+    fell_back: Counter[tuple[str, str, Demand]] = field(default_factory=Counter)
     _hosts_shape: dict[str, bool] = field(default_factory=dict, repr=False)
     _filled: dict[object, tuple[int, list[tuple[dict[str, float], bool]]]] = field(
         default_factory=dict, repr=False
@@ -62,6 +68,18 @@ class GroupRoom:
                 copies_that_fit(bundle, h.resources, h.labels) for h in hosts
             )
         return self._hosts_shape[key]
+
+    def selector_rank(self, bundle: Bundle) -> int:
+        """Which of the bundle's label selectors a fresh host of this group matches first (Ray
+        v2's scheduler ranks that above group priority: the selectors of a `fallback_strategy`
+        arrive in order, primary first); 0 without selectors."""
+        if len(bundle.selectors) < 2 or self.shape is None:
+            return 0
+        hosts = [h for h in self.shape.hosts if copies_that_fit(bundle, h.resources, h.labels)]
+        for i, selector in enumerate(bundle.selectors):
+            if any(selector.matches(h.labels) for h in hosts):
+                return i
+        return len(bundle.selectors)
 
     def filled_hosts(self, bundle: Bundle) -> tuple[int, list[tuple[dict[str, float], bool]]]:
         """Copies of `bundle` a fresh slice takes, and per host what is left and if it is used."""
@@ -107,14 +125,42 @@ def candidates(bundle: Bundle, rooms: Iterable[GroupRoom]) -> list[GroupRoom]:
     """Groups whose fresh slice can host `bundle`, best first.
 
     Demand that needs no accelerator never gets an accelerator group while some plain group can
-    host it, whatever that group's state (contract §6: accelerators are conserved). Then higher
-    `priority`, then the smaller slice, then spec order.
+    host it, whatever that group's state (contract §6: accelerators are conserved). Then, in
+    Ray's order: the first of the bundle's label selectors a group matches, then availability
+    (an unavailable group after the others), then higher `priority`, then the smaller slice,
+    then spec order.
     """
     key = signature(bundle)
     able = [r for r in rooms if r.can_host(bundle, key)]
     if not needs_accelerator(bundle) and any(not r.has_accelerators for r in able):
         able = [r for r in able if not r.has_accelerators]
-    return sorted(able, key=lambda r: r.order)
+    return sorted(able, key=lambda r: (r.selector_rank(bundle), r.availability_rank, *r.order))
+
+
+def _fell_back_from(
+    options: Sequence[GroupRoom], chosen: GroupRoom, bundle: Bundle
+) -> GroupRoom | None:
+    """The unavailable group the demand would have gone to before `chosen`, if any."""
+    mine = (chosen.selector_rank(bundle), *chosen.order)
+    return next(
+        (
+            r
+            for r in options
+            if r is not chosen
+            and r.unavailable_cause is not None
+            and (r.selector_rank(bundle), *r.order) < mine
+        ),
+        None,
+    )
+
+
+def _note_fallback(
+    options: Sequence[GroupRoom], chosen: GroupRoom, bundle: Bundle, demand: Demand, slices: int
+) -> None:
+    skipped = _fell_back_from(options, chosen, bundle) if slices > 0 else None
+    if skipped is not None:
+        cause = skipped.unavailable_cause or ""
+        chosen.fell_back[(skipped.group.name, cause, demand)] += slices
 
 
 def _first_with_room(options: Sequence[GroupRoom]) -> GroupRoom | None:
@@ -150,7 +196,9 @@ def fit_tasks(
             if room is None:
                 _unserved(demand.bundle, left, options, nodes, fit, what)
                 break
+            opened = room.added
             placed = _fill_new_slices(room, demand.bundle, left, pool)
+            _note_fallback(options, room, demand.bundle, label, room.added - opened)
             room.reasons[label] += placed
             left -= placed
             if placed == 0:  # cannot happen for a candidate; guard against looping forever
@@ -252,6 +300,7 @@ class _GangTrial:
 
     taken: list[tuple[Bin, Bundle]] = field(default_factory=list)
     opened: list[tuple[GroupRoom, list[Bin]]] = field(default_factory=list)
+    passed_over: list[tuple[Sequence[GroupRoom], GroupRoom, Bundle]] = field(default_factory=list)
 
     def opened_by(self, room: GroupRoom) -> int:
         return sum(1 for r, _ in self.opened if r is room)
@@ -318,6 +367,7 @@ def _open_slice_for(
             key = room.next_key(trial.opened_by(room))
             bins = bins_for_new_slice(room.group.name, key, room.shape.hosts)
             trial.opened.append((room, bins))
+            trial.passed_over.append((options, room, unit))
             return _first_fit(unit, bins, used)
         if room.holds_demand:
             return None
@@ -330,6 +380,8 @@ def _commit(gang: GangDemand, trial: _GangTrial, pool: Pool) -> None:
         room.adopt()  # slices are adopted in the order their keys were given out
         pool.add(planned)
         room.reasons[demand] += 1
+    for options, room, unit in trial.passed_over:
+        _note_fallback(options, room, unit, demand, 1)
 
 
 def _gang_order(gang: GangDemand) -> tuple[int, int]:
