@@ -303,7 +303,7 @@ def capacity_lines(result: Plan) -> list[tuple[str, AvailabilityChange]]:
                 text += f"; demand → {', '.join(to)}"
             probe_s = result.next_probe_s.get(change.group)
             if probe_s is not None:
-                at = datetime.fromtimestamp(result.now_ms / 1000 + probe_s, UTC)
+                at = datetime.fromtimestamp(result.wall_ms / 1000 + probe_s, UTC)
                 text += (
                     f"; {change.group} probed again at {at.strftime('%H:%M:%S')}"
                     f" (in {change.backoff_s:.0f} s)"

@@ -250,6 +250,8 @@ class Plan:
     # daemon stamps GCS replies on the monotonic clock): its documents' idle durations are as of
     # then.
     now_ms: int = 0
+    # When it was planned on the wall clock (epoch ms): what times shown to people count from.
+    wall_ms: int = 0
     # Group availability transitions this plan made, and where demand fell back to (issue 29).
     availability_changes: tuple[AvailabilityChange, ...] = ()
     fallbacks: tuple[Fallback, ...] = ()
@@ -292,7 +294,7 @@ class Plan:
 
     def availability_doc(self, group: str) -> dict[str, Any]:
         a = self.memory.availability.get(group)
-        return availability_doc(a, self.next_probe_s.get(group), self.now_ms)
+        return availability_doc(a, self.next_probe_s.get(group), self.wall_ms)
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:
         gs = self.slice_map.groups.get(group) if self.slice_map else None

@@ -169,7 +169,7 @@ def plan(
         if not failed:
             raise  # not one group's doing: the loop counts it (and /healthz says so)
         result = _without_groups(snapshot, ray, memory, policy, at, failed, news)
-    return replace(result, now_ms=epoch_ms(at.tick))
+    return replace(result, now_ms=epoch_ms(at.tick), wall_ms=epoch_ms(at.now))
 
 
 @dataclass(frozen=True)
