@@ -83,7 +83,7 @@ async def test_manifests_pass_strict_validation(plane: ControlPlane, admin: Kube
     the drop-in sets no autoscalerOptions.command/args (CRDs before v1.7.0 refuse them), so the
     same manifest applies on every KubeRay from 1.1."""
     ns = await _namespace(admin)
-    for obj in [*render(SIDECAR_EXAMPLE), _load(DROP_IN)]:
+    for obj in [*render(SIDECAR_EXAMPLE), _load(DROP_IN), *render(DEPLOY / "capacity-events")]:
         await _create(admin, ns, obj, DRY_RUN)
     listed = await admin.ok("GET", PATHS["RayCluster"].format(ns=ns))
     assert listed["items"] == [], "dry run stored nothing"

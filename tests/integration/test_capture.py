@@ -157,6 +157,8 @@ async def test_capture_replans_offline_to_the_daemons_own_decision(
     meta = json.loads((out / META_FILE).read_text())
     assert meta["cluster"] == cluster.name and meta["pods"] >= 2  # head + the CPU pod
     assert any(p.endswith("env[0].value") for p in meta["redacted"])
+    # KubeRay's Role (the harness's token) lists no events: none written, and it says why.
+    assert meta["events"].startswith("not read") and not (out / "events.json").exists()
 
     offline = plan_capture(out, Policy())
     assert _essence(offline) == _essence(daemons)
