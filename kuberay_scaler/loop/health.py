@@ -151,7 +151,7 @@ class GroupView:
     target: int
     deleted: frozenset[str]  # pods the plan deletes
     present: frozenset[str]  # the group's pods that exist and are not named in workersToDelete
-    retrying: bool  # a slice of it is in the planner's refused-drain memory (retried later)
+    retrying: bool  # a slice of it is in a refused-drain backoff still running (retried later)
 
     @property
     def wants(self) -> bool:
@@ -174,8 +174,8 @@ class Reading:
 def reading_of(
     plan: Plan | None, unknown: Mapping[str, float], *, failed: bool, refused: Collection[str]
 ) -> Reading:
-    """The judgement's view of one reconcile (`refused`: slice keys in the refused-drain
-    memory)."""
+    """The judgement's view of one reconcile (`refused`: slice keys whose refused-drain backoff
+    is still running: the plan retries them later)."""
     if plan is None or plan.slice_map is None or plan.held is not None:
         return Reading(None, unknown, failed)
     return Reading(
@@ -201,7 +201,8 @@ def judge_wants(previous: Mapping[str, Want], reading: Reading, now: float) -> d
 
     A group's want ends when the cluster shows it, or when a plan on fresh inputs no longer
     wants anything of the group and nothing is being retried for it (a failed want whose slice
-    sits in the refused-drain memory is kept). A new want of a group whose older want is unmet
+    sits in a running refused-drain backoff is kept; once the backoff ends the plan retries it,
+    and a plan that no longer wants it then, the slice busy say, withdraws it). A new want of a group whose older want is unmet
     keeps the older one's age. While an input is unknown nothing can be judged: every want is
     kept, and the INPUTS want counts from when the blindness began.
     """
