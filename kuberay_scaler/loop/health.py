@@ -202,9 +202,9 @@ def judge_wants(previous: Mapping[str, Want], reading: Reading, now: float) -> d
     A group's want ends when the cluster shows it, or when a plan on fresh inputs no longer
     wants anything of the group and nothing is being retried for it (a failed want whose slice
     sits in a running refused-drain backoff is kept; once the backoff ends the plan retries it,
-    and a plan that no longer wants it then, the slice busy say, withdraws it). A new want of a group whose older want is unmet
-    keeps the older one's age. While an input is unknown nothing can be judged: every want is
-    kept, and the INPUTS want counts from when the blindness began.
+    and a plan that no longer wants it then, the slice busy say, withdraws it). A new want of a
+    group whose older want is unmet keeps the older one's age. While an input is unknown nothing
+    can be judged: every want is kept, and the INPUTS want counts from when the blindness began.
     """
     if reading.unknown:
         sources = ", ".join(sorted(reading.unknown))
