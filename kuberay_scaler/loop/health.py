@@ -266,21 +266,26 @@ class Progress:
             self.work = self.work[:500]
 
     def health(self, now: float) -> tuple[bool, str]:
+        """Unhealthy for any of: the oldest unmet want too old (said first: which group, what),
+        too many failures in a row, no achievement for too long while there is work."""
         quiet = now - (self.last_achieved if self.last_achieved is not None else self.started)
-        if self.failures >= self.unhealthy_after_failures:
-            return False, f"{self.failures} reconciles failed in a row: {self.last_error}"
-        if self.work is not None and quiet > self.unhealthy_after_s:
-            return (
-                False,
-                f"no successful reconcile for {quiet:.0f} s while there is work: {self.work}",
-            )
+        why = []
         oldest = oldest_want(self.wants)
         if oldest is not None and oldest.age(now) > self.unhealthy_after_s:
-            last = f" (last error: {self.last_error})" if self.last_error else ""
-            return False, (
+            why.append(
                 f"group {oldest.group}: wanted for {oldest.age(now):.0f} s and not shown by the"
-                f" cluster: {oldest.what}{last}"
+                f" cluster: {oldest.what}"
             )
+        if self.failures >= self.unhealthy_after_failures:
+            why.append(f"{self.failures} reconciles failed in a row: {self.last_error}")
+        elif self.work is not None and quiet > self.unhealthy_after_s:
+            why.append(
+                f"no successful reconcile for {quiet:.0f} s while there is work: {self.work}"
+            )
+        elif why and self.last_error:
+            why.append(f"last error: {self.last_error}")
+        if why:
+            return False, "; ".join(why)
         if self.last_achieved is None:
             return True, f"no reconcile achieved yet ({quiet:.0f} s since start)"
         return True, f"last successful reconcile {quiet:.1f} s ago"
