@@ -27,6 +27,7 @@ from typing import Any
 from kuberay_scaler.core.decision import Decision
 from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import GroupDecision, Plan
+from kuberay_scaler.core.model.reasons import HoldKind
 from kuberay_scaler.core.model.slices import SliceMap
 from kuberay_scaler.core.planner.gate import SliceRef
 
@@ -121,6 +122,9 @@ class DrainErrors:
         return Outcome(Step.BACKOFF, f"drain failing for {failing}", demand=True)
 
 
+# Whole-plan holds under which no want can be judged (a suspended cluster wants nothing).
+_CANNOT_JUDGE = (HoldKind.NOT_SYNCED, HoldKind.DEMAND_UNKNOWN)
+
 # The key of the want every group shares: inputs fresh enough to know what is wanted at all.
 INPUTS = "*"
 
@@ -176,10 +180,13 @@ def reading_of(
 ) -> Reading:
     """The judgement's view of one reconcile (`refused`: slice keys whose refused-drain backoff
     is still running: the plan retries them later)."""
-    if plan is None or plan.slice_map is None or plan.held is not None:
+    if plan is None or plan.slice_map is None:
         return Reading(None, unknown, failed)
+    if plan.held is not None and plan.held.kind in _CANNOT_JUDGE:
+        return Reading(None, unknown, failed)
+    slice_map = plan.slice_map
     return Reading(
-        {d.group: _group_view(plan.slice_map, d, refused) for d in plan.groups}, unknown, failed
+        {d.group: _group_view(slice_map, d, refused) for d in plan.groups}, unknown, failed
     )
 
 
