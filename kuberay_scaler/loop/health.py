@@ -27,6 +27,7 @@ from typing import Any
 from kuberay_scaler.core.decision import Decision
 from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import GroupDecision, Plan
+from kuberay_scaler.core.model.reasons import HoldKind
 from kuberay_scaler.core.model.slices import SliceMap
 from kuberay_scaler.core.planner.gate import SliceRef
 
@@ -121,6 +122,9 @@ class DrainErrors:
         return Outcome(Step.BACKOFF, f"drain failing for {failing}", demand=True)
 
 
+# Whole-plan holds under which no want can be judged (a suspended cluster wants nothing).
+_CANNOT_JUDGE = (HoldKind.NOT_SYNCED, HoldKind.DEMAND_UNKNOWN)
+
 # The key of the want every group shares: inputs fresh enough to know what is wanted at all.
 INPUTS = "*"
 
@@ -151,7 +155,7 @@ class GroupView:
     target: int
     deleted: frozenset[str]  # pods the plan deletes
     present: frozenset[str]  # the group's pods that exist and are not named in workersToDelete
-    retrying: bool  # a slice of it is in the planner's refused-drain memory (retried later)
+    retrying: bool  # a slice of it is in a refused-drain backoff still running (retried later)
 
     @property
     def wants(self) -> bool:
@@ -174,12 +178,15 @@ class Reading:
 def reading_of(
     plan: Plan | None, unknown: Mapping[str, float], *, failed: bool, refused: Collection[str]
 ) -> Reading:
-    """The judgement's view of one reconcile (`refused`: slice keys in the refused-drain
-    memory)."""
-    if plan is None or plan.slice_map is None or plan.held is not None:
+    """The judgement's view of one reconcile (`refused`: slice keys whose refused-drain backoff
+    is still running: the plan retries them later)."""
+    if plan is None or plan.slice_map is None:
         return Reading(None, unknown, failed)
+    if plan.held is not None and plan.held.kind in _CANNOT_JUDGE:
+        return Reading(None, unknown, failed)
+    slice_map = plan.slice_map
     return Reading(
-        {d.group: _group_view(plan.slice_map, d, refused) for d in plan.groups}, unknown, failed
+        {d.group: _group_view(slice_map, d, refused) for d in plan.groups}, unknown, failed
     )
 
 
@@ -201,9 +208,10 @@ def judge_wants(previous: Mapping[str, Want], reading: Reading, now: float) -> d
 
     A group's want ends when the cluster shows it, or when a plan on fresh inputs no longer
     wants anything of the group and nothing is being retried for it (a failed want whose slice
-    sits in the refused-drain memory is kept). A new want of a group whose older want is unmet
-    keeps the older one's age. While an input is unknown nothing can be judged: every want is
-    kept, and the INPUTS want counts from when the blindness began.
+    sits in a running refused-drain backoff is kept; once the backoff ends the plan retries it,
+    and a plan that no longer wants it then, the slice busy say, withdraws it). A new want of a
+    group whose older want is unmet keeps the older one's age. While an input is unknown nothing
+    can be judged: every want is kept, and the INPUTS want counts from when the blindness began.
     """
     if reading.unknown:
         sources = ", ".join(sorted(reading.unknown))
@@ -265,21 +273,26 @@ class Progress:
             self.work = self.work[:500]
 
     def health(self, now: float) -> tuple[bool, str]:
+        """Unhealthy for any of: the oldest unmet want too old (said first: which group, what),
+        too many failures in a row, no achievement for too long while there is work."""
         quiet = now - (self.last_achieved if self.last_achieved is not None else self.started)
-        if self.failures >= self.unhealthy_after_failures:
-            return False, f"{self.failures} reconciles failed in a row: {self.last_error}"
-        if self.work is not None and quiet > self.unhealthy_after_s:
-            return (
-                False,
-                f"no successful reconcile for {quiet:.0f} s while there is work: {self.work}",
-            )
+        why = []
         oldest = oldest_want(self.wants)
         if oldest is not None and oldest.age(now) > self.unhealthy_after_s:
-            last = f" (last error: {self.last_error})" if self.last_error else ""
-            return False, (
+            why.append(
                 f"group {oldest.group}: wanted for {oldest.age(now):.0f} s and not shown by the"
-                f" cluster: {oldest.what}{last}"
+                f" cluster: {oldest.what}"
             )
+        if self.failures >= self.unhealthy_after_failures:
+            why.append(f"{self.failures} reconciles failed in a row: {self.last_error}")
+        elif self.work is not None and quiet > self.unhealthy_after_s:
+            why.append(
+                f"no successful reconcile for {quiet:.0f} s while there is work: {self.work}"
+            )
+        elif why and self.last_error:
+            why.append(f"last error: {self.last_error}")
+        if why:
+            return False, "; ".join(why)
         if self.last_achieved is None:
             return True, f"no reconcile achieved yet ({quiet:.0f} s since start)"
         return True, f"last successful reconcile {quiet:.1f} s ago"

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kuberay_scaler.core.decision import Decision, decide
-from kuberay_scaler.core.model.plan import Memory, Plan
+from kuberay_scaler.core.model.plan import Memory, Plan, tick_of
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
@@ -131,16 +131,19 @@ class Reconciler:
         if outcome.step is Step.SKIPPED:
             self.skipped += 1
         else:
-            self._judge_wants(outcome, result)
+            self._judge_wants(outcome, result, now)
         self.sink.reconciled(outcome, seconds=self._monotonic() - now.mono, now=self._monotonic())
         return result
 
-    def _judge_wants(self, outcome: Outcome, result: Plan | None) -> None:
+    def _judge_wants(self, outcome: Outcome, result: Plan | None, now: Instant) -> None:
         """Health by outcome: the unmet wants after this reconcile (health.judge_wants)."""
         failed = outcome.failed or outcome.step is Step.BACKOFF
         # A dry run wants nothing of the cluster: only its inputs can be unmet.
         plan = replace(result, groups=()) if result and self._config.dry_run else result
-        reading = reading_of(plan, self._unknown, failed=failed, refused=self.memory.refused)
+        # Slices the plan will retry: their refused-drain backoff (monotonic) is still running.
+        tick = tick_of(now.mono, now.wall)
+        retried = {k for k, v in self.memory.refused.items() if v.until > tick}
+        reading = reading_of(plan, self._unknown, failed=failed, refused=retried)
         wants = judge_wants(self.status.progress.wants, reading, self._monotonic())
         self.sink.wanted(wants, self._monotonic())
 

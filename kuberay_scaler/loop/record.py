@@ -224,6 +224,8 @@ class Recorder:
         status = self.status
         status.reconciles += 1
         RECONCILE_SECONDS.observe(seconds)
+        for group, want in status.progress.wants.items():  # ages grow on skipped ones too
+            OLDEST_UNMET_WANT.labels(group).set(want.age(now))
         if outcome.step is Step.SKIPPED:
             return
         RECONCILES.labels(_RECONCILE_OUTCOME[outcome.step]).inc()

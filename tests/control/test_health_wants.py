@@ -20,10 +20,12 @@ from tests.control.test_faults import daemon_probing
 from tests.control.test_reconciler import spec_group, workers_to_delete
 from tests.factories import (
     cluster,
+    group,
     head_node,
     node_id_of,
     slice_pods,
     state,
+    tasks,
     tpu_group,
     tpu_slice_nodes,
 )
@@ -184,3 +186,30 @@ def test_blind_keeps_every_want_and_counts_from_when_it_began() -> None:
     assert wants["g"] == before["g"] and wants[INPUTS].since == 84
     assert judge_wants(wants, Reading(None, {"gcs": 18.0}), now=102)[INPUTS].since == 84
     assert INPUTS not in judge_wants(wants, Reading({"g": view(0, 2)}, {}), now=104)
+
+
+async def test_a_failed_want_whose_slice_turned_busy_is_withdrawn_once_the_retry_is_due() -> None:
+    """The record write fails (500), the slice waits in its refused-drain backoff; meanwhile it
+    turns busy. Once the backoff ends the plan no longer wants it: withdrawn, healthy, kept."""
+    loop, ray = idle_slice_loop(config=LoopConfig(unhealthy_after_s=300))
+    loop.writer.answer(500, times=1)
+    await probe_for(loop, 2, ray)
+    assert loop.reconciler.status.progress.wants, "the failed deletion is an unmet want"
+    busy = state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)])
+    probes = await probe_for(loop, 200, busy)
+    assert loop.reconciler.status.progress.wants == {}, loop.reconciler.status.progress.wants
+    assert all(h for _, h, _ in probes) and spec_group(loop)["replicas"] == 1
+    assert_nothing_deleted_undrained(loop)
+
+
+async def test_a_cluster_suspended_after_a_failed_write_wants_nothing_more() -> None:
+    demand = state([head_node()], [tasks({"CPU": 8}, 2)])
+    loop = make_loop(cluster(group("cpu", max_replicas=5)), [], demand, config=CONFIG)
+    loop.writer.answer(500, times=1)
+    await probe_for(loop, 2, demand)
+    assert loop.reconciler.status.progress.wants, "the failed scale-up is an unmet want"
+    loop.server.edit(["spec", "suspend"], True)
+    loop.view.observe(loop.server.obj)
+    probes = await probe_for(loop, 60, demand)
+    assert loop.reconciler.status.progress.wants == {}
+    assert all(h for _, h, _ in probes), first_unhealthy(probes)

@@ -95,3 +95,32 @@ async def test_with_autoscaling_off_lowering_max_replicas_deletes_surplus_pods_a
     )
     rc = world.observer.raycluster
     assert rc is not None and rc["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+
+
+async def test_with_autoscaling_off_a_group_idle_timeout_is_refused(bare_world: World) -> None:
+    """The README's sidecar section: KubeRay's validation refuses a per-group
+    `idleTimeoutSeconds` while `enableInTreeAutoscaling` is false (the API server or the
+    operator says so; the operator builds no pod for it)."""
+    world = bare_world
+    cluster = tpu_raycluster(replicas=1, max_replicas=1)
+    cluster["spec"]["enableInTreeAutoscaling"] = False
+    cluster["spec"].pop("autoscalerOptions", None)
+    cluster["spec"]["workerGroupSpecs"][0]["idleTimeoutSeconds"] = 60
+    path = f"/apis/ray.io/v1/namespaces/{world.namespace}/rayclusters"
+    created = await world.admin.request("POST", path, cluster)
+    if not created.ok:  # refused by the API server itself
+        assert "idleTimeoutSeconds" in str(created.body), created.body
+        return
+    events = f"/api/v1/namespaces/{world.namespace}/events"
+
+    async def said() -> str:
+        reply = await world.admin.ok("GET", events)
+        return " ".join(str(e.get("message", "")) for e in reply.get("items", []))
+
+    deadline = asyncio.get_running_loop().time() + SETTLE_S
+    text = ""
+    while "idleTimeoutSeconds" not in text:
+        assert asyncio.get_running_loop().time() < deadline, f"no refusal said: {text[:500]}"
+        await asyncio.sleep(1)
+        text = await said()
+    assert not world.observer.worker_pods(TPU_GROUP), "pods built for a refused spec"

@@ -21,6 +21,7 @@ from tests.kustomize import render
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 DEPLOY = REPO / "deploy"
 DROP_IN = DEPLOY / "drop-in" / "raycluster-tpu-v6e-16.yaml"
+NETWORK_POLICY = DEPLOY / "monitoring" / "networkpolicy.yaml"
 SIDECAR_EXAMPLE = DEPLOY / "sidecar" / "examples" / "tpu-v6e-16"
 SIDECAR_CLUSTER = SIDECAR_EXAMPLE / "raycluster.yaml"
 SIDECAR_NAME = "tpu-v6e-16"
@@ -34,6 +35,7 @@ PATHS = {
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
     "RayCluster": "/apis/ray.io/v1/namespaces/{ns}/rayclusters",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
 }
 
 
@@ -83,7 +85,8 @@ async def test_manifests_pass_strict_validation(plane: ControlPlane, admin: Kube
     the drop-in sets no autoscalerOptions.command/args (CRDs before v1.7.0 refuse them), so the
     same manifest applies on every KubeRay from 1.1."""
     ns = await _namespace(admin)
-    for obj in [*render(SIDECAR_EXAMPLE), _load(DROP_IN), *render(DEPLOY / "capacity-events")]:
+    manifests = [*render(SIDECAR_EXAMPLE), _load(DROP_IN), _load(NETWORK_POLICY)]
+    for obj in [*manifests, *render(DEPLOY / "capacity-events")]:
         await _create(admin, ns, obj, DRY_RUN)
     listed = await admin.ok("GET", PATHS["RayCluster"].format(ns=ns))
     assert listed["items"] == [], "dry run stored nothing"

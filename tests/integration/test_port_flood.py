@@ -48,16 +48,27 @@ NAMESPACE = "default"
 
 
 class ScriptedGcs(autoscaler_pb2_grpc.AutoscalerStateServiceServicer):  # type: ignore[misc]
-    """Answers GetClusterResourceState with `reply` (swap it to script demand)."""
+    """Answers GetClusterResourceState with `reply` (swap it to script demand), idle clocks
+    growing with the time that passed as a GCS's do; accepts every drain."""
 
     def __init__(self, reply: Any) -> None:
         self.reply = reply
         self.version = 1
+        self.last_call = time.monotonic()
 
     async def GetClusterResourceState(self, request: Any, context: Any) -> Any:
         self.version += 1
-        self.reply.cluster_resource_state.cluster_resource_state_version = self.version
+        state = self.reply.cluster_resource_state
+        state.cluster_resource_state_version = self.version
+        now = time.monotonic()
+        elapsed_ms, self.last_call = round((now - self.last_call) * 1000), now
+        for node in state.node_states:
+            if node.idle_duration_ms:
+                node.idle_duration_ms += elapsed_ms
         return self.reply
+
+    async def DrainNode(self, request: Any, context: Any) -> Any:
+        return autoscaler_pb2.DrainNodeReply(is_accepted=True)
 
     async def ReportAutoscalingState(self, request: Any, context: Any) -> Any:
         return autoscaler_pb2.ReportAutoscalingStateReply()
@@ -102,7 +113,7 @@ def _low_file_limit() -> None:
 
 
 @contextlib.contextmanager
-def daemon(world: World) -> Any:
+def daemon(world: World, *, file_limit: bool = False, **settings: str) -> Any:
     kubeconfig = world.workdir / "kubeconfig"
     world.api.write_kubeconfig(kubeconfig, ADMIN_TOKEN, namespace=NAMESPACE)
     http = f"127.0.0.1:{free_port('127.0.0.1')}"
@@ -119,6 +130,7 @@ def daemon(world: World) -> Any:
         "KUBERAY_SCALER_LOG_FORMAT": "json",
         "KUBERAY_SCALER_GCS_POLL_INTERVAL_S": "0.5",
         "KUBERAY_SCALER_RESYNC_INTERVAL_S": "5",
+        **settings,
     }
     log_path = world.workdir / "daemon.log"
     with log_path.open("wb") as out:
@@ -127,7 +139,7 @@ def daemon(world: World) -> Any:
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=_low_file_limit,
+            preexec_fn=_low_file_limit if file_limit else None,
         )
     try:
         yield http, log_path
@@ -192,7 +204,7 @@ def error_lines(log_path: Path) -> list[dict[str, Any]]:
 async def test_a_flood_of_slow_connections_stalls_neither_the_scale_up_nor_the_probes(
     world: World,
 ) -> None:
-    with daemon(world) as (http, log_path):
+    with daemon(world, file_limit=True) as (http, log_path):
         await wait_for(lambda: get(http, "/readyz") == 200, 60, "/readyz 200")
         flood = await asyncio.to_thread(slow_connections, http, FLOOD)
         try:
