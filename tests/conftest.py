@@ -76,7 +76,7 @@ def pytest_runtest_logstart(nodeid: str) -> None:
     minutes of dots."""
     tiers, seen, tier = _run["tiers"], _run["seen"], _tier(nodeid)
     reporter = _run["config"].pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or _run["config"].option.verbose > 0:  # -v names every test already
+    if reporter is None:
         return
     elapsed = time.monotonic() - _run["started"]
     if len(tiers) >= 2 and tier not in seen:
@@ -86,7 +86,7 @@ def pytest_runtest_logstart(nodeid: str) -> None:
             f"-- tier {tier or '(top)'}: {tiers[tier]} tests "
             f"({len(seen)} of {len(tiers)} tiers, {elapsed / 60:.1f} min in) --"
         )
-    if tier in NAMED_TIERS:
+    if tier in NAMED_TIERS and _run["config"].option.verbose <= 0:  # -v names every test
         _run["named"][tier] += 1
         _line_start(reporter)
         reporter.write(

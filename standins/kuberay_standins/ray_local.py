@@ -778,7 +778,7 @@ def _signal_own_group(leader: subprocess.Popen[bytes], sig: signal.Signals) -> b
     Until the leader is reaped (`returncode` None: running, or a zombie) no other process can
     have its pid. Once reaped (a `poll()` that saw it exit), pids wrap (pid_max is 32768 on the
     test machines, passed in minutes with several Ray suites running) and the number may lead
-    someone else's fresh group: another test's Ray head was killed that way. Whatever of ours
+    someone else's fresh group (a Ray head another run just started, say). Whatever of ours
     outlived a reaped leader is found by its HOME instead (`_kill_strays`).
     """
     if leader.returncode is not None:
