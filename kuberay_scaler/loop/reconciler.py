@@ -152,7 +152,12 @@ class Reconciler:
 
     def decide(self, seen: Snapshot, now: Instant) -> Decision:
         return decide(
-            seen.observation, self.memory, self._policy, now.wall, self._config.drain_deadline_s
+            seen.observation,
+            self.memory,
+            self._policy,
+            now.wall,
+            self._config.drain_deadline_s,
+            mono_s=now.mono,  # every timer that licenses a deletion (the GCS replies too)
         )
 
     def _publish(self, decision: Decision, now: Instant) -> None:

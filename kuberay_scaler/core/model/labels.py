@@ -26,3 +26,14 @@ ACCELERATOR_TYPE_LABEL = "ray.io/accelerator-type"
 # GKE TPU node selectors.
 GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
 GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+
+# Annotations on a worker group's template metadata (KubeRay v1.7.0's CRD keeps
+# template.metadata.annotations; unknown keys of the group spec itself are pruned).
+ANNOTATION_DISRUPTION_BUDGET = "kuberay-scaler.ray.io/disruption-budget"
+ANNOTATION_SCALE_DOWN_DELAY = "kuberay-scaler.ray.io/scale-down-delay-after-add-seconds"
+
+# Pod annotations users set for node autoscalers; either keeps its slice from voluntary removal.
+POD_DO_NOT_DISRUPT = ("karpenter.sh/do-not-disrupt", "true")
+POD_SAFE_TO_EVICT = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false")
+# The pod condition the API server sets before a disruption (eviction, preemption, taints).
+CONDITION_DISRUPTION_TARGET = "DisruptionTarget"

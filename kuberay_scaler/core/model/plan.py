@@ -15,6 +15,8 @@ from kuberay_scaler.core.model.ray import GangDemand, TaskDemand
 from kuberay_scaler.core.model.reasons import (
     Action,
     Demand,
+    Disruption,
+    DisruptionKind,
     Hold,
     InfeasibleKind,
     PlanProblem,
@@ -92,6 +94,11 @@ class GroupDecision:
         action = self.action
         if action is Action.SCALE_UP:
             ups = [r for r in self.reasons if isinstance(r, ScaleUp)]
+            if not ups and any(
+                isinstance(r, Disruption) and r.kind is DisruptionKind.REPLACED_AHEAD
+                for r in self.reasons
+            ):
+                return DisruptionKind.REPLACED_AHEAD.value
             return ups[0].kind.value if ups else "replicas_below_min"
         if action is Action.REPLACE:
             faults = [x.reason.kind for x in self.deletions if x.kind is DeleteKind.REPLACE]
@@ -164,6 +171,11 @@ class Memory:
     # Broken slices kept because a host is busy: slice key → since when (bounded, see
     # KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
     broken_busy_since: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+    # Groups that added a slice lately: group → when it was planned (the planner's `mono_s`,
+    # monotonic seconds); no idle slice of theirs leaves for the scale-down delay after it.
+    scaled_up_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Going slices (DisruptionTarget) a replacement was launched for: slice key → group.
+    replaced_ahead: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -211,6 +223,12 @@ class Plan:
             for g in self.groups
             for r in g.reasons
             if isinstance(r, Unchanged) and r.kind is UnchangedKind.IDLE_BELOW_TIMEOUT
+        ]
+        waits += [  # idle slices kept by a scale-down delay: judged again when it ends
+            r.wait_s
+            for g in self.groups
+            for r in g.reasons
+            if isinstance(r, Disruption) and r.wait_s is not None
         ]
         if self.settle_s is not None:  # the demand it held may need a slice then
             waits.append(self.settle_s)

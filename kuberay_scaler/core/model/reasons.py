@@ -159,6 +159,9 @@ class ScaleDownKind(StrEnum):
     # Some hosts accepted their drain (their raylets exit), others refused: the refusing hosts
     # are drained for preemption until `deadline`, then the slice leaves whole (never half).
     PARTLY_DRAINED = "partly_drained"
+    # A host of the slice has the pod condition DisruptionTarget (eviction, preemption, taint
+    # manager): the slice is going, its live hosts are drained for preemption now.
+    DISRUPTION_TARGET = "disruption_target"
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class ScaleDown:
     running: int = 0  # ABOVE_MAX / PREEMPT: slices the group runs
     limit: int = 0  # ABOVE_MAX / PREEMPT: maxReplicas
     deadline: datetime | None = None  # PREEMPT / PREEMPTED: when the drain's time is up
+    cause: str = ""  # DISRUPTION_TARGET: the condition's reason (e.g. PreemptionByScheduler)
 
     def __str__(self) -> str:
         if self.kind is ScaleDownKind.RECORDED_DRAIN:
@@ -183,6 +187,11 @@ class ScaleDown:
             return f"drain slice {self.slice} for preemption until {until}: {above}; busy"
         if self.kind is ScaleDownKind.PREEMPTED:
             return f"remove slice {self.slice}: drained for preemption (deadline {until})"
+        if self.kind is ScaleDownKind.DISRUPTION_TARGET:
+            return (
+                f"drain slice {self.slice} for preemption until {until}: a host is going"
+                f" (DisruptionTarget: {self.cause or '?'})"
+            )
         if self.kind is ScaleDownKind.PARTLY_DRAINED:
             return (
                 f"slice {self.slice} partly drained: its other hosts are drained for preemption"
@@ -358,6 +367,68 @@ class Unchanged:
                 return f"{self.count} slice(s) {self.kind.value}{example}"
 
 
+class DisruptionKind(StrEnum):
+    """The disruption rules (core/planner/disruption.py): why a voluntary removal waits, or
+    what a slice that is going gets."""
+
+    # A pod of the slice says karpenter.sh/do-not-disrupt=true or safe-to-evict=false.
+    DO_NOT_DISRUPT = "do_not_disrupt"
+    SCALE_DOWN_DELAY = "scale_down_delay"  # the group added a slice lately
+    BUDGET = "disruption_budget"  # the group's budget of slices leaving at once is spent
+    # Above maxReplicas a do-not-disrupt slice is removed anyway (last of its kind).
+    ABOVE_MAX_DESPITE = "above_max_despite_do_not_disrupt"
+    GOING = "disruption_target"  # a host is going (DisruptionTarget): drained, not deleted
+    REPLACED_AHEAD = "replaced_ahead"  # a replacement slice launched for a going busy slice
+    SPARE_KEPT = "spare_kept"  # an idle slice kept for the work of a going slice
+    NO_ROOM = "no_room_for_replacement"  # a going busy slice, but the group is at maxReplicas
+
+
+@dataclass(frozen=True)
+class Disruption:
+    kind: DisruptionKind
+    slice: str | None = None
+    count: int = 1
+    detail: str = ""  # the annotation, the condition's reason, the budget as written
+    wait_s: float | None = None  # SCALE_DOWN_DELAY: seconds until the delay ends
+    limit: int | None = None  # BUDGET: slices that may leave at once
+    in_flight: int = 0  # BUDGET: slices of the group already leaving
+
+    def __str__(self) -> str:
+        return _disruption_text(self)
+
+
+def _disruption_text(d: Disruption) -> str:
+    match d.kind:
+        case DisruptionKind.DO_NOT_DISRUPT:
+            return f"keep idle slice {d.slice}: a pod asks not to be disrupted ({d.detail})"
+        case DisruptionKind.SCALE_DOWN_DELAY:
+            return (
+                f"{d.count} idle slice(s) kept: the group added a slice lately"
+                f" (scale-down delay {d.detail}; {d.wait_s or 0:.0f} s left)"
+            )
+        case DisruptionKind.BUDGET:
+            return (
+                f"{d.count} idle slice(s) kept: disruption budget {d.detail} allows {d.limit}"
+                f" slice(s) leaving at once, {d.in_flight} already leaving"
+            )
+        case DisruptionKind.ABOVE_MAX_DESPITE:
+            return (
+                f"slice {d.slice} leaves despite do-not-disrupt ({d.detail}): above maxReplicas,"
+                " and the slices without the annotation are already chosen"
+            )
+        case DisruptionKind.GOING:
+            return f"slice {d.slice} is going (DisruptionTarget: {d.detail})"
+        case DisruptionKind.REPLACED_AHEAD:
+            return (
+                f"add a slice ahead for the work of going slice {d.slice} (DisruptionTarget:"
+                f" {d.detail})"
+            )
+        case DisruptionKind.SPARE_KEPT:
+            return f"keep idle slice {d.slice}: it takes the work of a going slice ({d.detail})"
+        case DisruptionKind.NO_ROOM:
+            return f"no replacement for going slice {d.slice}: at maxReplicas ({d.detail})"
+
+
 Reason = (
     ScaleUp
     | Waiting
@@ -368,6 +439,7 @@ Reason = (
     | RunsMinReplicas
     | Hold
     | Unchanged
+    | Disruption
 )
 
 

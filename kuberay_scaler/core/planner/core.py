@@ -12,17 +12,21 @@ from typing import Any
 
 from kuberay_scaler.core.defaults import (
     BROKEN_BUSY_MAX_S,
+    DISRUPTION_BUDGET,
     JOIN_SETTLE_S,
     MAX_REPLACE_BACKOFF_S,
     PREEMPT_DEADLINE_S,
     REPLACE_BACKOFF_S,
+    SCALE_DOWN_DELAY_AFTER_ADD_S,
 )
 from kuberay_scaler.core.model.cluster import (
     MAX_GROUP_HOSTS,
+    Budget,
     ClusterSpec,
     Problem,
     UpscalingMode,
     WorkerGroup,
+    parse_budget,
 )
 from kuberay_scaler.core.model.plan import (
     DeleteKind,
@@ -52,6 +56,7 @@ from kuberay_scaler.core.model.reasons import (
 from kuberay_scaler.core.model.slices import GroupSlices, SliceMap
 from kuberay_scaler.core.planner.bins import bins_for_new_slice
 from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
+from kuberay_scaler.core.planner.disruption import DisruptionRules, disruption_stage
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.pool import Pool
@@ -84,6 +89,16 @@ class Policy:
     # How long after its Ray container started a worker host's used resources may still be
     # work reported pending (see JOIN_SETTLE_S); 0 turns the settle off.
     join_settle_s: float = JOIN_SETTLE_S
+    # Disruption defaults (a group's template annotations override them; docs/planner.md).
+    disruption_budget: Budget = field(default_factory=lambda: parse_budget(DISRUPTION_BUDGET))
+    scale_down_delay_after_add_s: float = SCALE_DOWN_DELAY_AFTER_ADD_S
+
+    def disruption_rules(self, group: WorkerGroup) -> DisruptionRules:
+        """The group's own budget and delay, else these defaults."""
+        budget = group.disruption_budget or self.disruption_budget
+        delay = group.scale_down_delay_s
+        delay_s = self.scale_down_delay_after_add_s if delay is None else delay
+        return DisruptionRules(budget, delay_s, self.preempt_deadline_s)
 
 
 @dataclass
@@ -105,24 +120,34 @@ def plan(
     policy: Policy,
     now: datetime,
     evidence: Evidence | None = None,
+    *,
+    mono_s: float | None = None,
 ) -> Plan:
     """The plan for every group; a group whose planning raises is held with a named problem
     and the others are planned without it (one bad group never stops the others).
 
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
-    built it (`decide()` does, so it is built once per frame); otherwise built here."""
+    built it (`decide()` does, so it is built once per frame); otherwise built here.
+    `mono_s`: the monotonic clock (time.monotonic() in the daemon) the disruption timers run
+    on; None: `now`'s epoch seconds stand in (one-shot use)."""
+    mono = now.timestamp() if mono_s is None else mono_s
     try:
-        result = _plan(snapshot, ray, memory, policy, now, evidence)
+        result = _plan(snapshot, ray, memory, policy, now, evidence, mono)
     except Exception:  # a planner bug reached by one group's numbers: find the group
-        failed = _failing_groups(snapshot, ray, memory, policy, now)
+        failed = _failing_groups(snapshot, ray, memory, policy, now, mono)
         if not failed:
             raise  # not one group's doing: the loop counts it (and /healthz says so)
-        result = _without_groups(snapshot, ray, memory, policy, now, failed)
+        result = _without_groups(snapshot, ray, memory, policy, now, failed, mono)
     return replace(result, now_ms=epoch_ms(now))
 
 
 def _failing_groups(
-    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
+    snapshot: Snapshot,
+    ray: RayState | None,
+    memory: Memory,
+    policy: Policy,
+    now: datetime,
+    mono: float,
 ) -> dict[str, str]:
     """Each group planned alone; the ones that raise, with what they raised."""
     failed: dict[str, str] = {}
@@ -130,7 +155,7 @@ def _failing_groups(
         others = tuple(g.name for g in snapshot.spec.groups if g is not group)
         alone = _skip_groups(snapshot, others, [])
         try:
-            _plan(alone, ray, memory, policy, now)
+            _plan(alone, ray, memory, policy, now, None, mono)
         except Exception as err:
             failed[group.name] = f"{type(err).__name__}: {err}"
     return failed
@@ -143,12 +168,14 @@ def _without_groups(
     policy: Policy,
     now: datetime,
     failed: Mapping[str, str],
+    mono: float,
 ) -> Plan:
     problems = [
         Problem(f"planning failed ({why}); group skipped, the others planned", name)
         for name, why in failed.items()
     ]
-    result = _plan(_skip_groups(snapshot, tuple(failed), problems), ray, memory, policy, now)
+    alone = _skip_groups(snapshot, tuple(failed), problems)
+    result = _plan(alone, ray, memory, policy, now, None, mono)
     held = [
         GroupDecision(
             group=g.name,
@@ -191,6 +218,7 @@ def _plan(
     policy: Policy,
     now: datetime,
     evidence: Evidence | None = None,
+    mono: float = 0.0,
 ) -> Plan:
     spec = snapshot.spec
     problems = _problems(ProblemKind.SPEC, spec.problems) + _problems(
@@ -257,7 +285,22 @@ def _plan(
         )
         for n, g in groups.items()
     ]
+    disrupted = [
+        disruption_stage(
+            d,
+            groups[d.group].slices,
+            policy.disruption_rules(groups[d.group].slices.group),
+            memory,
+            needed,
+            now,
+            mono,
+        )
+        for d in decisions
+    ]
+    decisions = [x.decision for x in disrupted]
     preempting.update(busy.preempting_out)
+    for x in disrupted:
+        preempting.update(x.preempting)
     # Deadlines set after the drains (a partly drained slice) outlive the plans between.
     alive = _slice_keys(slice_map) if memory.preempting else set()
     for key, deadline in memory.preempting.items():
@@ -288,6 +331,12 @@ def _plan(
             preempting=MappingProxyType(preempting),
             broken_busy_since=MappingProxyType(busy.since_out),
             refused=MappingProxyType(_live_refused(memory, slice_map, now)),
+            scaled_up_at=MappingProxyType(
+                {x.decision.group: x.scaled_up_at for x in disrupted if x.scaled_up_at is not None}
+            ),
+            replaced_ahead=MappingProxyType(
+                {key: x.decision.group for x in disrupted for key in x.replaced_ahead}
+            ),
         ),
         settle_s=settle_s,
     )
