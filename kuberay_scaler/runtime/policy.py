@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kuberay_scaler.core.model.cluster import parse_budget
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.slicemap import SliceTimeouts
 from kuberay_scaler.runtime.settings import Settings
@@ -17,4 +18,6 @@ def policy_from_settings(settings: Settings) -> Policy:
         replace_backoff_s=settings.replace_backoff_s,
         preempt_deadline_s=settings.preempt_deadline_s,
         broken_busy_max_s=settings.broken_busy_max_s,
+        disruption_budget=parse_budget(settings.disruption_budget),
+        scale_down_delay_after_add_s=settings.scale_down_delay_after_add_s,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
@@ -51,6 +51,17 @@ class SliceDeletion:
 
 
 @dataclass(frozen=True)
+class GroupRules:
+    """A group's disruption rules as the plan applied them, and where each came from."""
+
+    budget: str  # "10" slices or "20%" of the group's slices
+    budget_from: str  # "group" (its template annotation) or "default" (the daemon's env)
+    scale_down_delay_after_add_s: float
+    delay_from: str
+    leaving: int  # slices already leaving, counted against the budget
+
+
+@dataclass(frozen=True)
 class GroupDecision:
     group: str
     index: int
@@ -66,6 +77,7 @@ class GroupDecision:
     # Busy slices above maxReplicas to drain with reason preemption now; deleted in a later plan
     # once drained or past their deadline (never in this one).
     preempt: tuple[SliceDeletion, ...] = ()
+    rules: GroupRules | None = None  # the disruption rules applied (None: held before them)
 
     @property
     def changes(self) -> bool:
@@ -268,6 +280,7 @@ class Plan:
                         for d in g.preempt
                     ],
                     "held": _hold_doc(g.held),
+                    "disruption": None if g.rules is None else asdict(g.rules),
                     "reasons": [_reason_doc(r) for r in g.reasons],
                     "slices": self._slices_doc(g.group),
                 }

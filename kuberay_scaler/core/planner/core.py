@@ -98,7 +98,13 @@ class Policy:
         budget = group.disruption_budget or self.disruption_budget
         delay = group.scale_down_delay_s
         delay_s = self.scale_down_delay_after_add_s if delay is None else delay
-        return DisruptionRules(budget, delay_s, self.preempt_deadline_s)
+        return DisruptionRules(
+            budget,
+            delay_s,
+            self.preempt_deadline_s,
+            budget_from_group=group.disruption_budget is not None,
+            delay_from_group=delay is not None,
+        )
 
 
 @dataclass

@@ -28,7 +28,13 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 
 from kuberay_scaler.core.model.cluster import Budget
-from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Memory, SliceDeletion
+from kuberay_scaler.core.model.plan import (
+    DeleteKind,
+    GroupDecision,
+    GroupRules,
+    Memory,
+    SliceDeletion,
+)
 from kuberay_scaler.core.model.reasons import (
     Disruption,
     DisruptionKind,
@@ -52,6 +58,8 @@ class DisruptionRules:
     budget: Budget
     delay_s: float
     preempt_deadline_s: float
+    budget_from_group: bool = False
+    delay_from_group: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,9 +105,23 @@ def disruption_stage(
         *budget_step.reasons,
         *surplus,
     )
-    out = replace(budget_step.decision, reasons=(*budget_step.decision.reasons, *reasons))
+    out = replace(
+        budget_step.decision,
+        reasons=(*budget_step.decision.reasons, *reasons),
+        rules=_shown(rules, in_flight(budget_step.decision, slices, memory)),
+    )
     remembered = last_add if last_add is not None and mono_s - last_add < rules.delay_s else None
     return Disrupted(out, remembered, going.ahead, going.preempting)
+
+
+def _shown(rules: DisruptionRules, leaving: int) -> GroupRules:
+    return GroupRules(
+        budget=str(rules.budget),
+        budget_from="group" if rules.budget_from_group else "default",
+        scale_down_delay_after_add_s=rules.delay_s,
+        delay_from="group" if rules.delay_from_group else "default",
+        leaving=leaving,
+    )
 
 
 def _ahead_kept(memory: Memory, slices: GroupSlices) -> tuple[str, ...]:
