@@ -351,7 +351,7 @@ def test_a_going_busy_slice_is_drained_at_once_and_replaced_ahead() -> None:
     assert d.target == 3 and d.action.value == "scale_up"
     assert d.reason_code == DisruptionKind.REPLACED_AHEAD.value
     assert dict(result.memory.replaced_ahead) == {"tpu-a": "tpu"}
-    assert result.memory.scaled_up_at == {"tpu": T0}
+    assert result.memory.scaled_up_at == {}  # no growth: the scale-down delay is not started
 
 
 def test_a_going_slice_is_drained_and_replaced_once() -> None:
@@ -390,6 +390,13 @@ def test_an_idle_going_slice_needs_no_replacement() -> None:
     going(pods[0])
     d = decision_of(run(cluster(tpu_group(replicas=1)), pods, nodes))
     assert d.target == 1 and not disruptions(d, DisruptionKind.REPLACED_AHEAD)
+
+
+def test_a_going_slice_not_yet_in_ray_is_not_drained_and_gets_no_deadline() -> None:
+    pods = slice_pods("tpu", "tpu-a", 4, phase="Pending")
+    going(pods[0])
+    result = run(cluster(tpu_group(replicas=1)), pods, [head_node()])
+    assert decision_of(result).preempt == () and "tpu-a" not in result.memory.preempting
 
 
 def test_decide_drains_a_going_slice_for_preemption_and_deletes_nothing() -> None:

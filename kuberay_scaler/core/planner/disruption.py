@@ -93,7 +93,9 @@ def disruption_stage(
         return Disrupted(decision, memory.scaled_up_at.get(name), _ahead_kept(memory, slices), {})
     going = _going(decision, slices, rules, memory, needed, now)
     step = _do_not_disrupt(going.step.decision, slices)
-    added = going.added or decision.new_hosts > 0
+    # A slice added ahead for a going one is no growth: it does not start the delay (the going
+    # slice's replica comes back once its pods are gone; the idle one of them leaves as usual).
+    added = decision.new_hosts > 0
     last_add = mono_s if added else memory.scaled_up_at.get(name)
     delay_step = _delay(step.decision, last_add, rules.delay_s, mono_s)
     budget_step = _budget(delay_step.decision, slices, rules.budget, memory)
@@ -160,7 +162,9 @@ def _going(
         return _Going(_Step(decision), False, _ahead_kept(memory, slices), MappingProxyType({}))
     drains = tuple(_drain(s, rules, memory, now) for s in going)
     preempt = tuple(d for d, new in drains if new)
-    deadlines = {d.slice_key: _deadline(d) for d, _ in drains}
+    deadlines = {
+        d.slice_key: _deadline(d) for d, new in drains if new or d.slice_key in memory.preempting
+    }
     said: tuple[Reason, ...] = tuple(
         d.reason for d, new in drains if not new and isinstance(d.reason, ScaleDown)
     )
