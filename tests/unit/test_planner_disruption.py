@@ -431,3 +431,9 @@ def test_plan_of_without_mono_uses_the_wall_clock() -> None:
         cluster(tpu_group(replicas=1)), pods, state(nodes, tasks=[tasks({"TPU": 4}, 4)])
     )
     assert result.memory.scaled_up_at == {"tpu": NOW.timestamp()}
+
+
+@pytest.mark.parametrize("kind", list(DisruptionKind))
+def test_every_disruption_reason_reads_as_a_sentence_naming_its_slice(kind: DisruptionKind) -> None:
+    text = str(Disruption(kind, "tpu-a", detail="x", wait_s=5.0, limit=2, in_flight=1))
+    assert text and ("tpu-a" in text or "idle slice(s) kept" in text)
