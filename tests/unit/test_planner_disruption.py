@@ -437,3 +437,22 @@ def test_plan_of_without_mono_uses_the_wall_clock() -> None:
 def test_every_disruption_reason_reads_as_a_sentence_naming_its_slice(kind: DisruptionKind) -> None:
     text = str(Disruption(kind, "tpu-a", detail="x", wait_s=5.0, limit=2, in_flight=1))
     assert text and ("tpu-a" in text or "idle slice(s) kept" in text)
+
+
+def test_debug_slices_names_the_rules_the_annotation_and_the_going_host() -> None:
+    from kuberay_scaler.adapters.web.slices_page import render_slices
+
+    pods, nodes = tpu_slices(900.0, None)
+    annotated(pods[0], *SAFE_TO_EVICT)
+    going(pods[5], "EvictionByEvictionAPI")  # tpu-b-1
+    rc = cluster(with_annotations(tpu_group(replicas=2), **{BUDGET_KEY: "25%"}))
+    doc = run(rc, pods, nodes).summary()
+    slices = {s["slice"]: s for s in doc["groups"][0]["slices"]}
+    assert (
+        slices["tpu-a"]["do_not_disrupt"] == "cluster-autoscaler.kubernetes.io/safe-to-evict=false"
+    )
+    assert slices["tpu-b"]["going"] == "tpu-b-1: EvictionByEvictionAPI"
+    page = render_slices(doc)
+    assert "budget 25% (group)" in page and "300 s (default)" in page
+    assert "going (DisruptionTarget tpu-b-1: EvictionByEvictionAPI)" in page
+    assert "do-not-disrupt (cluster-autoscaler.kubernetes.io/safe-to-evict=false)" in page

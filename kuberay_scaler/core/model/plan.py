@@ -311,6 +311,8 @@ def slice_doc(sl: Slice, now_ms: int) -> dict[str, Any]:
         "state": sl.state.value,
         "reason": sl.reason,
         "idle_s": None if idle_ms is None else round(idle_ms / 1000, 1),
+        "do_not_disrupt": sl.do_not_disrupt,  # the pod annotation that protects it, if any
+        "going": sl.going,  # "<pod>: <DisruptionTarget reason>", if a host is going
         "hosts": [
             {
                 "pod": h.pod_name,
