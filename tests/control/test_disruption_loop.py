@@ -4,9 +4,12 @@ monotonic clock."""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from typing import Any
 
 from kuberay_scaler.core.model.drains import DrainReason
+from kuberay_scaler.core.model.ray import NodeStatus
 from tests.control.fakes import make_loop
 from tests.factories import (
     cluster,
@@ -87,3 +90,40 @@ async def test_no_idle_slice_leaves_within_the_delay_after_a_scale_up() -> None:
     await loop.reconciler.reconcile()
     assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]
     assert _spec(loop)["replicas"] == 1
+
+
+async def test_a_slice_drained_for_a_disruption_that_did_not_happen_is_replaced() -> None:
+    """At maxReplicas the going slice is only drained (no write): the loop must still remember
+    it, so that once the condition is cleared and the deadline passed it is replaced whole."""
+    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
+    _going(pods[1])
+    busy = [
+        *tpu_slice_nodes("tpu-a", 4, busy_hosts=ALL),
+        *tpu_slice_nodes("tpu-b", 4, busy_hosts=ALL),
+    ]
+    rc = cluster(tpu_group(replicas=2, max_replicas=2))
+    loop = make_loop(rc, pods, state([head_node(), *busy]))
+    await loop.reconciler.reconcile()
+    assert len(loop.gcs.drains) == 4 and not loop.writer.calls
+
+    # The pod was not deleted after all: a new object without the condition (as a watch brings).
+    cleared = copy.deepcopy(pods[1])
+    cleared["status"]["conditions"] = []
+    loop.pods.pods[1] = cleared
+    drained = [
+        replace(n, status=NodeStatus.DRAINING, idle_since_ms=None)
+        if n.instance_id.startswith("tpu-a")
+        else n
+        for n in busy
+    ]
+    loop.clock.advance(10)
+    loop.see_ray(state([head_node(), *drained]))
+    await loop.reconciler.reconcile()
+    assert _named(loop) == []  # before the deadline: it waits
+
+    loop.clock.advance(25)  # past the 30 s notice
+    loop.see_ray(state([head_node(), *drained]))
+    await loop.reconciler.reconcile()
+    assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]
+    assert _spec(loop)["replicas"] == 2
+    assert len(loop.gcs.drains) == 4  # no second drain

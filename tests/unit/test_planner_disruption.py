@@ -456,3 +456,48 @@ def test_debug_slices_names_the_rules_the_annotation_and_the_going_host() -> Non
     assert "budget 25% (group)" in page and "300 s (default)" in page
     assert "going (DisruptionTarget tpu-b-1: EvictionByEvictionAPI)" in page
     assert "do-not-disrupt (cluster-autoscaler.kubernetes.io/safe-to-evict=false)" in page
+
+
+def test_a_slice_drained_for_a_disruption_that_did_not_happen_is_replaced_at_its_deadline() -> None:
+    pods, nodes = tpu_slices(None, None)
+    going(pods[1])
+    rc = cluster(tpu_group(replicas=2, max_replicas=2))  # no room: drained only
+    first = run(rc, pods, nodes)
+    assert dict(first.memory.disrupted) == {"tpu-a": "tpu"}
+    pods[1]["status"]["conditions"] = []  # the condition is cleared: the pod stays
+    drained = [n if not n.instance_id.startswith("tpu-a") else _draining(n) for n in nodes]
+    early = run(rc, pods, drained, memory=first.memory)
+    d = decision_of(early)
+    assert d.deletions == () and disruptions(d, DisruptionKind.ABANDONED)
+    snap = snapshot_of(rc, pods)
+    later = NOW + timedelta(seconds=31)
+    result = plan_fn(snap, state(drained), first.memory, Policy(), later, mono_s=T0 + 31)
+    (x,) = decision_of(result).deletions
+    assert (x.slice_key, x.kind, x.node_ids) == ("tpu-a", DeleteKind.REPLACE, ())
+    assert decision_of(result).target == 2  # replaced whole: KubeRay creates a fresh one
+
+
+def _draining(n: RayNode) -> RayNode:
+    from dataclasses import replace as copy
+
+    from kuberay_scaler.core.model.ray import NodeStatus
+
+    return copy(n, status=NodeStatus.DRAINING, idle_since_ms=None)
+
+
+def test_the_gate_lets_the_abandoned_slice_go_only_past_its_deadline() -> None:
+    pods, nodes = tpu_slices(None, None)
+    going(pods[1])
+    rc = cluster(tpu_group(replicas=2, max_replicas=2))
+    first = run(rc, pods, nodes)
+    pods[1]["status"]["conditions"] = []
+    drained = [n if not n.instance_id.startswith("tpu-a") else _draining(n) for n in nodes]
+    later = NOW + timedelta(seconds=31)
+    gcs = RayObservation(state(drained), 0.0, cluster_id="c")
+    decision = decide(Observation(rc, pods, gcs), first.memory, Policy(), later, mono_s=T0 + 31)
+    assert decision.blocked == ()
+    (patch,) = [w for w in decision.writes if isinstance(w, Patch)]
+    (strategy,) = [op["value"] for op in patch.ops if op["path"].endswith("/scaleStrategy")]
+    assert strategy == {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}
+    assert not any(op["path"].endswith("/replicas") for op in patch.ops)  # replaced whole
+    assert not [w for w in decision.writes if isinstance(w, Drain)]  # no second drain

@@ -188,6 +188,9 @@ class Memory:
     scaled_up_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # Going slices (DisruptionTarget) a replacement was launched for: slice key → group.
     replaced_ahead: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Going slices drained for preemption (slice key → group): if the disruption does not
+    # happen they stay DRAINING in Ray, and are replaced once their deadline passes.
+    disrupted: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

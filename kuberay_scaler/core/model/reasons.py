@@ -381,6 +381,8 @@ class DisruptionKind(StrEnum):
     REPLACED_AHEAD = "replaced_ahead"  # a replacement slice launched for a going busy slice
     SPARE_KEPT = "spare_kept"  # an idle slice kept for the work of a going slice
     NO_ROOM = "no_room_for_replacement"  # a going busy slice, but the group is at maxReplicas
+    # Drained for a disruption that did not happen: replaced whole once its deadline passes.
+    ABANDONED = "disruption_abandoned"
 
 
 @dataclass(frozen=True)
@@ -425,6 +427,8 @@ def _disruption_text(d: Disruption) -> str:
             )
         case DisruptionKind.SPARE_KEPT:
             return f"keep idle slice {d.slice}: it takes the work of a going slice ({d.detail})"
+        case DisruptionKind.ABANDONED:
+            return f"slice {d.slice} is no longer going (DisruptionTarget cleared): {d.detail}"
         case DisruptionKind.NO_ROOM:
             return f"no replacement for going slice {d.slice}: at maxReplicas ({d.detail})"
 

@@ -343,6 +343,9 @@ def _plan(
             replaced_ahead=MappingProxyType(
                 {key: x.decision.group for x in disrupted for key in x.replaced_ahead}
             ),
+            disrupted=MappingProxyType(
+                {key: x.decision.group for x in disrupted for key in x.disrupted}
+            ),
         ),
         settle_s=settle_s,
     )

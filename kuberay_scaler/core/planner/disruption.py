@@ -40,6 +40,7 @@ from kuberay_scaler.core.model.reasons import (
     DisruptionKind,
     HoldKind,
     Reason,
+    Replace,
     ScaleDown,
     ScaleDownKind,
 )
@@ -70,6 +71,7 @@ class Disrupted:
     scaled_up_at: float | None  # when the group last added a slice (monotonic); None: forget
     replaced_ahead: tuple[str, ...]  # going slices that have their replacement
     preempting: Mapping[str, datetime]  # going slices drained for preemption → deadline
+    disrupted: tuple[str, ...] = ()  # going slices drained for preemption (this plan or before)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,9 @@ def disruption_stage(
     """Apply the disruption rules to one group's decision (see the module docstring)."""
     name = decision.group
     if decision.held is not None and decision.held.kind is not HoldKind.WORKERS_TO_DELETE_PENDING:
-        return Disrupted(decision, memory.scaled_up_at.get(name), _ahead_kept(memory, slices), {})
+        kept = tuple(k for k, g in memory.disrupted.items() if g == name)
+        ahead = _ahead_kept(memory, slices)
+        return Disrupted(decision, memory.scaled_up_at.get(name), ahead, {}, kept)
     going = _going(decision, slices, rules, memory, needed, now)
     step = _do_not_disrupt(going.step.decision, slices)
     # A slice added ahead for a going one is no growth: it does not start the delay (the going
@@ -113,7 +117,7 @@ def disruption_stage(
         rules=_shown(rules, in_flight(budget_step.decision, slices, memory)),
     )
     remembered = last_add if last_add is not None and mono_s - last_add < rules.delay_s else None
-    return Disrupted(out, remembered, going.ahead, going.preempting)
+    return Disrupted(out, remembered, going.ahead, going.preempting, going.drained)
 
 
 def _shown(rules: DisruptionRules, leaving: int) -> GroupRules:
@@ -139,9 +143,9 @@ def _ahead_kept(memory: Memory, slices: GroupSlices) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class _Going:
     step: _Step
-    added: bool  # a slice was added ahead for a going one
     ahead: tuple[str, ...]  # going slices that have their replacement (this plan or before)
     preempting: Mapping[str, datetime]
+    drained: tuple[str, ...]  # going slices drained for preemption (this plan or before)
 
 
 def _going(
@@ -158,24 +162,62 @@ def _going(
         for s in slices.slices
         if s.going and s.state is not SliceState.TERMINATING and s.key not in handled
     ]
-    if not going:
-        return _Going(_Step(decision), False, _ahead_kept(memory, slices), MappingProxyType({}))
+    abandoned = _abandoned(slices, memory, handled, now)
     drains = tuple(_drain(s, rules, memory, now) for s in going)
     preempt = tuple(d for d, new in drains if new)
     deadlines = {
         d.slice_key: _deadline(d) for d, new in drains if new or d.slice_key in memory.preempting
     }
     said: tuple[Reason, ...] = tuple(
-        d.reason for d, new in drains if not new and isinstance(d.reason, ScaleDown)
+        d.reason for d, new in drains if not new and d.slice_key in deadlines
     )
-    decision = replace(decision, preempt=(*decision.preempt, *preempt))
+    decision = replace(
+        decision,
+        preempt=(*decision.preempt, *preempt),
+        deletions=(*decision.deletions, *abandoned.deletions),
+    )
     homes = _homes(decision, slices, going, memory, needed)
+    drained = {k for k, g in memory.disrupted.items() if g == slices.group.name} | set(deadlines)
     return _Going(
-        _Step(homes.decision, (*said, *homes.reasons)),
-        homes.added,
+        _Step(homes.decision, (*said, *abandoned.reasons, *homes.reasons)),
         (*_ahead_kept(memory, slices), *homes.ahead),
         MappingProxyType(deadlines),
+        tuple(sorted(drained & {s.key for s in slices.slices})),
     )
+
+
+@dataclass(frozen=True)
+class _Abandoned:
+    deletions: tuple[SliceDeletion, ...]
+    reasons: tuple[Reason, ...]
+
+
+def _abandoned(slices: GroupSlices, memory: Memory, handled: Set[str], now: datetime) -> _Abandoned:
+    """Slices drained for a disruption that did not happen (DisruptionTarget cleared: the
+    pod was not deleted after all). Ray has no undrain: their hosts stay DRAINING, so once
+    the preemption deadline has passed (the gate's (d)) the slice is replaced whole, replicas
+    unchanged, without a second drain; before it, it waits."""
+    name = slices.group.name
+    deletions: list[SliceDeletion] = []
+    reasons: list[Reason] = []
+    for sl in slices.slices:
+        deadline = memory.preempting.get(sl.key)
+        if memory.disrupted.get(sl.key) != name or sl.going or deadline is None:
+            continue
+        if sl.state is SliceState.TERMINATING or sl.key in handled:
+            continue
+        if deadline > now:
+            until = f"its hosts stay drained; replaced whole at {deadline.isoformat()}"
+            reasons.append(Disruption(DisruptionKind.ABANDONED, sl.key, detail=until))
+            continue
+        cause = (
+            "drained for a disruption that did not happen (DisruptionTarget cleared); its hosts"
+            " stay drained in Ray"
+        )
+        why = Replace(sl.key, None, cause)
+        deletions.append(SliceDeletion(sl.key, sl.pod_names, (), DeleteKind.REPLACE, why))
+        reasons.append(why)
+    return _Abandoned(tuple(deletions), tuple(reasons))
 
 
 def _deadline(d: SliceDeletion) -> datetime:
