@@ -501,3 +501,41 @@ def test_the_gate_lets_the_abandoned_slice_go_only_past_its_deadline() -> None:
     assert strategy == {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}
     assert not any(op["path"].endswith("/replicas") for op in patch.ops)  # replaced whole
     assert not [w for w in decision.writes if isinstance(w, Drain)]  # no second drain
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"KUBERAY_SCALER_DISRUPTION_BUDGET": "lots"}, "KUBERAY_SCALER_DISRUPTION_BUDGET"),
+        ({"KUBERAY_SCALER_DISRUPTION_BUDGET": "150%"}, "KUBERAY_SCALER_DISRUPTION_BUDGET"),
+        (
+            {"KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "-1"},
+            "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S",
+        ),
+    ],
+)
+def test_bad_disruption_settings_are_one_line_naming_the_variable(
+    env: dict[str, str], named: str
+) -> None:
+    from kuberay_scaler.runtime.settings import ConfigError, load_settings
+
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_env_defaults_reach_the_policy() -> None:
+    from kuberay_scaler.runtime.policy import policy_from_settings
+    from kuberay_scaler.runtime.settings import load_settings
+
+    env = {
+        "KUBERAY_SCALER_DISRUPTION_BUDGET": " 30% ",
+        "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
+    }
+    settings = load_settings(env)
+    assert settings.masked()["KUBERAY_SCALER_DISRUPTION_BUDGET"] == "30%"  # check-config
+    policy = policy_from_settings(settings)
+    assert (policy.disruption_budget, policy.scale_down_delay_after_add_s) == (
+        Budget(percent=30.0),
+        0.0,
+    )
