@@ -539,3 +539,17 @@ def test_env_defaults_reach_the_policy() -> None:
         Budget(percent=30.0),
         0.0,
     )
+
+
+def test_a_held_plan_still_shows_each_groups_rules() -> None:
+    pods, _ = tpu_slices(900.0)
+    rc = cluster(with_annotations(tpu_group(replicas=1), **{DELAY_KEY: "60"}))
+    result = plan_of(rc, pods, None)  # Ray's demand unknown: the whole plan holds
+    assert result.held is not None
+    rules = decision_of(result).rules
+    assert rules is not None
+    assert (rules.budget, rules.budget_from, rules.scale_down_delay_after_add_s) == (
+        "10",
+        "default",
+        60.0,
+    )

@@ -56,7 +56,12 @@ from kuberay_scaler.core.model.reasons import (
 from kuberay_scaler.core.model.slices import GroupSlices, SliceMap
 from kuberay_scaler.core.planner.bins import bins_for_new_slice
 from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
-from kuberay_scaler.core.planner.disruption import DisruptionRules, disruption_stage
+from kuberay_scaler.core.planner.disruption import (
+    DisruptionRules,
+    disruption_stage,
+    in_flight_of,
+    shown_rules,
+)
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.pool import Pool
@@ -231,7 +236,8 @@ def _plan(
         ProblemKind.POD, snapshot.problems
     )
     if not snapshot.synced:
-        return _held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED))
+        why = Hold(HoldKind.NOT_SYNCED)
+        return _held_plan(spec, None, memory, problems, why, policy=policy)
     slice_map = build_slice_map(
         spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock, FRAME_MEMO
     )
@@ -239,10 +245,10 @@ def _plan(
     groups = _analyse(slice_map, memory, problems)
     if spec.suspended:
         why = Hold(HoldKind.CLUSTER_SUSPENDED)
-        return _held_plan(spec, slice_map, memory, problems, why, groups)
+        return _held_plan(spec, slice_map, memory, problems, why, groups, policy)
     if ray is None:
         why = Hold(HoldKind.DEMAND_UNKNOWN)
-        return _held_plan(spec, slice_map, memory, problems, why, groups)
+        return _held_plan(spec, slice_map, memory, problems, why, groups, policy)
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
     replacing = _replacing(groups, memory, now)
     demand = bool(ray.tasks or ray.gangs or ray.constraint)
@@ -661,9 +667,16 @@ def _held_plan(
     problems: list[PlanProblem],
     why: Hold,
     groups: Mapping[str, _Group] | None = None,
+    policy: Policy | None = None,
 ) -> Plan:
     decisions = []
     for group in spec.groups:
+        gs = slice_map.groups.get(group.name) if slice_map else None
+        rules = (  # configuration: shown even when nothing is planned
+            shown_rules(policy.disruption_rules(group), in_flight_of(gs, memory) if gs else 0)
+            if policy
+            else None
+        )
         note = groups.get(group.name) if groups else None
         clear = bool(note and note.clear_wtd and not note.hold_all)
         decisions.append(
@@ -676,6 +689,7 @@ def _held_plan(
                 clear_workers_to_delete=clear,
                 held=why,
                 reasons=(*(note.reasons if clear and note else []), why),
+                rules=rules,
             )
         )
     return Plan(

@@ -114,13 +114,14 @@ def disruption_stage(
     out = replace(
         budget_step.decision,
         reasons=(*budget_step.decision.reasons, *reasons),
-        rules=_shown(rules, in_flight(budget_step.decision, slices, memory)),
+        rules=shown_rules(rules, in_flight(budget_step.decision, slices, memory)),
     )
     remembered = last_add if last_add is not None and mono_s - last_add < rules.delay_s else None
     return Disrupted(out, remembered, going.ahead, going.preempting, going.drained)
 
 
-def _shown(rules: DisruptionRules, leaving: int) -> GroupRules:
+def shown_rules(rules: DisruptionRules, leaving: int) -> GroupRules:
+    """The rules as the plan shows them (`GroupDecision.rules`)."""
     return GroupRules(
         budget=str(rules.budget),
         budget_from="group" if rules.budget_from_group else "default",
@@ -337,12 +338,20 @@ def _delay(decision: GroupDecision, last_add: float | None, delay_s: float, mono
 def in_flight(decision: GroupDecision, slices: GroupSlices, memory: Memory) -> int:
     """Slices of the group already leaving: terminating, recorded as draining, drained for
     preemption, or deleted or drained by this plan for a reason other than voluntary."""
+    planned = {x.slice_key for x in (*decision.deletions, *decision.preempt) if not _voluntary(x)}
+    return len(_leaving(slices, memory) | planned)
+
+
+def in_flight_of(slices: GroupSlices, memory: Memory) -> int:
+    """Slices of the group already leaving, before any plan of this round."""
+    return len(_leaving(slices, memory))
+
+
+def _leaving(slices: GroupSlices, memory: Memory) -> set[str]:
     keys = {s.key for s in slices.slices}
     leaving = {s.key for s in slices.by_state(SliceState.TERMINATING)}
     leaving |= keys & set(memory.draining.get(slices.group.name, ()))
-    leaving |= keys & set(memory.preempting)
-    leaving |= {x.slice_key for x in (*decision.deletions, *decision.preempt) if not _voluntary(x)}
-    return len(leaving)
+    return leaving | (keys & set(memory.preempting))
 
 
 def _budget(decision: GroupDecision, slices: GroupSlices, budget: Budget, memory: Memory) -> _Step:
