@@ -553,3 +553,19 @@ def test_a_held_plan_still_shows_each_groups_rules() -> None:
         "default",
         60.0,
     )
+
+
+def test_a_group_awaiting_its_write_keeps_the_disruption_memory_and_shows_its_rules() -> None:
+    pods, nodes = tpu_slices(None, None)
+    memory = Memory(
+        awaiting_write=MappingProxyType({"tpu": "replicas 3"}),
+        scaled_up_at=MappingProxyType({"tpu": T0 - 10}),
+        replaced_ahead=MappingProxyType({"tpu-a": "tpu"}),
+        disrupted=MappingProxyType({"tpu-a": "tpu", "gone": "tpu"}),
+    )
+    result = run(cluster(tpu_group(replicas=2)), pods, nodes, memory=memory)
+    d = decision_of(result)
+    assert d.held is not None and d.rules is not None
+    assert result.memory.scaled_up_at == {"tpu": T0 - 10}
+    assert dict(result.memory.replaced_ahead) == {"tpu-a": "tpu"}
+    assert dict(result.memory.disrupted) == {"tpu-a": "tpu"}  # a slice gone is forgotten

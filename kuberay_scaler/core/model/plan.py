@@ -77,7 +77,7 @@ class GroupDecision:
     # Busy slices above maxReplicas to drain with reason preemption now; deleted in a later plan
     # once drained or past their deadline (never in this one).
     preempt: tuple[SliceDeletion, ...] = ()
-    rules: GroupRules | None = None  # the disruption rules applied (None: held before them)
+    rules: GroupRules | None = None  # the group's disruption rules (None: not planned at all)
 
     @property
     def changes(self) -> bool:

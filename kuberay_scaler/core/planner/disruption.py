@@ -92,9 +92,13 @@ def disruption_stage(
     """Apply the disruption rules to one group's decision (see the module docstring)."""
     name = decision.group
     if decision.held is not None and decision.held.kind is not HoldKind.WORKERS_TO_DELETE_PENDING:
-        kept = tuple(k for k, g in memory.disrupted.items() if g == name)
-        ahead = _ahead_kept(memory, slices)
-        return Disrupted(decision, memory.scaled_up_at.get(name), ahead, {}, kept)
+        # Held (e.g. our last write unseen): nothing decided, nothing forgotten.
+        keys = {s.key for s in slices.slices}
+        kept = tuple(k for k, g in memory.disrupted.items() if g == name and k in keys)
+        shown = replace(decision, rules=shown_rules(rules, in_flight_of(slices, memory)))
+        return Disrupted(
+            shown, memory.scaled_up_at.get(name), _ahead_kept(memory, slices), {}, kept
+        )
     going = _going(decision, slices, rules, memory, needed, now)
     step = _do_not_disrupt(going.step.decision, slices)
     # A slice added ahead for a going one is no growth: it does not start the delay (the going
