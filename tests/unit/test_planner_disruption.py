@@ -469,6 +469,7 @@ def test_a_slice_drained_for_a_disruption_that_did_not_happen_is_replaced_at_its
     early = run(rc, pods, drained, memory=first.memory)
     d = decision_of(early)
     assert d.deletions == () and disruptions(d, DisruptionKind.ABANDONED)
+    assert early.next_idle_expiry_s == pytest.approx(30.0)  # the loop plans again at the deadline
     snap = snapshot_of(rc, pods)
     later = NOW + timedelta(seconds=31)
     result = plan_fn(snap, state(drained), first.memory, Policy(), later, mono_s=T0 + 31)

@@ -391,7 +391,7 @@ class Disruption:
     slice: str | None = None
     count: int = 1
     detail: str = ""  # the annotation, the condition's reason, the budget as written
-    wait_s: float | None = None  # SCALE_DOWN_DELAY: seconds until the delay ends
+    wait_s: float | None = None  # seconds until time alone changes it (delay end, a deadline)
     limit: int | None = None  # BUDGET: slices that may leave at once
     in_flight: int = 0  # BUDGET: slices of the group already leaving
 

@@ -213,7 +213,10 @@ def _abandoned(slices: GroupSlices, memory: Memory, handled: Set[str], now: date
             continue
         if deadline > now:
             until = f"its hosts stay drained; replaced whole at {deadline.isoformat()}"
-            reasons.append(Disruption(DisruptionKind.ABANDONED, sl.key, detail=until))
+            wait_s = (deadline - now).total_seconds()  # the loop plans again then
+            reasons.append(
+                Disruption(DisruptionKind.ABANDONED, sl.key, detail=until, wait_s=wait_s)
+            )
             continue
         cause = (
             "drained for a disruption that did not happen (DisruptionTarget cleared); its hosts"
