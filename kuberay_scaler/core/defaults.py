@@ -23,6 +23,14 @@ DRAIN_DEADLINE_S = 30.0
 # VM gets on GCE and a pod's default termination grace, so work written for preemption gets the
 # notice it expects, and the slice is still gone within KubeRay's e2e budget of 60 s.
 PREEMPT_DEADLINE_S = 30.0
+# Disruption (issue 33, docs/planner.md "Disruption"). A group that added a slice removes no idle
+# slice for this long: about what a TPU slice takes to come up on GKE (node pool scale-up, image
+# pull, Ray join: minutes), so no slice is removed sooner than a new one could come back. Shorter
+# than the cluster-autoscaler's 10 min, which also covers its guess of utilisation; Ray tells us.
+SCALE_DOWN_DELAY_AFTER_ADD_S = 300.0
+# Slices of one group leaving at once by voluntary disruption: the cluster-autoscaler's
+# --max-scale-down-parallelism (10), so every group of up to 10 slices behaves as before.
+DISRUPTION_BUDGET = "10"
 
 # Kubernetes side.
 K8S_REQUEST_TIMEOUT_S = 30.0

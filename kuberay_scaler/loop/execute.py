@@ -76,7 +76,12 @@ class Executed:
             for key, deadline in self.plan.memory.preempting.items()
             if not any(key == s for _, s in self.refused)
         }
-        return replace(memory, preempting=MappingProxyType(keep), refused=self.plan.memory.refused)
+        return replace(
+            memory,
+            preempting=MappingProxyType(keep),
+            refused=self.plan.memory.refused,
+            disrupted=self.plan.memory.disrupted,  # going slices drained (a drain-only plan)
+        )
 
 
 class WriteBackoff:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kuberay_scaler.core.model.cluster import parse_budget
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.slicemap import SliceTimeouts
 from kuberay_scaler.runtime.settings import Settings
@@ -19,4 +20,6 @@ def policy_from_settings(settings: Settings) -> Policy:
         broken_busy_max_s=settings.broken_busy_max_s,
         unavailable_backoff_s=settings.unavailable_backoff_s,
         unavailable_max_backoff_s=settings.unavailable_max_backoff_s,
+        disruption_budget=parse_budget(settings.disruption_budget),
+        scale_down_delay_after_add_s=settings.scale_down_delay_after_add_s,
     )

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kuberay_scaler.core import defaults as D
+from kuberay_scaler.core.model.cluster import parse_budget
 
 PREFIX = "KUBERAY_SCALER_"
 # Kubernetes object names: RFC 1123 subdomain (RayCluster) and label (namespace).
@@ -318,6 +319,21 @@ class Settings(BaseSettings):
         " before it is deleted, so Ray can move its work (Ray's own stops it at once). Raise it"
         ' for more grace (see docs/planner.md, "Above maxReplicas").',
     )
+    # --- disruption (issue 33): cluster-wide defaults; a group's template annotations win ---
+    disruption_budget: str = Field(
+        default=D.DISRUPTION_BUDGET,
+        validation_alias=_ours("disruption_budget"),
+        description="Slices of one group that may leave at once by idle scale-down: a count"
+        " (10) or a percentage of the group's slices (20%); slices already leaving count. A"
+        " group's annotation kuberay-scaler.ray.io/disruption-budget overrides it.",
+    )
+    scale_down_delay_after_add_s: float = seconds(
+        D.SCALE_DOWN_DELAY_AFTER_ADD_S,
+        "scale_down_delay_after_add_s",
+        "A group that added a slice removes no idle slice for this long (0: off). A group's"
+        " annotation kuberay-scaler.ray.io/scale-down-delay-after-add-seconds overrides it.",
+        inclusive=True,
+    )
     # --- gate (issue 20): broken but busy is bounded ---
     broken_busy_max_s: float = seconds(
         D.BROKEN_BUSY_MAX_S,
@@ -388,6 +404,11 @@ class Settings(BaseSettings):
         if value and not _DNS_SUBDOMAIN.fullmatch(value):
             raise ValueError("not a valid Kubernetes object name")
         return value
+
+    @field_validator("disruption_budget")
+    @classmethod
+    def _budget(cls, value: str) -> str:
+        return str(parse_budget(value))  # raises ValueError naming the expected form
 
     @field_validator("cluster_namespace")
     @classmethod

@@ -123,6 +123,9 @@ class Deploy:
         return {
             "KUBERAY_SCALER_HTTP_ADDRESS": self.http,
             "KUBERAY_SCALER_LOG_FORMAT": "json",
+            # Ray's autoscaler has no scale-down delay after a scale-up; the peer scenarios
+            # compare with it at test-speed idle timeouts.
+            "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
             **self.settings,
         }
 

@@ -184,6 +184,8 @@ class World:
             "KUBERAY_SCALER_GCS_POLL_INTERVAL_S": "0.5",
             "KUBERAY_SCALER_RESYNC_INTERVAL_S": "5",
             "KUBERAY_SCALER_DRAIN_DEADLINE_S": "10",
+            # Test-speed timings: no scale-down delay after a scale-up (300 s by default).
+            "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
             **settings,
         }
         log_path = self.workdir / f"daemon-{len(self.daemons)}-{user}.log"

@@ -23,6 +23,8 @@ from kuberay_scaler.core.model.ray import (
     RayNode,
     TaskDemand,
 )
+from kuberay_scaler.core.model.reasons import HoldKind, ScaleDown, ScaleDownKind
+from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.patch.ops import build_patch
 from kuberay_scaler.core.planner import core
 from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
@@ -111,6 +113,10 @@ def _draw_group(draw: st.DrawFn, sc: Scenario, index: int) -> dict[str, Any]:
     else:
         raw = group(name, min_replicas=low, max_replicas=high, cpu=str(cpu))
     raw.update(extra)
+    if draw(_rarely):  # issue 33: the group's own disruption budget
+        budget = draw(st.sampled_from(["0", "1", "50%"]))
+        notes = {"kuberay-scaler.ray.io/disruption-budget": budget}
+        raw["template"]["metadata"] = {"annotations": notes}
     shape = (hosts, tpu, cpu)
     keys = [_draw_slice(draw, sc, name, shape, i) for i in range(draw(st.integers(0, 4)))]
     # Mostly as many replicas as slices; sometimes more (launching) or fewer.
@@ -140,6 +146,11 @@ def _draw_slice(
         pods = pods[: max(1, hosts - 1)] if hosts > 1 else pods
     if kind == "failed":
         pods[-1]["status"]["phase"] = "Failed"
+    if draw(_rarely):  # issue 33: a pod asks not to be disrupted
+        pods[0]["metadata"]["annotations"] = {"karpenter.sh/do-not-disrupt": "true"}
+    if draw(_rarely):  # issue 33: a host is going (eviction, preemption)
+        cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+        pods[-1]["status"]["conditions"] = [cond]
     sc.pods += pods
     busy: tuple[int, ...] = ()
     if kind == "busy":
@@ -173,7 +184,9 @@ def _draw_memory(draw: st.DrawFn, names: list[str]) -> Memory:
         for n in names
         if draw(_rarely)
     }
-    return Memory(backoff=backoff, awaiting_write=awaiting)
+    # issue 33: groups that added a slice lately (the scale-down delay runs) or long ago.
+    added = {n: NOW.timestamp() - draw(st.sampled_from([10, 1000])) for n in names if draw(_rarely)}
+    return Memory(backoff=backoff, awaiting_write=awaiting, scaled_up_at=added)
 
 
 SHAPES = [{"TPU": 4}, {"CPU": 1}, {"CPU": 4}, {"CPU": 8}, {"TPU": 4, "CPU": 1}, {"GPU": 1}]
@@ -258,6 +271,28 @@ def test_no_slice_with_a_busy_host_is_deleted_as_idle(sc: Scenario) -> None:
             for host in sl.hosts:
                 node = sl.nodes.get(host.pod_name)
                 assert node is not None and node.status is NodeStatus.IDLE
+
+
+@given(scenarios())
+@PROPERTY_SETTINGS
+def test_disruption_rules_hold(sc: Scenario) -> None:
+    """Issue 33: a do-not-disrupt slice never leaves by idle scale-down; a going slice with a
+    live Ray node is drained for preemption by some path (or already being deleted whole)."""
+    result = sc.plan()
+    slices = _slices(result)
+    for d in result.groups:
+        for x in d.deletions:
+            if isinstance(x.reason, ScaleDown) and x.reason.kind is ScaleDownKind.IDLE:
+                assert slices[(d.group, x.slice_key)].do_not_disrupt is None, x
+        if d.held is not None and d.held.kind is not HoldKind.WORKERS_TO_DELETE_PENDING:
+            continue
+        handled = {x.slice_key for x in (*d.deletions, *d.preempt)}
+        for (owner, key), sl in slices.items():
+            if owner != d.group or not sl.going or not sl.node_ids:
+                continue
+            if sl.state is SliceState.TERMINATING:
+                continue
+            assert key in handled or key in result.memory.preempting, (key, d)
 
 
 def _more_of_the_same(sc: Scenario, data: st.DataObject) -> Scenario:

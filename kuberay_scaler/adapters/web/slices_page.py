@@ -81,8 +81,14 @@ def _group(g: Mapping[str, Any]) -> str:
     held_line = f"<p class='held'>Held: {escape(held.get('text', ''))}</p>" if held else ""
     reasons = [r.get("text", "") for r in g.get("reasons") or []]
     decided = "<p>Why:</p>" + _list(reasons) if reasons else "<p class='muted'>No reasons.</p>"
-    availability = _availability(g.get("availability") or {})
-    return head + availability + held_line + _slices_table(g.get("slices") or []) + decided
+    return (
+        head
+        + _availability(g.get("availability") or {})
+        + held_line
+        + _rules(g.get("disruption"))
+        + _slices_table(g.get("slices") or [])
+        + decided
+    )
 
 
 def _availability(a: Mapping[str, Any]) -> str:
@@ -101,6 +107,27 @@ def _availability(a: Mapping[str, Any]) -> str:
     return f"<p>{line}</p>"
 
 
+def _rules(rules: Mapping[str, Any] | None) -> str:
+    """The group's disruption rules, and where each came from (its annotation or the env)."""
+    if not rules:
+        return ""
+    return (
+        f"<p class='muted'>Disruption: budget {escape(str(rules.get('budget')))}"
+        f" ({escape(str(rules.get('budget_from')))}), {rules.get('leaving', 0)} slice(s) leaving;"
+        f" scale-down delay after add {_seconds(rules.get('scale_down_delay_after_add_s'))}"
+        f" ({escape(str(rules.get('delay_from')))})</p>"
+    )
+
+
+def _slice_reason(sl: Mapping[str, Any]) -> str:
+    notes = [str(sl.get("reason", ""))]
+    if sl.get("going"):
+        notes.append(f"going (DisruptionTarget {sl['going']})")
+    if sl.get("do_not_disrupt"):
+        notes.append(f"do-not-disrupt ({sl['do_not_disrupt']})")
+    return "; ".join(n for n in notes if n)
+
+
 def _slices_table(slices: Sequence[Mapping[str, Any]]) -> str:
     if not slices:
         return "<p class='muted'>No slices.</p>"
@@ -116,7 +143,7 @@ def _slices_table(slices: Sequence[Mapping[str, Any]]) -> str:
                 cells += [
                     f"<td{span}>{escape(str(sl.get('slice', '')))}</td>",
                     f"<td{span}><span class='state {escape(state)}'>{escape(state)}</span></td>",
-                    f"<td{span}>{escape(str(sl.get('reason', '')))}</td>",
+                    f"<td{span}>{escape(_slice_reason(sl))}</td>",
                     f"<td{span}>{_seconds(sl.get('idle_s'))}</td>",
                 ]
                 first = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -58,6 +59,36 @@ class ContainerShape:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """How many slices of a group may leave at once by voluntary disruption: `count` slices,
+    or `percent` of the group's slices (rounded up; "0" and "0%" forbid it)."""
+
+    count: int | None = None
+    percent: float | None = None
+
+    def allowed(self, slices: int) -> int:
+        if self.percent is None:
+            return self.count if self.count is not None else slices
+        return math.ceil(self.percent * slices / 100 - 1e-9)
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%" if self.percent is not None else str(self.count)
+
+
+def parse_budget(text: str) -> Budget:
+    """ "N" (slices) or "N%" (of the group's slices); raises ValueError naming the form."""
+    raw = text.strip()
+    number = raw[:-1].strip() if raw.endswith("%") else raw
+    if not number.isascii() or not number.isdigit() or len(number) > 5:
+        raise ValueError(f"{text!r} is not a count of slices or a percentage like 10%")
+    if raw.endswith("%"):
+        if int(number) > 100:
+            raise ValueError(f"{text!r}: a percentage is at most 100%")
+        return Budget(percent=float(number))
+    return Budget(count=int(number))
+
+
+@dataclass(frozen=True)
 class WorkerGroup:
     """One entry of spec.workerGroupSpecs, with KubeRay's defaults applied."""
 
@@ -80,6 +111,9 @@ class WorkerGroup:
     # The group's own provisioning deadline (template annotation ANNOTATION_MAX_PROVISION);
     # None: the cluster default.
     max_provision_s: float | None = None
+    # Disruption rules the group sets on its template's annotations (None: the daemon's default).
+    disruption_budget: Budget | None = None
+    scale_down_delay_s: float | None = None
 
     @property
     def is_multi_host(self) -> bool:

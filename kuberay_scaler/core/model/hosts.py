@@ -38,6 +38,10 @@ class Host:
     host_index: int | None
     running_since: datetime | None = None  # when the Ray container started
     uid: str = ""
+    # The pod annotation that keeps its slice from voluntary removal ("key=value"), if any.
+    do_not_disrupt: str | None = None
+    # The reason of the pod's DisruptionTarget=True condition (the pod is going), if any.
+    disruption_target: str | None = None
 
     @property
     def is_capacity(self) -> bool:

@@ -18,7 +18,7 @@ LABEL_LEGACY_REPLICA = "replicaIndex"  # set by the GKE TPU webhook on older ope
 # Annotation on a worker group's template metadata: its own provisioning deadline in seconds (a
 # slice not up by then makes the group unavailable; the cluster default is
 # KUBERAY_SCALER_MAX_PROVISION_TIME_S).
-ANNOTATION_MAX_PROVISION = "kuberay-scaler.io/max-provision-time-s"
+ANNOTATION_MAX_PROVISION = "kuberay-scaler.ray.io/max-provision-time-s"
 
 # Ray node labels. KubeRay sets RAY_NODE_TYPE_NAME=<groupName>; Ray turns it into NODE_GROUP.
 NODE_GROUP_LABEL = "ray.io/node-group"
@@ -31,3 +31,14 @@ ACCELERATOR_TYPE_LABEL = "ray.io/accelerator-type"
 # GKE TPU node selectors.
 GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
 GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+
+# Annotations on a worker group's template metadata (KubeRay v1.7.0's CRD keeps
+# template.metadata.annotations; unknown keys of the group spec itself are pruned).
+ANNOTATION_DISRUPTION_BUDGET = "kuberay-scaler.ray.io/disruption-budget"
+ANNOTATION_SCALE_DOWN_DELAY = "kuberay-scaler.ray.io/scale-down-delay-after-add-seconds"
+
+# Pod annotations users set for node autoscalers; either keeps its slice from voluntary removal.
+POD_DO_NOT_DISRUPT = ("karpenter.sh/do-not-disrupt", "true")
+POD_SAFE_TO_EVICT = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false")
+# The pod condition the API server sets before a disruption (eviction, preemption, taints).
+CONDITION_DISRUPTION_TARGET = "DisruptionTarget"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
@@ -20,6 +20,8 @@ from kuberay_scaler.core.model.ray import GangDemand, TaskDemand
 from kuberay_scaler.core.model.reasons import (
     Action,
     Demand,
+    Disruption,
+    DisruptionKind,
     Hold,
     InfeasibleKind,
     PlanProblem,
@@ -75,6 +77,17 @@ class SliceDeletion:
 
 
 @dataclass(frozen=True)
+class GroupRules:
+    """A group's disruption rules as the plan applied them, and where each came from."""
+
+    budget: str  # "10" slices or "20%" of the group's slices
+    budget_from: str  # "group" (its template annotation) or "default" (the daemon's env)
+    scale_down_delay_after_add_s: float
+    delay_from: str
+    leaving: int  # slices already leaving, counted against the budget
+
+
+@dataclass(frozen=True)
 class GroupDecision:
     group: str
     index: int
@@ -90,6 +103,7 @@ class GroupDecision:
     # Busy slices above maxReplicas to drain with reason preemption now; deleted in a later plan
     # once drained or past their deadline (never in this one).
     preempt: tuple[SliceDeletion, ...] = ()
+    rules: GroupRules | None = None  # the group's disruption rules (None: not planned at all)
 
     @property
     def changes(self) -> bool:
@@ -118,6 +132,11 @@ class GroupDecision:
         action = self.action
         if action is Action.SCALE_UP:
             ups = [r for r in self.reasons if isinstance(r, ScaleUp)]
+            if not ups and any(
+                isinstance(r, Disruption) and r.kind is DisruptionKind.REPLACED_AHEAD
+                for r in self.reasons
+            ):
+                return DisruptionKind.REPLACED_AHEAD.value
             return ups[0].kind.value if ups else "replicas_below_min"
         if action is Action.REPLACE:
             faults = [x.reason.kind for x in self.deletions if x.kind is DeleteKind.REPLACE]
@@ -203,6 +222,14 @@ class Memory:
     # Broken slices kept because a host is busy: slice key → since when (bounded, see
     # KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
     broken_busy_since: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+    # Groups that added a slice lately: group → when it was planned (the planner's `mono_s`,
+    # monotonic seconds); no idle slice of theirs leaves for the scale-down delay after it.
+    scaled_up_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Going slices (DisruptionTarget) a replacement was launched for: slice key → group.
+    replaced_ahead: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Going slices drained for preemption (slice key → group): if the disruption does not
+    # happen they stay DRAINING in Ray, and are replaced once their deadline passes.
+    disrupted: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Each group's availability (core/planner/availability.py): kept every frame, written or not.
     availability: Mapping[str, GroupAvailability] = field(
         default_factory=lambda: MappingProxyType({})
@@ -278,6 +305,12 @@ class Plan:
             for r in g.reasons
             if isinstance(r, Unchanged) and r.kind is UnchangedKind.IDLE_BELOW_TIMEOUT
         ]
+        waits += [  # idle slices kept by a scale-down delay: judged again when it ends
+            r.wait_s
+            for g in self.groups
+            for r in g.reasons
+            if isinstance(r, Disruption) and r.wait_s is not None
+        ]
         if self.settle_s is not None:  # the demand it held may need a slice then
             waits.append(self.settle_s)
         waits.extend(self.next_probe_s.values())  # an unavailable group's probe is due then
@@ -330,6 +363,7 @@ class Plan:
                         for d in g.preempt
                     ],
                     "held": _hold_doc(g.held),
+                    "disruption": None if g.rules is None else asdict(g.rules),
                     "reasons": [_reason_doc(r) for r in g.reasons],
                     "slices": self._slices_doc(g.group),
                     "availability": self.availability_doc(g.group),
@@ -387,6 +421,8 @@ def slice_doc(sl: Slice, now_ms: int) -> dict[str, Any]:
         "state": sl.state.value,
         "reason": sl.reason,
         "idle_s": None if idle_ms is None else round(idle_ms / 1000, 1),
+        "do_not_disrupt": sl.do_not_disrupt,  # the pod annotation that protects it, if any
+        "going": sl.going,  # "<pod>: <DisruptionTarget reason>", if a host is going
         "hosts": [
             {
                 "pod": h.pod_name,

@@ -189,6 +189,9 @@ class ScaleDownKind(StrEnum):
     # The group is unavailable: a slice whose pods never ran is cancelled (no drain needed),
     # not replaced; its demand goes to the next group.
     CANCEL_UNAVAILABLE = "cancel_unavailable"
+    # A host of the slice has the pod condition DisruptionTarget (eviction, preemption, taint
+    # manager): the slice is going, its live hosts are drained for preemption now.
+    DISRUPTION_TARGET = "disruption_target"
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ class ScaleDown:
     limit: int = 0  # ABOVE_MAX / PREEMPT: maxReplicas
     deadline: datetime | None = None  # PREEMPT / PREEMPTED: when the drain's time is up
     detail: str = ""  # CANCEL_UNAVAILABLE: why the group is unavailable
+    cause: str = ""  # DISRUPTION_TARGET: the condition's reason (e.g. PreemptionByScheduler)
 
     def __str__(self) -> str:
         if self.kind is ScaleDownKind.CANCEL_UNAVAILABLE:
@@ -217,6 +221,11 @@ class ScaleDown:
             return f"drain slice {self.slice} for preemption until {until}: {above}; busy"
         if self.kind is ScaleDownKind.PREEMPTED:
             return f"remove slice {self.slice}: drained for preemption (deadline {until})"
+        if self.kind is ScaleDownKind.DISRUPTION_TARGET:
+            return (
+                f"drain slice {self.slice} for preemption until {until}: a host is going"
+                f" (DisruptionTarget: {self.cause or '?'})"
+            )
         if self.kind is ScaleDownKind.PARTLY_DRAINED:
             return (
                 f"slice {self.slice} partly drained: its other hosts are drained for preemption"
@@ -427,6 +436,72 @@ class Unchanged:
                 return f"{self.count} slice(s) {self.kind.value}{example}"
 
 
+class DisruptionKind(StrEnum):
+    """The disruption rules (core/planner/disruption.py): why a voluntary removal waits, or
+    what a slice that is going gets."""
+
+    # A pod of the slice says karpenter.sh/do-not-disrupt=true or safe-to-evict=false.
+    DO_NOT_DISRUPT = "do_not_disrupt"
+    SCALE_DOWN_DELAY = "scale_down_delay"  # the group added a slice lately
+    BUDGET = "disruption_budget"  # the group's budget of slices leaving at once is spent
+    # Above maxReplicas a do-not-disrupt slice is removed anyway (last of its kind).
+    ABOVE_MAX_DESPITE = "above_max_despite_do_not_disrupt"
+    GOING = "disruption_target"  # a host is going (DisruptionTarget): drained, not deleted
+    REPLACED_AHEAD = "replaced_ahead"  # a replacement slice launched for a going busy slice
+    SPARE_KEPT = "spare_kept"  # an idle slice kept for the work of a going slice
+    NO_ROOM = "no_room_for_replacement"  # a going busy slice, but the group is at maxReplicas
+    # Drained for a disruption that did not happen: replaced whole once its deadline passes.
+    ABANDONED = "disruption_abandoned"
+
+
+@dataclass(frozen=True)
+class Disruption:
+    kind: DisruptionKind
+    slice: str | None = None
+    count: int = 1
+    detail: str = ""  # the annotation, the condition's reason, the budget as written
+    wait_s: float | None = None  # seconds until time alone changes it (delay end, a deadline)
+    limit: int | None = None  # BUDGET: slices that may leave at once
+    in_flight: int = 0  # BUDGET: slices of the group already leaving
+
+    def __str__(self) -> str:
+        return _disruption_text(self)
+
+
+def _disruption_text(d: Disruption) -> str:
+    match d.kind:
+        case DisruptionKind.DO_NOT_DISRUPT:
+            return f"keep idle slice {d.slice}: a pod asks not to be disrupted ({d.detail})"
+        case DisruptionKind.SCALE_DOWN_DELAY:
+            return (
+                f"{d.count} idle slice(s) kept: the group added a slice lately"
+                f" (scale-down delay {d.detail}; {d.wait_s or 0:.0f} s left)"
+            )
+        case DisruptionKind.BUDGET:
+            return (
+                f"{d.count} idle slice(s) kept: disruption budget {d.detail} allows {d.limit}"
+                f" slice(s) leaving at once, {d.in_flight} already leaving"
+            )
+        case DisruptionKind.ABOVE_MAX_DESPITE:
+            return (
+                f"slice {d.slice} leaves despite do-not-disrupt ({d.detail}): above maxReplicas,"
+                " and the slices without the annotation are already chosen"
+            )
+        case DisruptionKind.GOING:
+            return f"slice {d.slice} is going (DisruptionTarget: {d.detail})"
+        case DisruptionKind.REPLACED_AHEAD:
+            return (
+                f"add a slice ahead for the work of going slice {d.slice} (DisruptionTarget:"
+                f" {d.detail})"
+            )
+        case DisruptionKind.SPARE_KEPT:
+            return f"keep idle slice {d.slice}: it takes the work of a going slice ({d.detail})"
+        case DisruptionKind.ABANDONED:
+            return f"slice {d.slice} is no longer going (DisruptionTarget cleared): {d.detail}"
+        case DisruptionKind.NO_ROOM:
+            return f"no replacement for going slice {d.slice}: at maxReplicas ({d.detail})"
+
+
 Reason = (
     ScaleUp
     | FellBack
@@ -440,6 +515,7 @@ Reason = (
     | Hold
     | Unchanged
     | AvailabilityChange
+    | Disruption
 )
 
 

@@ -53,6 +53,19 @@ class Slice:
     def node_ids(self) -> tuple[str, ...]:
         return tuple(self.nodes[h.pod_name].node_id for h in self.hosts if h.pod_name in self.nodes)
 
+    @cached_property
+    def do_not_disrupt(self) -> str | None:
+        """The first host's do-not-disrupt annotation ("key=value"), if any host has one."""
+        return next((h.do_not_disrupt for h in self.hosts if h.do_not_disrupt), None)
+
+    @cached_property
+    def going(self) -> str | None:
+        """ "<pod>: <reason>" of the first host with DisruptionTarget=True (the slice is going)."""
+        return next(
+            (f"{h.pod_name}: {h.disruption_target}" for h in self.hosts if h.disruption_target),
+            None,
+        )
+
     @property
     def working_hosts(self) -> tuple[str, ...]:
         """Pods whose live Ray node is not idle (running work, draining, or of unknown status)."""

@@ -11,6 +11,7 @@ from typing import Any
 from kuberay_scaler.core.model.cluster import ClusterSpec, Problem, frozen_map
 from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.labels import (
+    CONDITION_DISRUPTION_TARGET,
     LABEL_CLUSTER,
     LABEL_GROUP,
     LABEL_HOST_INDEX,
@@ -18,10 +19,13 @@ from kuberay_scaler.core.model.labels import (
     LABEL_NODE_TYPE,
     LABEL_REPLICA_INDEX,
     LABEL_REPLICA_NAME,
+    POD_DO_NOT_DISRUPT,
+    POD_SAFE_TO_EVICT,
 )
 
 HEAD_GROUP = "headgroup"
 _SMALL_INT = re.compile(r"[0-9]{1,9}")
+_PROTECTING = (POD_DO_NOT_DISRUPT, POD_SAFE_TO_EVICT)
 
 
 def pod_items(pod_list: object) -> list[Any]:
@@ -81,7 +85,29 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
         host_index=_host_index(pod, labels),
         running_since=started,
         uid=str(meta.get("uid") or ""),
+        do_not_disrupt=_do_not_disrupt(_map(meta.get("annotations"))),
+        disruption_target=_disruption_target(_map(pod.get("status"))),
     )
+
+
+def _do_not_disrupt(annotations: Mapping[str, Any]) -> str | None:
+    """The annotation (as "key=value") that asks node autoscalers not to disrupt the pod."""
+    for key, value in _PROTECTING:
+        if str(annotations.get(key, "")).strip().lower() == value:
+            return f"{key}={value}"
+    return None
+
+
+def _disruption_target(status: Mapping[str, Any]) -> str | None:
+    """The reason of a DisruptionTarget=True condition (eviction, preemption, taint manager)."""
+    for cond in _list(status.get("conditions")):
+        if _is_disruption_target(cond) and cond.get("status") == "True":
+            return str(cond.get("reason") or CONDITION_DISRUPTION_TARGET)
+    return None
+
+
+def _is_disruption_target(cond: object) -> bool:
+    return isinstance(cond, Mapping) and cond.get("type") == CONDITION_DISRUPTION_TARGET
 
 
 def _ray_container_name(
@@ -219,6 +245,14 @@ def slim_pod(pod: Any) -> Any:
         meta = {k: parts["metadata"][k] for k in _META_KEPT if k in parts["metadata"]}
         if isinstance(meta.get("labels"), Mapping):
             meta["labels"] = _shared_strings(meta["labels"])
+        notes = parts["metadata"].get("annotations")
+        if isinstance(notes, Mapping):
+            # Only the do-not-disrupt ones: others (last-applied-configuration) can be kBs.
+            kept = {k: notes[k] for k, _ in _PROTECTING if k in notes}
+            if kept:
+                meta["annotations"] = kept
+        elif "annotations" in parts["metadata"]:
+            meta["annotations"] = notes
         slim["metadata"] = meta
     if "spec" in parts:
         slim["spec"] = _slim_spec(parts["spec"])
@@ -258,7 +292,11 @@ def _slim_status(status: Mapping[str, Any]) -> dict[str, Any]:
     conditions = status.get("conditions")
     if isinstance(conditions, list):
         slim["conditions"] = [
-            c for c in conditions if not isinstance(c, Mapping) or c.get("type") == "PodScheduled"
+            c
+            for c in conditions
+            if not isinstance(c, Mapping)
+            or c.get("type") == "PodScheduled"
+            or _is_disruption_target(c)
         ]
     return slim
 

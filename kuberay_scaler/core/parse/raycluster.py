@@ -13,14 +13,20 @@ from kuberay_scaler.core.model.cluster import (
     MAX_GROUP_HOSTS,
     MAX_HOSTS_PER_SLICE,
     AutoscalerOptions,
+    Budget,
     ClusterSpec,
     ContainerShape,
     Problem,
     UpscalingMode,
     WorkerGroup,
     frozen_map,
+    parse_budget,
 )
-from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
+from kuberay_scaler.core.model.labels import (
+    ANNOTATION_DISRUPTION_BUDGET,
+    ANNOTATION_MAX_PROVISION,
+    ANNOTATION_SCALE_DOWN_DELAY,
+)
 from kuberay_scaler.core.parse.quantity import parse_amount, resources_json
 
 # Container resources a Ray node reports as a resource of its own name. KubeRay's `ray start`
@@ -136,6 +142,7 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
     ray_start_params = _string_map(raw.get("rayStartParams"), "rayStartParams")
     resources = _string_map(raw.get("resources"), "resources")
     _check_amounts(ray_start_params, resources)
+    budget, delay_s = _disruption_rules(_mapping(raw.get("template")))
     return WorkerGroup(
         name=name,
         index=index,
@@ -154,6 +161,8 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
         node_selector=_string_map(pod_spec.get("nodeSelector"), "template nodeSelector"),
         workers_to_delete=_workers_to_delete(scale_strategy),
         max_provision_s=_max_provision(_mapping(raw.get("template")).get("metadata")),
+        disruption_budget=budget,
+        scale_down_delay_s=delay_s,
     )
 
 
@@ -171,6 +180,29 @@ def _max_provision(meta: object) -> float | None:
             f"annotation {ANNOTATION_MAX_PROVISION} must be positive seconds, got {raw!r}"
         )
     return seconds
+
+
+def _disruption_rules(template: Mapping[str, Any]) -> tuple[Budget | None, float | None]:
+    """The group's disruption budget and scale-down delay from its template's annotations."""
+    notes = _mapping(_mapping(template.get("metadata")).get("annotations"))
+    budget: Budget | None = None
+    delay_s: float | None = None
+    raw_budget = notes.get(ANNOTATION_DISRUPTION_BUDGET)
+    if raw_budget is not None:
+        try:
+            budget = parse_budget(str(raw_budget))
+        except ValueError as err:
+            raise GroupError(f"annotation {ANNOTATION_DISRUPTION_BUDGET}: {err}") from None
+    raw_delay = notes.get(ANNOTATION_SCALE_DOWN_DELAY)
+    if raw_delay is not None:
+        text = str(raw_delay).strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 8):
+            raise GroupError(
+                f"annotation {ANNOTATION_SCALE_DOWN_DELAY}: {raw_delay!r} is not a whole number"
+                " of seconds"
+            )
+        delay_s = float(text)
+    return budget, delay_s
 
 
 def _check_sizes(replicas: int, min_replicas: int, num_of_hosts: int) -> None:

@@ -12,10 +12,12 @@ from typing import Any
 
 from kuberay_scaler.core.defaults import (
     BROKEN_BUSY_MAX_S,
+    DISRUPTION_BUDGET,
     JOIN_SETTLE_S,
     MAX_REPLACE_BACKOFF_S,
     PREEMPT_DEADLINE_S,
     REPLACE_BACKOFF_S,
+    SCALE_DOWN_DELAY_AFTER_ADD_S,
     UNAVAILABLE_BACKOFF_S,
     UNAVAILABLE_MAX_BACKOFF_S,
 )
@@ -23,10 +25,12 @@ from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.availability import GroupAvailability
 from kuberay_scaler.core.model.cluster import (
     MAX_GROUP_HOSTS,
+    Budget,
     ClusterSpec,
     Problem,
     UpscalingMode,
     WorkerGroup,
+    parse_budget,
 )
 from kuberay_scaler.core.model.plan import (
     DeleteKind,
@@ -68,6 +72,12 @@ from kuberay_scaler.core.planner.availability import (
 from kuberay_scaler.core.planner.bins import bins_for_new_slice
 from kuberay_scaler.core.planner.cancel import Cancelled, cancellations
 from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
+from kuberay_scaler.core.planner.disruption import (
+    DisruptionRules,
+    disruption_stage,
+    in_flight_of,
+    shown_rules,
+)
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.pool import Pool
@@ -111,6 +121,23 @@ class Policy:
             initial_s=self.unavailable_backoff_s,
             cap_s=self.unavailable_max_backoff_s,
             deadline_s=self.timeouts.max_provision_s,
+        )
+
+    # Disruption defaults (a group's template annotations override them; docs/planner.md).
+    disruption_budget: Budget = field(default_factory=lambda: parse_budget(DISRUPTION_BUDGET))
+    scale_down_delay_after_add_s: float = SCALE_DOWN_DELAY_AFTER_ADD_S
+
+    def disruption_rules(self, group: WorkerGroup) -> DisruptionRules:
+        """The group's own budget and delay, else these defaults."""
+        budget = group.disruption_budget or self.disruption_budget
+        delay = group.scale_down_delay_s
+        delay_s = self.scale_down_delay_after_add_s if delay is None else delay
+        return DisruptionRules(
+            budget,
+            delay_s,
+            self.preempt_deadline_s,
+            budget_from_group=group.disruption_budget is not None,
+            delay_from_group=delay is not None,
         )
 
 
@@ -269,7 +296,8 @@ def _plan(
         ProblemKind.POD, snapshot.problems
     )
     if not snapshot.synced:
-        return _held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED))
+        why = Hold(HoldKind.NOT_SYNCED)
+        return _held_plan(spec, None, memory, problems, why, policy=policy)
     slice_map = build_slice_map(
         spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock, FRAME_MEMO
     )
@@ -277,10 +305,10 @@ def _plan(
     groups = _analyse(slice_map, memory, problems)
     if spec.suspended:
         why = Hold(HoldKind.CLUSTER_SUSPENDED)
-        return _held_plan(spec, slice_map, memory, problems, why, groups)
+        return _held_plan(spec, slice_map, memory, problems, why, groups, policy)
     if ray is None:
         why = Hold(HoldKind.DEMAND_UNKNOWN)
-        return _held_plan(spec, slice_map, memory, problems, why, groups)
+        return _held_plan(spec, slice_map, memory, problems, why, groups, policy)
     judged = _judge_availability(snapshot, slice_map, ray, memory, policy, now, news)
     for name, a in judged.groups.items():
         groups[name].availability = a
@@ -336,7 +364,22 @@ def _plan(
         )
         for n, g in groups.items()
     ]
+    disrupted = [
+        disruption_stage(
+            d,
+            groups[d.group].slices,
+            policy.disruption_rules(groups[d.group].slices.group),
+            memory,
+            needed,
+            tick,  # its deadlines join Memory.preempting: the monotonic tick
+            news.mono_s,
+        )
+        for d in decisions
+    ]
+    decisions = [x.decision for x in disrupted]
     preempting.update(busy.preempting_out)
+    for x in disrupted:
+        preempting.update(x.preempting)
     # Deadlines set after the drains (a partly drained slice) outlive the plans between.
     alive = _slice_keys(slice_map) if memory.preempting else set()
     for key, deadline in memory.preempting.items():
@@ -368,6 +411,15 @@ def _plan(
             broken_busy_since=MappingProxyType(busy.since_out),
             refused=MappingProxyType(_live_refused(memory, slice_map, tick)),
             availability=_kept_availability(judged, memory, spec),
+            scaled_up_at=MappingProxyType(
+                {x.decision.group: x.scaled_up_at for x in disrupted if x.scaled_up_at is not None}
+            ),
+            replaced_ahead=MappingProxyType(
+                {key: x.decision.group for x in disrupted for key in x.replaced_ahead}
+            ),
+            disrupted=MappingProxyType(
+                {key: x.decision.group for x in disrupted for key in x.disrupted}
+            ),
         ),
         settle_s=settle_s,
         availability_changes=judged.changes,
@@ -820,9 +872,16 @@ def _held_plan(
     problems: list[PlanProblem],
     why: Hold,
     groups: Mapping[str, _Group] | None = None,
+    policy: Policy | None = None,
 ) -> Plan:
     decisions = []
     for group in spec.groups:
+        gs = slice_map.groups.get(group.name) if slice_map else None
+        rules = (  # configuration: shown even when nothing is planned
+            shown_rules(policy.disruption_rules(group), in_flight_of(gs, memory) if gs else 0)
+            if policy
+            else None
+        )
         note = groups.get(group.name) if groups else None
         clear = bool(note and note.clear_wtd and not note.hold_all)
         decisions.append(
@@ -835,6 +894,7 @@ def _held_plan(
                 clear_workers_to_delete=clear,
                 held=why,
                 reasons=(*(note.reasons if clear and note else []), why),
+                rules=rules,
             )
         )
     return Plan(

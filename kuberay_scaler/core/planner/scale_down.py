@@ -361,7 +361,13 @@ def _surplus_order(
             return (2, 0.0, sl.key)
         return (3, _utilisation(sl), sl.key)  # least used first, as Ray's scheduler orders
 
-    return sorted(live, key=key)
+    def ordered(sl: Slice) -> tuple[int, bool, float, str]:
+        # A do-not-disrupt slice goes last of its kind (issue 33): after every slice of its kind
+        # without the annotation, yet an idle one before any busy one (it stops no work).
+        kind, rank, name = key(sl)
+        return (kind, sl.do_not_disrupt is not None, rank, name)
+
+    return sorted(live, key=ordered)
 
 
 def _utilisation(sl: Slice) -> float:
