@@ -46,7 +46,9 @@ KARPENTER = ("karpenter.sh/do-not-disrupt", "true")
 SAFE_TO_EVICT = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false")
 BUDGET_KEY = "kuberay-scaler.ray.io/disruption-budget"
 DELAY_KEY = "kuberay-scaler.ray.io/scale-down-delay-after-add-seconds"
-T0 = 1000.0  # a monotonic reading
+# The monotonic reading: the nodes here are stamped on the wall clock (NOW), and idle age is
+# measured on the planner's monotonic tick, so the two coincide at the start (as in `plan`).
+T0 = NOW.timestamp()
 
 
 def annotated(p: dict[str, Any], key: str, value: str) -> dict[str, Any]:
