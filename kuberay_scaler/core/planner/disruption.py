@@ -105,7 +105,7 @@ def disruption_stage(
     # slice's replica comes back once its pods are gone; the idle one of them leaves as usual).
     added = decision.new_hosts > 0
     last_add = mono_s if added else memory.scaled_up_at.get(name)
-    delay_step = _delay(step.decision, last_add, rules.delay_s, mono_s)
+    delay_step = _delay(step.decision, last_add, rules.delay_s, mono_s, _going_keys(slices))
     budget_step = _budget(delay_step.decision, slices, rules.budget, memory)
     surplus = _surplus_despite(budget_step.decision, slices)
     reasons = (
@@ -306,8 +306,16 @@ def _homes(
 # --- 2-4. what may leave now ------------------------------------------------------------------
 
 
-def _voluntary(x: SliceDeletion) -> bool:
-    return isinstance(x.reason, ScaleDown) and x.reason.kind in VOLUNTARY
+def _voluntary(x: SliceDeletion, going: Set[str] = frozenset()) -> bool:
+    """A removal we choose: a going slice's (DisruptionTarget) is not ours to hold back, its
+    slice leaves anyway and its work must move now."""
+    return (
+        isinstance(x.reason, ScaleDown) and x.reason.kind in VOLUNTARY and x.slice_key not in going
+    )
+
+
+def _going_keys(slices: GroupSlices) -> frozenset[str]:
+    return frozenset(s.key for s in slices.slices if s.going)
 
 
 def _keep(decision: GroupDecision, kept: list[SliceDeletion]) -> GroupDecision:
@@ -323,7 +331,8 @@ def _keep(decision: GroupDecision, kept: list[SliceDeletion]) -> GroupDecision:
 
 def _do_not_disrupt(decision: GroupDecision, slices: GroupSlices) -> _Step:
     protected = {s.key: s.do_not_disrupt for s in slices.slices if s.do_not_disrupt}
-    kept = [x for x in decision.deletions if _voluntary(x) and x.slice_key in protected]
+    going = _going_keys(slices)
+    kept = [x for x in decision.deletions if _voluntary(x, going) and x.slice_key in protected]
     reasons = tuple(
         Disruption(DisruptionKind.DO_NOT_DISRUPT, x.slice_key, detail=protected[x.slice_key] or "")
         for x in kept
@@ -331,8 +340,14 @@ def _do_not_disrupt(decision: GroupDecision, slices: GroupSlices) -> _Step:
     return _Step(_keep(decision, kept), reasons)
 
 
-def _delay(decision: GroupDecision, last_add: float | None, delay_s: float, mono_s: float) -> _Step:
-    kept = [x for x in decision.deletions if _voluntary(x)]
+def _delay(
+    decision: GroupDecision,
+    last_add: float | None,
+    delay_s: float,
+    mono_s: float,
+    going: Set[str] = frozenset(),
+) -> _Step:
+    kept = [x for x in decision.deletions if _voluntary(x, going)]
     if last_add is None or not kept or mono_s - last_add >= delay_s:
         return _Step(decision)
     left = delay_s - max(0.0, mono_s - last_add)
@@ -345,7 +360,10 @@ def _delay(decision: GroupDecision, last_add: float | None, delay_s: float, mono
 def in_flight(decision: GroupDecision, slices: GroupSlices, memory: Memory) -> int:
     """Slices of the group already leaving: terminating, recorded as draining, drained for
     preemption, or deleted or drained by this plan for a reason other than voluntary."""
-    planned = {x.slice_key for x in (*decision.deletions, *decision.preempt) if not _voluntary(x)}
+    going = _going_keys(slices)
+    planned = {
+        x.slice_key for x in (*decision.deletions, *decision.preempt) if not _voluntary(x, going)
+    }
     return len(_leaving(slices, memory) | planned)
 
 
@@ -362,7 +380,7 @@ def _leaving(slices: GroupSlices, memory: Memory) -> set[str]:
 
 
 def _budget(decision: GroupDecision, slices: GroupSlices, budget: Budget, memory: Memory) -> _Step:
-    chosen = [x for x in decision.deletions if _voluntary(x)]
+    chosen = [x for x in decision.deletions if _voluntary(x, _going_keys(slices))]
     if not chosen:
         return _Step(decision)
     limit = budget.allowed(len(slices.slices))
