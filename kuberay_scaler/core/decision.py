@@ -189,8 +189,11 @@ def decide(
     policy: Policy,
     now: datetime,
     drain_deadline_s: float = DRAIN_DEADLINE_S,
+    *,
+    mono_s: float | None = None,
 ) -> Decision:
-    """Plan from `observed` at `now` and list the writes that carry the plan out."""
+    """Plan from `observed` at `now` and list the writes that carry the plan out. `mono_s`:
+    the monotonic clock for the planner's timers (None: `now` stands in)."""
     raw = observed.raycluster
     spec = observed.spec if observed.spec is not None else parse_raycluster(raw)
     if observed.parsed_pods is not None:
@@ -212,7 +215,7 @@ def decide(
     )
     grace_s = policy.timeouts.missing_node_grace_s
     ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
-    result = plan(snapshot, ray, memory, policy, now, ev)
+    result = plan(snapshot, ray, memory, policy, now, ev, mono_s=mono_s)
     if ray_problem is not None:
         result = replace(result, problems=(*result.problems, ray_problem))
     # The gate also honours deadlines this plan set (preemptions it starts).

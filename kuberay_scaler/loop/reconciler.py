@@ -152,13 +152,24 @@ class Reconciler:
 
     def decide(self, seen: Snapshot, now: Instant) -> Decision:
         return decide(
-            seen.observation, self.memory, self._policy, now.wall, self._config.drain_deadline_s
+            seen.observation,
+            self.memory,
+            self._policy,
+            now.wall,
+            self._config.drain_deadline_s,
+            mono_s=now.mono,
         )
 
     def _publish(self, decision: Decision, now: Instant) -> None:
         self.sink.published(decision)  # the plan, its writes and what the gate dropped
         # Memory that time alone moves is kept from every decision, written or not.
-        self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
+        kept = decision.plan.memory
+        self.memory = replace(
+            self.memory,
+            broken_busy_since=kept.broken_busy_since,
+            queued_unneeded_since=kept.queued_unneeded_since,
+            reservations=kept.reservations,
+        )
         self.schedule.planned(decision.plan.next_idle_expiry_s, now.mono)
 
     # --- execute ---------------------------------------------------------------------------------

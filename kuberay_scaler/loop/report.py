@@ -96,6 +96,11 @@ def _launching(decision: GroupDecision, launches_asked: bool) -> int:
 
 def _waiting_pods(sl: Slice, group: str, now_s: int) -> list[PendingPod]:
     """Pods of a slice coming up whose Ray node has not joined, each with why."""
+    if sl.state is SliceState.QUEUED:
+        # `ray status`: "<pod>: <group>, queued in kueue (gate ...) for 4 min" — not launching.
+        return [
+            PendingPod(h.pod_name, group, sl.reason) for h in sl.hosts if h.pod_name not in sl.nodes
+        ]
     if sl.state not in (SliceState.PENDING, SliceState.PARTIAL):
         return []
     return [

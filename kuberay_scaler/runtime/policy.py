@@ -17,4 +17,5 @@ def policy_from_settings(settings: Settings) -> Policy:
         replace_backoff_s=settings.replace_backoff_s,
         preempt_deadline_s=settings.preempt_deadline_s,
         broken_busy_max_s=settings.broken_busy_max_s,
+        reservation_grace_s=settings.reservation_grace_s,
     )

@@ -38,6 +38,9 @@ class Host:
     host_index: int | None
     running_since: datetime | None = None  # when the Ray container started
     uid: str = ""
+    # spec.schedulingGates names: the scheduler leaves the pod alone until each is removed
+    # (Kueue's `kueue.x-k8s.io/elastic-job`, `kueue.x-k8s.io/admission`, ...): queued, not slow.
+    gates: tuple[str, ...] = ()
 
     @property
     def is_capacity(self) -> bool:

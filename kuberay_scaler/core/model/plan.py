@@ -37,6 +37,9 @@ class DeleteKind(StrEnum):
     # Above maxReplicas with no work: hosts that joined Ray are idle and drained first (none for
     # a slice still coming up or one already drained for preemption).
     SURPLUS = "surplus"
+    # A slice whose pods never ran (a queued one no demand wants): named whole, no drain (the
+    # gate's (c)), and the target lowered by it: it is not replaced.
+    CANCEL = "cancel"
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,14 @@ class ReplaceBackoff:
 
 
 @dataclass(frozen=True)
+class ReservationMark:
+    """Slice reservations (ray.util.tpu's head placement groups) a group served lately."""
+
+    seen_s: float  # when one was last pending (the planner's monotonic reading, mono_s)
+    slices: int  # slices they held or waited for then (placed heads + pending reservations)
+
+
+@dataclass(frozen=True)
 class RefusedDrain:
     """A slice whose drain every host refused (or failed): retried only once its Ray idle state
     changes (a host's idle-since moved later: it was busy and is idle again; or its nodes
@@ -164,6 +175,14 @@ class Memory:
     # Broken slices kept because a host is busy: slice key → since when (bounded, see
     # KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
     broken_busy_since: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+    # Queued slices (issue 32) no demand uses: slice key → since when (mono_s); cancelled once
+    # that lasts the idle timeout. Kept every frame, written or not.
+    queued_unneeded_since: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Groups whose slice reservations were seen lately (issue 32): their unneeded slices are kept
+    # for the reservation grace. Kept every frame, written or not.
+    reservations: Mapping[str, ReservationMark] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 @dataclass(frozen=True)
@@ -192,6 +211,8 @@ class Plan:
     settle_s: float | None = None
     # When it was planned (epoch ms): the idle durations its documents show are as of then.
     now_ms: int = 0
+    # Seconds until a queued slice's cancel or a reservation grace falls due (issue 32).
+    queue_wake_s: float | None = None
 
     @property
     def changes(self) -> bool:
@@ -214,6 +235,8 @@ class Plan:
         ]
         if self.settle_s is not None:  # the demand it held may need a slice then
             waits.append(self.settle_s)
+        if self.queue_wake_s is not None:  # a queued slice's cancel, a reservation grace's end
+            waits.append(self.queue_wake_s)
         return max(0.0, min(waits)) if waits else None
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:
@@ -280,6 +303,8 @@ def slice_doc(sl: Slice, now_ms: int) -> dict[str, Any]:
         "state": sl.state.value,
         "reason": sl.reason,
         "idle_s": None if idle_ms is None else round(idle_ms / 1000, 1),
+        "queued_s": None if sl.queued_s is None else round(sl.queued_s, 1),
+        "gates": list(sl.gates),
         "hosts": [
             {
                 "pod": h.pod_name,

@@ -17,6 +17,9 @@ from kuberay_scaler.core.model.reasons import SliceFault
 class SliceState(StrEnum):
     COMPLETE = "complete"  # every host Running and joined to Ray
     PENDING = "pending"  # coming up: pods not all Running or not all in Ray yet
+    # Held by a scheduling gate (Kueue has not admitted it yet): coming capacity, never broken,
+    # never replaced for being slow, cancelled (undrained: it never ran) when demand goes.
+    QUEUED = "queued"
     PARTIAL = "partial"  # fewer pods than numOfHosts exist (being created or half deleted)
     BROKEN = "broken"  # will not become useful on its own: replace it
     TERMINATING = "terminating"  # being deleted (a pod terminating or named in workersToDelete)
@@ -41,6 +44,9 @@ class Slice:
     fault: SliceFault | None  # why it is broken (BROKEN only)
     created_at: datetime | None
     marked_for_deletion: bool
+    # QUEUED: how long its oldest pod has existed (seconds, the daemon's clock), and the gates.
+    queued_s: float | None = None
+    gates: tuple[str, ...] = ()
 
     @cached_property
     def pod_names(self) -> tuple[str, ...]:
@@ -85,11 +91,11 @@ class Slice:
 
     @property
     def counts_as_capacity(self) -> bool:
-        """Complete and pending slices will serve work; the others never count."""
-        return self.state in (SliceState.COMPLETE, SliceState.PENDING)
+        """Complete, pending and queued slices will serve work; the others never count."""
+        return self.state in (SliceState.COMPLETE, SliceState.PENDING, SliceState.QUEUED)
 
 
-_COMING = (SliceState.PENDING, SliceState.PARTIAL)
+_COMING = (SliceState.PENDING, SliceState.PARTIAL, SliceState.QUEUED)
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ class GroupSlices:
 
     @cached_property
     def coming_up(self) -> tuple[Slice, ...]:
-        """Pending and partial slices, in order: the ones with hosts still to join."""
+        """Pending, partial and queued slices, in order: the ones with hosts still to join."""
         return tuple(s for s in self.slices if s.state in _COMING)
 
     @cached_property

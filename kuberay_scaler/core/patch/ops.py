@@ -97,7 +97,9 @@ def drop_deletions(plan: Plan, slice_keys: Collection[tuple[str, str]]) -> Plan:
             groups.append(d)
             continue
         kept = tuple(x for x in d.deletions if x not in dropped)
-        back = sum(1 for x in dropped if x.kind in (DeleteKind.IDLE, DeleteKind.SURPLUS))
+        back = sum(
+            1 for x in dropped if x.kind in (DeleteKind.IDLE, DeleteKind.SURPLUS, DeleteKind.CANCEL)
+        )
         reasons = (*d.reasons, *(Keep(KeepKind.DRAIN_REFUSED, slice=x.slice_key) for x in dropped))
         # Never above maxReplicas: a group above it keeps the refused slice at target = max
         # (KubeRay clamps replicas to it and deletes nothing unnamed).

@@ -13,7 +13,16 @@ from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.core.planner.bins import Bin, accelerators_of, bins_for_new_slice
 from kuberay_scaler.core.planner.shapes import SliceShape
 
-COUNTED = (SliceState.COMPLETE, SliceState.PENDING, SliceState.PARTIAL, SliceState.BROKEN)
+COUNTED = (
+    SliceState.COMPLETE,
+    SliceState.PENDING,
+    SliceState.PARTIAL,
+    SliceState.BROKEN,
+    SliceState.QUEUED,
+)
+# Slices still coming up, counted at full size: a queued one (Kueue) is capacity on its way
+# too, so demand it will serve is not provisioned twice (issue 32).
+_COMING_UP = (SliceState.PENDING, SliceState.QUEUED)
 
 
 @dataclass
@@ -65,11 +74,11 @@ def build_capacity(
         if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
             continue
         group, key, state = owner.get(node.instance_id, (None, None, None))
-        usable = state in (None, SliceState.COMPLETE, SliceState.PENDING)
+        usable = state is None or state is SliceState.COMPLETE or state in _COMING_UP
         if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
         accelerators = accelerators_of(node.total)
-        if state is SliceState.PENDING:
+        if state in _COMING_UP:
             cap.available.append(_coming_bin(node, group, key, accelerators))
         else:
             live = _node_bin(node, group, key, node.available, accelerators)
@@ -94,7 +103,7 @@ def build_capacity(
                 # No replica label: siblings unknown. Count only what each pod really is (its
                 # Ray node, or one launching host), never a whole fresh slice per pod.
                 _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
-            elif sl.state is SliceState.PENDING:
+            elif sl.state in _COMING_UP:
                 _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
             elif sl.state is SliceState.PARTIAL or (
                 sl.state is SliceState.BROKEN and name in replacing and not sl.working_hosts

@@ -16,6 +16,7 @@ from kuberay_scaler.core.defaults import (
     MAX_REPLACE_BACKOFF_S,
     PREEMPT_DEADLINE_S,
     REPLACE_BACKOFF_S,
+    RESERVATION_GRACE_S,
 )
 from kuberay_scaler.core.model.cluster import (
     MAX_GROUP_HOSTS,
@@ -31,6 +32,7 @@ from kuberay_scaler.core.model.plan import (
     Memory,
     Plan,
     ReplaceBackoff,
+    ReservationMark,
     SliceDeletion,
     Snapshot,
 )
@@ -55,7 +57,9 @@ from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.pool import Pool
+from kuberay_scaler.core.planner.queued import QueuedCancels, queued_cancellations
 from kuberay_scaler.core.planner.replace import BrokenBusy, backing_off, live_backoff, replacements
+from kuberay_scaler.core.planner.reservations import GraceKept, grace_kept, reservation_marks
 from kuberay_scaler.core.planner.scale_down import (
     Surplus,
     finish_recorded_drains,
@@ -84,6 +88,9 @@ class Policy:
     # How long after its Ray container started a worker host's used resources may still be
     # work reported pending (see JOIN_SETTLE_S); 0 turns the settle off.
     join_settle_s: float = JOIN_SETTLE_S
+    # Unneeded slices of a group that served slice reservations are kept this long after the
+    # last one was pending (KUBERAY_SCALER_RESERVATION_GRACE_S, planner/reservations.py).
+    reservation_grace_s: float = RESERVATION_GRACE_S
 
 
 @dataclass
@@ -105,24 +112,33 @@ def plan(
     policy: Policy,
     now: datetime,
     evidence: Evidence | None = None,
+    *,
+    mono_s: float | None = None,
 ) -> Plan:
     """The plan for every group; a group whose planning raises is held with a named problem
     and the others are planned without it (one bad group never stops the others).
 
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
-    built it (`decide()` does, so it is built once per frame); otherwise built here."""
+    built it (`decide()` does, so it is built once per frame); otherwise built here.
+    `mono_s`: the monotonic clock (seconds) for the timers it keeps in memory (None: `now`)."""
+    mono = mono_s if mono_s is not None else now.timestamp()
     try:
-        result = _plan(snapshot, ray, memory, policy, now, evidence)
+        result = _plan(snapshot, ray, memory, policy, now, evidence, mono_s=mono)
     except Exception:  # a planner bug reached by one group's numbers: find the group
-        failed = _failing_groups(snapshot, ray, memory, policy, now)
+        failed = _failing_groups(snapshot, ray, memory, policy, now, mono)
         if not failed:
             raise  # not one group's doing: the loop counts it (and /healthz says so)
-        result = _without_groups(snapshot, ray, memory, policy, now, failed)
+        result = _without_groups(snapshot, ray, memory, policy, now, failed, mono)
     return replace(result, now_ms=epoch_ms(now))
 
 
 def _failing_groups(
-    snapshot: Snapshot, ray: RayState | None, memory: Memory, policy: Policy, now: datetime
+    snapshot: Snapshot,
+    ray: RayState | None,
+    memory: Memory,
+    policy: Policy,
+    now: datetime,
+    mono_s: float,
 ) -> dict[str, str]:
     """Each group planned alone; the ones that raise, with what they raised."""
     failed: dict[str, str] = {}
@@ -130,7 +146,7 @@ def _failing_groups(
         others = tuple(g.name for g in snapshot.spec.groups if g is not group)
         alone = _skip_groups(snapshot, others, [])
         try:
-            _plan(alone, ray, memory, policy, now)
+            _plan(alone, ray, memory, policy, now, mono_s=mono_s)
         except Exception as err:
             failed[group.name] = f"{type(err).__name__}: {err}"
     return failed
@@ -143,12 +159,14 @@ def _without_groups(
     policy: Policy,
     now: datetime,
     failed: Mapping[str, str],
+    mono_s: float,
 ) -> Plan:
     problems = [
         Problem(f"planning failed ({why}); group skipped, the others planned", name)
         for name, why in failed.items()
     ]
-    result = _plan(_skip_groups(snapshot, tuple(failed), problems), ray, memory, policy, now)
+    skipped = _skip_groups(snapshot, tuple(failed), problems)
+    result = _plan(skipped, ray, memory, policy, now, mono_s=mono_s)
     held = [
         GroupDecision(
             group=g.name,
@@ -191,6 +209,8 @@ def _plan(
     policy: Policy,
     now: datetime,
     evidence: Evidence | None = None,
+    *,
+    mono_s: float,
 ) -> Plan:
     spec = snapshot.spec
     problems = _problems(ProblemKind.SPEC, spec.problems) + _problems(
@@ -242,6 +262,7 @@ def _plan(
         since=memory.broken_busy_since,
         preempting=memory.preempting,
     )
+    queues = _queues(slice_map, groups, rooms, needed, spec, policy, memory, ray, ev, now, mono_s)
     decisions = [
         _decide(
             g,
@@ -254,6 +275,7 @@ def _plan(
             now,
             (memory.preempting, preempting),
             _Judged(ev, busy, memory),
+            queues.groups.get(n),
         )
         for n, g in groups.items()
     ]
@@ -288,8 +310,11 @@ def _plan(
             preempting=MappingProxyType(preempting),
             broken_busy_since=MappingProxyType(busy.since_out),
             refused=MappingProxyType(_live_refused(memory, slice_map, now)),
+            queued_unneeded_since=queues.unneeded_since,
+            reservations=queues.marks,
         ),
         settle_s=settle_s,
+        queue_wake_s=queues.wake_s,
     )
     return finish_recorded_drains(result, memory.draining, ev, now)
 
@@ -489,6 +514,7 @@ def _decide(
     now: datetime,
     preempting: tuple[Mapping[str, datetime], dict[str, datetime]] = ({}, {}),
     judged: _Judged | None = None,
+    queue: _GroupQueue | None = None,
 ) -> GroupDecision:
     group = g.slices.group
     base = GroupDecision(
@@ -538,8 +564,16 @@ def _decide(
         timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
         keep = group.effective_replicas + room.added - group.min_replicas
         refused = judged.memory.refused if judged else None
-        deletions += idle_deletions(g.slices, keep, needed, timeout_s, reasons, refused, now)
-    idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
+        # Queued slices no demand wants are cancelled first (they never ran); slices the
+        # reservation grace keeps count as needed (issue 32).
+        queue = queue or _GroupQueue()
+        deletions += queue.cancels.deletions
+        reasons += queue.cancels.reasons
+        keep -= len(queue.cancels.deletions)
+        shielded = needed | queue.grace.refs if queue.grace.refs else needed
+        deletions += idle_deletions(g.slices, keep, shielded, timeout_s, reasons, refused, now)
+        reasons += queue.grace.reasons
+    idle_deleted = sum(1 for d in deletions if d.kind in _TARGET_LOWERED)
     below_min = not (group.suspend or g.hold_down) and group.replicas < group.min_replicas
     if below_min:
         # KubeRay runs minReplicas when replicas is lower: plan (and write) what runs.
@@ -565,6 +599,72 @@ def _decide(
     timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
     steady = why_unchanged(g.slices, needed, timeout_s, epoch_ms(now))
     return replace(decision, reasons=(*decision.reasons, *steady))
+
+
+_TARGET_LOWERED = (DeleteKind.IDLE, DeleteKind.CANCEL)
+
+
+@dataclass(frozen=True)
+class _GroupQueue:
+    """One group's issue-32 stages: its queued slices to cancel, the reservation grace."""
+
+    cancels: QueuedCancels = field(default_factory=QueuedCancels)
+    grace: GraceKept = field(default_factory=GraceKept)
+
+
+@dataclass(frozen=True)
+class _Queues:
+    groups: Mapping[str, _GroupQueue]
+    unneeded_since: Mapping[str, float]  # Memory.queued_unneeded_since
+    marks: Mapping[str, ReservationMark]  # Memory.reservations
+    wake_s: float | None  # the first cancel or grace end due
+
+
+def _queues(
+    slice_map: SliceMap,
+    groups: Mapping[str, _Group],
+    rooms: Mapping[str, GroupRoom],
+    needed: set[tuple[str | None, str | None]],
+    spec: ClusterSpec,
+    policy: Policy,
+    memory: Memory,
+    ray: RayState,
+    ev: Evidence,
+    now: datetime,
+    mono_s: float,
+) -> _Queues:
+    """The reservation marks after this reply, and per group what the grace keeps and which
+    queued slices no demand wants (pure; folded into each group's decision by `_decide`)."""
+    grace_s = policy.reservation_grace_s
+    shapes = {n: g.shape for n, g in groups.items() if g.shape}
+    marks = reservation_marks(slice_map, ray, shapes, memory.reservations, mono_s, grace_s)
+    now_ms = epoch_ms(now)
+    out: dict[str, _GroupQueue] = {}
+    since: dict[str, float] = {}
+    waits: list[float] = []
+    for name, g in groups.items():
+        group = g.slices.group
+        timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
+        grace = grace_kept(g.slices, marks.get(name), needed, mono_s, grace_s, now_ms, timeout_s)
+        keep = group.effective_replicas + rooms[name].added - group.min_replicas
+        cancels = queued_cancellations(
+            g.slices,
+            needed | grace.refs,
+            keep,
+            timeout_s,
+            memory.queued_unneeded_since,
+            mono_s,
+            ev,
+        )
+        out[name] = _GroupQueue(cancels, grace)
+        since.update(cancels.unneeded_since)
+        waits += [w for w in (cancels.wake_s, grace.wake_s) if w is not None]
+    return _Queues(
+        MappingProxyType(out),
+        MappingProxyType(since),
+        marks,
+        min(waits) if waits else None,
+    )
 
 
 def _keys(g: _Group) -> set[str]:

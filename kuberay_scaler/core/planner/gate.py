@@ -184,6 +184,11 @@ def gate(
     return without(plan, dropped), tuple(blocked)
 
 
+# Deletions that lowered the target (a kept slice gives its replica back); a replaced slice
+# kept the target.
+_TARGET_LOWERED = (DeleteKind.IDLE, DeleteKind.SURPLUS, DeleteKind.CANCEL)
+
+
 def without(plan: Plan, dropped: Mapping[SliceRef, Reason]) -> Plan:
     """`plan` without some slice deletions, each with the reason it was kept; targets put back
     (never above maxReplicas: KubeRay clamps to it and deletes nothing unnamed)."""
@@ -195,7 +200,7 @@ def without(plan: Plan, dropped: Mapping[SliceRef, Reason]) -> Plan:
         if not gone:
             groups.append(d)
             continue
-        back = sum(1 for x in gone if x.kind in (DeleteKind.IDLE, DeleteKind.SURPLUS))
+        back = sum(1 for x in gone if x.kind in _TARGET_LOWERED)
         gs = plan.slice_map.groups.get(d.group) if plan.slice_map else None
         limit = gs.group.max_replicas if gs else d.target + back
         groups.append(
