@@ -43,7 +43,7 @@ def report_from_plan(
     for decision in plan.groups:
         pods_waiting = 0
         if slice_map and decision.group in slice_map.groups:
-            for sl in slice_map.groups[decision.group].coming_up:  # the others wait for none
+            for sl in slice_map.groups[decision.group].arriving:  # the others wait for none
                 waiting = _waiting_pods(sl, decision.group, now_s)
                 pods_waiting += len(waiting)
                 pending.extend(waiting)

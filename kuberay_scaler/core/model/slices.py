@@ -95,7 +95,8 @@ class Slice:
         return self.state in (SliceState.COMPLETE, SliceState.PENDING, SliceState.QUEUED)
 
 
-_COMING = (SliceState.PENDING, SliceState.PARTIAL, SliceState.QUEUED)
+_COMING = (SliceState.PENDING, SliceState.PARTIAL)
+_ARRIVING = (*_COMING, SliceState.QUEUED)
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,14 @@ class GroupSlices:
 
     @cached_property
     def coming_up(self) -> tuple[Slice, ...]:
-        """Pending, partial and queued slices, in order: the ones with hosts still to join."""
+        """Pending and partial slices, in order: the ones with hosts still to join (queued ones
+        are not among them: they wait for a queue, not for provisioning)."""
         return tuple(s for s in self.slices if s.state in _COMING)
+
+    @cached_property
+    def arriving(self) -> tuple[Slice, ...]:
+        """Slices coming up and queued ones, in order: every host asked for not yet in Ray."""
+        return tuple(s for s in self.slices if s.state in _ARRIVING)
 
     @cached_property
     def owner_of_pod(self) -> Mapping[str, tuple[str, str, SliceState]]:

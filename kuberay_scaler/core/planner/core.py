@@ -476,7 +476,7 @@ def _conservative_limit(g: _Group, cap: Capacity, ray: RayState) -> int:
     """Launching hosts stay within the size of the Ray cluster, but one slice may always start."""
     hosts = g.slices.group.num_of_hosts
     alive = len(ray.alive_nodes())
-    launching = cap.virtual.get(g.slices.group.name, 0) + len(g.slices.coming_up)
+    launching = cap.virtual.get(g.slices.group.name, 0) + len(g.slices.arriving)
     return max(1, math.ceil(alive / hosts)) - launching
 
 
@@ -692,7 +692,7 @@ def _above_max(
 
 
 def _launching_hosts(g: _Group, launching_slices: int) -> int:
-    pending = [h for s in g.slices.coming_up for h in s.hosts if h.pod_name not in s.nodes]
+    pending = [h for s in g.slices.arriving for h in s.hosts if h.pod_name not in s.nodes]
     return len(pending) + max(0, launching_slices) * g.slices.group.num_of_hosts
 
 
