@@ -69,6 +69,7 @@ from kuberay_scaler.core.planner.scale_down import (
 )
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 from kuberay_scaler.core.planner.shapes import ShapeError, SliceShape, slice_shape
+from kuberay_scaler.core.planner.stuck_gangs import gang_stuck_slices
 from kuberay_scaler.core.slicemap import FRAME_MEMO, SliceTimeouts, build_slice_map
 
 
@@ -261,6 +262,7 @@ def _plan(
         deadline_s=policy.preempt_deadline_s,
         since=memory.broken_busy_since,
         preempting=memory.preempting,
+        stuck=gang_stuck_slices(slice_map, ray),
     )
     queues = _queues(slice_map, groups, rooms, needed, spec, policy, memory, ray, ev, now, mono_s)
     decisions = [
