@@ -14,7 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kuberay_scaler.core import slicemap
-from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan, ReplaceBackoff
+from kuberay_scaler.core.model.plan import (
+    DeleteKind,
+    Memory,
+    Plan,
+    ReplaceBackoff,
+    ReservationMark,
+)
 from kuberay_scaler.core.model.ray import (
     Bundle,
     GangDemand,
@@ -23,12 +29,14 @@ from kuberay_scaler.core.model.ray import (
     RayNode,
     TaskDemand,
 )
+from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.patch.ops import build_patch
 from kuberay_scaler.core.planner import core
 from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.pool import Pool
 from tests.factories import (
+    KUEUE_ELASTIC_GATE,
     NOW,
     bundle,
     cluster,
@@ -48,7 +56,16 @@ from tests.factories import (
 from tests.unit.test_patch_ops import planned_spec
 
 TOPOLOGY = {1: "2x2", 2: "2x4", 4: "4x4"}  # v6e: 4 chips per host
-SLICE_STATES = ("idle", "busy", "one_busy", "pending", "partial", "failed", "terminating")
+SLICE_STATES = (
+    "idle",
+    "busy",
+    "one_busy",
+    "pending",
+    "partial",
+    "failed",
+    "terminating",
+    "queued",  # held by Kueue's scheduling gate (issue 32)
+)
 # Hypothesis favours small draws; a middle value keeps rare branches rare (about one in six).
 _rarely = st.integers(0, 5).map(lambda v: v == 3)
 PROPERTY_SETTINGS = settings(
@@ -70,6 +87,7 @@ class Scenario:
     policy: Policy = field(default_factory=Policy)
     slice_names: list[str] = field(default_factory=list)
     pod_types: list[str] = field(default_factory=list)
+    queued: list[str] = field(default_factory=list)  # keys of queued slices
 
     def plan(self, shuffle: random.Random | None = None) -> Plan:
         pods, nodes = list(self.pods), list(self.nodes)
@@ -88,7 +106,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     sc.tasks = draw(st.lists(_task(sc), min_size=draw(st.sampled_from([1, 0])), max_size=4))
     sc.gangs = draw(st.lists(_gang(sc), max_size=3))
     sc.constraint = draw(st.lists(_task(sc, pinned=False), max_size=2))
-    sc.memory = _draw_memory(draw, [r["groupName"] for r in raws])
+    sc.memory = _draw_memory(draw, [r["groupName"] for r in raws], sc.queued)
     override = draw(st.sampled_from([None, None, 1.0, 300.0]))
     sc.policy = Policy(idle_timeout_override_s=override)
     return sc
@@ -130,6 +148,11 @@ def _draw_slice(
     kind = draw(st.sampled_from(SLICE_STATES))
     idle = draw(st.sampled_from([0.0, 30.0, 120.0, 900.0]))
     age = 3600 + index
+    if kind == "queued":
+        age_s = draw(st.sampled_from([30, 5000]))
+        sc.pods += slice_pods(name, key, hosts, age_s=age_s, gates=(KUEUE_ELASTIC_GATE,))
+        sc.queued.append(key if hosts > 1 else f"{key}-0")  # a single host's slice: its pod
+        return key
     if kind == "pending":
         sc.pods += slice_pods(
             name, key, hosts, phase="Pending", age_s=draw(st.sampled_from([30, 5000]))
@@ -166,14 +189,28 @@ def _draw_options(draw: st.DrawFn) -> dict[str, Any]:
     return options
 
 
-def _draw_memory(draw: st.DrawFn, names: list[str]) -> Memory:
+def _draw_memory(draw: st.DrawFn, names: list[str], queued: list[str]) -> Memory:
     awaiting = {n: "write in flight" for n in names if draw(_rarely)}
     backoff = {
         n: ReplaceBackoff(NOW + timedelta(seconds=draw(st.sampled_from([-60, 60]))), 1, 1)
         for n in names
         if draw(_rarely)
     }
-    return Memory(backoff=backoff, awaiting_write=awaiting)
+    # Queued slices unneeded long ago (their cancel is due if no demand uses them) or just now;
+    # some groups served slice reservations lately (issue 32).
+    now_s = NOW.timestamp()
+    unneeded = {k: now_s - draw(st.sampled_from([0.0, 3600.0])) for k in queued}
+    marks = {
+        n: ReservationMark(now_s - draw(st.sampled_from([10.0, 3600.0])), draw(st.integers(1, 3)))
+        for n in names
+        if draw(_rarely)
+    }
+    return Memory(
+        backoff=backoff,
+        awaiting_write=awaiting,
+        queued_unneeded_since=unneeded,
+        reservations=marks,
+    )
 
 
 SHAPES = [{"TPU": 4}, {"CPU": 1}, {"CPU": 4}, {"CPU": 8}, {"TPU": 4, "CPU": 1}, {"GPU": 1}]
@@ -258,6 +295,25 @@ def test_no_slice_with_a_busy_host_is_deleted_as_idle(sc: Scenario) -> None:
             for host in sl.hosts:
                 node = sl.nodes.get(host.pod_name)
                 assert node is not None and node.status is NodeStatus.IDLE
+
+
+@given(scenarios())
+@PROPERTY_SETTINGS
+def test_a_queued_slice_is_only_ever_cancelled_undrained_never_replaced(sc: Scenario) -> None:
+    """Queued slices (Kueue-gated, issue 32) are never replaced nor drained; a cancel names a
+    queued slice's every pod and no Ray node; above maxReplicas one may go as a surplus with no
+    work (undrained)."""
+    result = sc.plan()
+    slices = _slices(result)
+    for d in result.groups:
+        for deletion in d.deletions:
+            sl = slices[(d.group, deletion.slice_key)]
+            if deletion.kind is DeleteKind.CANCEL:
+                assert sl.state is SliceState.QUEUED and deletion.node_ids == ()
+                assert set(deletion.pods) == set(sl.pod_names)
+            elif sl.state is SliceState.QUEUED:  # only above maxReplicas, as a surplus
+                assert deletion.kind is DeleteKind.SURPLUS and deletion.node_ids == (), deletion
+        assert all(x.slice_key not in sc.queued for x in d.preempt)
 
 
 def _more_of_the_same(sc: Scenario, data: st.DataObject) -> Scenario:
