@@ -11,6 +11,7 @@ import jsonpatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kuberay_scaler.adapters.web.slices_page import render_slices
 from kuberay_scaler.core.decision import Drain, Observation, Patch, RecordIntent, decide
 from kuberay_scaler.core.model.hosts import Host
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan, Snapshot
@@ -241,3 +242,10 @@ def test_a_head_pod_still_needs_no_gate() -> None:
     spec = parse_raycluster(cluster(tpu_group()))
     host = parse_pod(pod("rc-head", "headgroup", head=True), spec)
     assert isinstance(host, Host) and host.gates == ()
+
+
+def test_debug_slices_page_shows_the_slice_queued_in_kueue() -> None:
+    result = _plan(cluster(tpu_group(replicas=1)), _queued("tpu-a"), state([head_node()]))
+    page = render_slices(result.summary())
+    assert "<span class='state queued'>queued</span>" in page
+    assert "queued in Kueue (gate kueue.x-k8s.io/elastic-job) for 16 min" in page

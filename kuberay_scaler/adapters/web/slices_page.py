@@ -21,7 +21,7 @@ th { background: #f3f3f3; }
 .state { font-weight: 600; border-radius: 3px; padding: 0 .4em; }
 .complete { background: #d9f2d9; } .pending { background: #fff3cc; }
 .partial { background: #ffe0b3; } .broken { background: #f8c9c9; }
-.terminating { background: #e0e0e0; }
+.terminating { background: #e0e0e0; } .queued { background: #dde8ff; }
 .held { color: #a15c00; } .muted { color: #666; }
 ul { margin: .2em 0 .6em 1.2em; padding: 0; }
 """
