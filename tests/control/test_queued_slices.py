@@ -48,9 +48,11 @@ class _Judge:
         self._before = after
 
 
-async def _step(loop: Loop, judge: _Judge, nodes: list[RayNode], pending_tpu_tasks: int) -> None:
+async def _step(
+    loop: Loop, judge: _Judge, nodes: list[RayNode], pending_tpu_tasks: int, every_s: float = 10
+) -> None:
     judge.nodes = nodes
-    loop.clock.advance(30)
+    loop.clock.advance(every_s)
     demand = [tasks(TPU4, pending_tpu_tasks)] if pending_tpu_tasks else []
     loop.see_ray(state([head_node(), *nodes], tasks=demand))
     await loop.reconciler.reconcile()
@@ -76,7 +78,7 @@ async def test_quota_for_one_slice_then_two_no_replacement_nothing_provisioned_t
     # 20 minutes in the queue (past the 15-min provisioning deadline), the demand it will serve
     # pending all along: 4 TPU tasks wait for tpu-b.
     for _ in range(40):
-        await _step(loop, judge, busy, pending_tpu_tasks=4)
+        await _step(loop, judge, busy, pending_tpu_tasks=4, every_s=30)
     assert _state_of(loop, "tpu-b") is SliceState.QUEUED
     assert loop.writer.applied == []  # no replacement, no second slice for the same demand
     assert spec_group(loop)["replicas"] == 2 and workers_to_delete(loop) == []
@@ -100,13 +102,17 @@ async def test_demand_gone_while_queued_cancels_the_slice_undrained() -> None:
     loop = make_loop(cluster(tpu_group(replicas=2, max_replicas=4)), [*admitted, *_queued("tpu-b")])
     judge = _Judge(loop)
     busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(0, 1, 2, 3))
-    await _step(loop, judge, busy, pending_tpu_tasks=4)
+    # Wanted while the daemon's view of Ray settles (the first 180 s of fresh replies).
+    for _ in range(20):
+        await _step(loop, judge, busy, pending_tpu_tasks=4)
     assert loop.writer.applied == []
     # The job no longer wants the second slice: after the idle timeout (60 s) it is cancelled.
-    await _step(loop, judge, busy, pending_tpu_tasks=0)
-    await _step(loop, judge, busy, pending_tpu_tasks=0)
-    assert loop.writer.applied == []  # 30 s unneeded: not yet
-    await _step(loop, judge, busy, pending_tpu_tasks=0)
+    gone_at = loop.clock.monotonic()
+    for _ in range(20):
+        await _step(loop, judge, busy, pending_tpu_tasks=0)
+        if loop.writer.applied:
+            break
+    assert loop.clock.monotonic() - gone_at >= 60
     assert workers_to_delete(loop) == [f"tpu-b-{i}" for i in range(4)]
     assert spec_group(loop)["replicas"] == 1
     assert loop.gcs.drains == []  # its pods never ran: nothing to drain

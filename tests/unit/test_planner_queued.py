@@ -5,6 +5,7 @@ deletion gate) once no demand has used it for the idle timeout."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import jsonpatch
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from kuberay_scaler.adapters.web.slices_page import render_slices
 from kuberay_scaler.core.decision import Drain, Observation, Patch, RecordIntent, decide
-from kuberay_scaler.core.model.hosts import Host
+from kuberay_scaler.core.model.hosts import Host, HostClock
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan, Snapshot
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.reasons import (
@@ -249,3 +250,17 @@ def test_debug_slices_page_shows_the_slice_queued_in_kueue() -> None:
     page = render_slices(result.summary())
     assert "<span class='state queued'>queued</span>" in page
     assert "queued in Kueue (gate kueue.x-k8s.io/elastic-job) for 16 min" in page
+
+
+def test_no_cancel_timer_runs_while_rays_view_settles() -> None:
+    """After a GCS restart or a blind spell a reply may lack the demand for a moment: the
+    timers restart once Ray's view has settled (HostClock.settling), nothing is cancelled."""
+    rc = cluster(tpu_group(replicas=1))
+    spec = parse_raycluster(rc)
+    hosts, _ = parse_pods(_queued("tpu-a"), spec)
+    clock = replace(HostClock.from_timestamps(hosts, {}, NOW), settling="GCS restarted: settling")
+    snap = Snapshot(spec=spec, hosts=tuple(hosts), clock=clock)
+    memory = Memory(queued_unneeded_since={"tpu-a": 0.0})
+    result = plan(snap, state([head_node()]), memory, Policy(), NOW, mono_s=1000.0)
+    assert result.group("tpu").deletions == ()  # type: ignore[union-attr]
+    assert dict(result.memory.queued_unneeded_since) == {}

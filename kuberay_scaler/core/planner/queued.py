@@ -6,7 +6,9 @@ counts as capacity on its way (planner/capacity.py), so pending demand lands on 
 slice gets, measured on the monotonic clock from the first plan that found it unneeded — it is
 cancelled whole: its pods never ran (the deletion gate's (c)), so nothing is drained, and the
 target drops by one (it is not replaced). Never below minReplicas. A queued slice any of whose
-pods has a Ray node, or whose siblings cannot be told apart, is left alone.
+pods has a Ray node, or whose siblings cannot be told apart, is left alone. While Ray's view settles
+(`HostClock.settling`: a GCS restart, a blind spell, the daemon's start) no timer runs: they
+start again once it has settled, so a reply that lacks the demand for a moment cancels nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ def queued_cancellations(
 ) -> QueuedCancels:
     """Queued slices of the group that demand has not used for `timeout_s` (`since`: the last
     plan's memory of when each became unneeded), at most `keep_at_least` of them."""
+    if ev is None or ev.clock.settling is not None:
+        # Right after a GCS restart, a blind spell or the daemon's start, a reply may lack the
+        # demand that needs these slices: no timer starts or runs until Ray's view settles.
+        return QueuedCancels()
     name = slices.group.name
     unneeded: dict[str, float] = {}
     due: list[tuple[float, Slice]] = []
