@@ -264,3 +264,10 @@ def test_no_cancel_timer_runs_while_rays_view_settles() -> None:
     result = plan(snap, state([head_node()]), memory, Policy(), NOW, mono_s=1000.0)
     assert result.group("tpu").deletions == ()  # type: ignore[union-attr]
     assert dict(result.memory.queued_unneeded_since) == {}
+
+
+def test_a_queued_slice_short_of_hosts_still_counts_whole() -> None:
+    """KubeRay creates the rest of its pods (gated too): it serves 4 hosts' demand, not 2."""
+    ray = state([head_node()], tasks=[tasks({"TPU": 4}, 4)])
+    result = _plan(cluster(tpu_group(replicas=1)), _queued("tpu-a", hosts=2), ray)
+    assert result.group("tpu").target == 1  # type: ignore[union-attr]

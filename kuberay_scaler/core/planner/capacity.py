@@ -103,14 +103,15 @@ def build_capacity(
                 # No replica label: siblings unknown. Count only what each pod really is (its
                 # Ray node, or one launching host), never a whole fresh slice per pod.
                 _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
-            elif sl.state in _COMING_UP:
+            elif sl.state in _COMING_UP and len(sl.hosts) >= sl.expected_hosts:
                 _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
-            elif sl.state is SliceState.PARTIAL or (
+            elif sl.state in (SliceState.PARTIAL, SliceState.QUEUED) or (
                 sl.state is SliceState.BROKEN and name in replacing and not sl.working_hosts
             ):
                 # (A broken slice with busy hosts is kept, not replaced: see planner/replace.py.)
-                # KubeRay deletes a replica missing pods and recreates it whole; a replaced
-                # one is recreated too. Either way a complete fresh slice is on its way.
+                # KubeRay deletes a replica missing pods and recreates it whole (a queued one
+                # short of hosts too); a replaced one is recreated too. Either way a complete
+                # fresh slice is on its way.
                 _add_fresh_slice(cap, name, sl.key, shape)
         virtual = cap.virtual[name] = _virtual(gs, unidentified)
         for i in range(virtual):
