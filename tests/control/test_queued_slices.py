@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from structlog.testing import capture_logs
+
 from kuberay_scaler.core.model.ray import RayNode
 from kuberay_scaler.core.model.slices import SliceState
 from tests.control.fakes import Loop, WriteCall, make_loop
@@ -117,3 +119,19 @@ async def test_demand_gone_while_queued_cancels_the_slice_undrained() -> None:
     assert spec_group(loop)["replicas"] == 1
     assert loop.gcs.drains == []  # its pods never ran: nothing to drain
     assert judge.violations == []
+
+
+async def test_the_log_says_when_a_slice_enters_and_leaves_the_queue() -> None:
+    admitted = slice_pods("tpu", "tpu-a", 4, age_s=0)
+    loop = make_loop(cluster(tpu_group(replicas=2, max_replicas=4)), [*admitted, *_queued("tpu-b")])
+    judge = _Judge(loop)
+    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(0, 1, 2, 3))
+    with capture_logs() as logs:
+        await _step(loop, judge, busy, pending_tpu_tasks=4)
+        await _step(loop, judge, busy, pending_tpu_tasks=4)
+        loop.pods.pods = [*admitted, *slice_pods("tpu", "tpu-b", 4, age_s=0)]  # gates lifted
+        await _step(loop, judge, busy, pending_tpu_tasks=4)
+    said = [(e["event"], e.get("slice"), e.get("state")) for e in logs if "queue" in e["event"]]
+    assert said == [("slice queued", "tpu-b", None), ("slice left the queue", "tpu-b", "pending")]
+    queued = next(e for e in logs if e["event"] == "slice queued")
+    assert "queued in Kueue" in queued["reason"]
