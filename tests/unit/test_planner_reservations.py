@@ -6,25 +6,31 @@ idle out, relaunch within it."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan, ReservationMark, Snapshot
 from kuberay_scaler.core.model.ray import RayNode, RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
-from kuberay_scaler.core.planner.reservations import reservation_head
+from kuberay_scaler.core.planner.reservations import reservation_head, reservation_marks
+from kuberay_scaler.core.planner.shapes import slice_shape
+from kuberay_scaler.core.slicemap import build_slice_map
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     NOW,
+    NOW_MS,
     cluster,
     gang,
     head_node,
     pinned_slice_bundles,
+    pod,
     slice_pods,
     slice_reservation,
     state,
@@ -177,3 +183,41 @@ def test_within_the_grace_at_most_the_unreserved_surplus_leaves(
     else:
         bare = _plan(len(keys), pods, ray, mono_s=mono)
         assert result.group("tpu") == bare.group("tpu")
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
+
+
+def _captured(name: str) -> RayState:
+    return parse_ray_state((FIXTURES / name).read_text(), read_at_ms=NOW_MS)
+
+
+def test_ray_260s_captured_reservation_reply_is_recognised() -> None:
+    """A real Ray 2.60 reply of `SlicePlacementGroup`'s step 1 (tests/fixtures/ray_state)."""
+    [gang] = _captured("pending_slice_reservation.json").gangs
+    head = reservation_head(gang)
+    assert head is not None and dict(head.resources) == {"TPU-v6e-16-head": 1.0}
+
+
+def test_a_head_a_real_reply_shows_placed_counts_as_held() -> None:
+    """pinned_slice_bundles.json: the head bundle placed on worker 0 of a real v6e-16 slice (its
+    `TPU-v6e-16-head_group_*` resources); one more reservation pending: 2 slices reserved."""
+    ray = _captured("pinned_slice_bundles.json")
+    tpu = [n for n in ray.nodes if "ray.io/tpu-worker-id" in n.labels]
+    pods = [
+        pod(
+            n.instance_id,
+            "tpu-group",
+            replica="tpu-group-q8m4z",
+            host_index=int(n.labels["ray.io/tpu-worker-id"]),
+        )
+        for n in tpu
+    ]
+    spec = parse_raycluster(cluster(tpu_group("tpu-group", replicas=1)))
+    hosts, problems = parse_pods(pods, spec)
+    assert problems == []
+    slice_map = build_slice_map(spec, hosts, ray, NOW)
+    pending = replace(ray, gangs=(slice_reservation(),))
+    shapes = {"tpu-group": slice_shape(spec.groups[0])}
+    marks = reservation_marks(slice_map, pending, shapes, {}, 50.0, GRACE)
+    assert marks == {"tpu-group": ReservationMark(seen_s=50.0, slices=2)}
