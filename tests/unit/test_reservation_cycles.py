@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kuberay_scaler.core.model.plan import Memory, Snapshot
-from kuberay_scaler.core.model.ray import RayNode, epoch_ms
+from kuberay_scaler.core.model.ray import RayNode, TaskDemand, epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
@@ -31,12 +31,14 @@ from tests.factories import (
     head_node,
     node,
     pod,
+    selector_bundle,
     slice_reservation,
     state,
     tpu_group,
 )
 
 RESERVATION_TIMEOUT_S = 100.0
+TRAIN_WORKER = selector_bundle({"CPU": 1, "TPU": 4}, {"ray.io/tpu-pod-type": "v6e-16"})
 STEP_S = 5.0
 CYCLE_WINDOW_S = 600.0
 
@@ -145,7 +147,15 @@ def _idle_since(n: RayNode, since_s: float) -> RayNode:
     return replace(n, idle_since_ms=epoch_ms(NOW + timedelta(seconds=since_s)))
 
 
-def simulate(*, grace_s: float, up_after_s: float = 300.0, retry_s: float = 120.0) -> _World:
+def simulate(
+    *,
+    grace_s: float,
+    up_after_s: float = 300.0,
+    retry_s: float = 120.0,
+    train_request: bool = False,
+) -> _World:
+    """`train_request`: Ray Train v2's autoscaling coordinator also asks, through
+    request_resources, for the whole gang (16 workers of {CPU: 1, TPU: 4} on v6e-16)."""
     world = _World(up_after_s=up_after_s, retry_s=retry_s)
     memory = Memory()
     policy = Policy(reservation_grace_s=grace_s)
@@ -157,7 +167,8 @@ def simulate(*, grace_s: float, up_after_s: float = 300.0, retry_s: float = 120.
         hosts, problems = parse_pods(world.pods(t), spec)
         assert problems == []
         gangs = [slice_reservation()] if world.pending_since_s is not None else []
-        ray = state(world.nodes(t), gangs=gangs)
+        constraint = [TaskDemand(TRAIN_WORKER, 16)] if train_request else []
+        ray = state(world.nodes(t), gangs=gangs, constraint=constraint)
         now = NOW + timedelta(seconds=t)
         result = plan(Snapshot(spec, tuple(hosts)), ray, memory, policy, now, mono_s=t)
         memory = result.memory
@@ -196,3 +207,17 @@ def test_with_the_grace_four_slices_are_launched_once_whatever_the_retry_gap(
 ) -> None:
     world = simulate(grace_s=600.0, retry_s=retry_s)
     assert world.cycles == 0 and world.launched == 4 and world.whole_at_s is not None
+
+
+def test_a_gang_asked_for_whole_is_up_in_one_provisioning_time() -> None:
+    """Time to k = 4 slices: the sequential reservations take about four provisioning times;
+    with Ray Train's request_resources for the whole gang the 4 slices are launched in one
+    patch and the reservations find them as they come up."""
+    sequential = simulate(grace_s=600.0)
+    whole = simulate(grace_s=600.0, train_request=True)
+    print(
+        f"\ntime to 4 heads: sequential {sequential.whole_at_s} s, whole gang {whole.whole_at_s} s"
+    )
+    assert whole.launched == 4 and whole.cycles == 0
+    assert whole.whole_at_s is not None and sequential.whole_at_s is not None
+    assert whole.whole_at_s <= 300.0 + 4 * STEP_S < sequential.whole_at_s
