@@ -115,7 +115,25 @@ def pod(
     legacy_replica: str | None = None,
     head: bool = False,
     uid: str | None = None,
+    gates: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """A Ray pod as KubeRay makes it. `gates`: held by these scheduling gates the way Kueue
+    holds the pods of a workload it has not admitted (Pending, `PodScheduled=False` with
+    reason `SchedulingGated`, no container statuses)."""
+    if gates:
+        return _gated(
+            pod(
+                name,
+                group_name,
+                cluster_name=cluster_name,
+                replica=replica,
+                host_index=host_index,
+                age_s=age_s,
+                legacy_replica=legacy_replica,
+                container=container,
+            ),
+            gates,
+        )
     labels = {
         "ray.io/cluster": cluster_name,
         "ray.io/node-type": "head" if head else "worker",
@@ -153,6 +171,27 @@ def pod(
             ],
         },
     }
+
+
+KUEUE_ELASTIC_GATE = "kueue.x-k8s.io/elastic-job"  # Kueue's gate on pods of a workload slice
+
+
+def _gated(running: dict[str, Any], gates: tuple[str, ...]) -> dict[str, Any]:
+    out = copy.deepcopy(running)
+    out["spec"].pop("nodeName", None)
+    out["spec"]["schedulingGates"] = [{"name": g} for g in gates]
+    out["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "SchedulingGated",
+                "message": "Scheduling is blocked due to non-empty scheduling gates",
+            }
+        ],
+    }
+    return out
 
 
 def slice_pods(group_name: str, replica: str, hosts: int, **kw: Any) -> list[dict[str, Any]]:

@@ -87,6 +87,14 @@ BROKEN_BUSY_MAX_S = 1800.0
 # that long at most before a slice is added for it (planner/capacity.py `_settling_bin`); read
 # from the pod's own `startedAt`, so an offline `plan --capture` decides alike.
 JOIN_SETTLE_S = 30.0
+# A slice launched for a slice reservation (ray.util.tpu.SlicePlacementGroup) is kept this long
+# after the last reservation its group served was pending (issue 32). Ray waits at most 100 s
+# for each reservation (DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S in Ray 2.60), then removes it and
+# every head the SlicePlacementGroup held; a real slice takes minutes to come up, so it arrives
+# after its reservation is gone. 600 s covers the rest of its provisioning after that timeout,
+# a few 100 s attempts of a caller's retry, and the issue's goal: no launch, delete, relaunch
+# within 10 min.
+RESERVATION_GRACE_S = 600.0
 
 
 def raycluster_api(version: str = CRD_VERSION) -> str:

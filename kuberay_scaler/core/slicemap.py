@@ -281,6 +281,7 @@ def _judge(
         state, reason, fault = SliceState.COMPLETE, _complete_reason(group.num_of_hosts), None
     else:
         state, reason, fault = _state(group, hosts, joined, ray_known, marked, timeouts, clock)
+    queued = state is SliceState.QUEUED
     return Slice(
         key=key,
         group=group.name,
@@ -292,7 +293,27 @@ def _judge(
         fault=fault,
         created_at=created,
         marked_for_deletion=marked,
+        queued_s=max((clock.age_s.get(h.pod_name, 0.0) for h in hosts), default=0.0)
+        if queued
+        else None,
+        gates=gates_of(hosts) if queued else (),
     )
+
+
+def gates_of(hosts: Sequence[Host]) -> tuple[str, ...]:
+    """The scheduling gates holding any host of a slice, each once, in order of appearance."""
+    return tuple(dict.fromkeys(g for h in hosts for g in h.gates)) if hosts else ()
+
+
+KUEUE_GATE_PREFIX = "kueue.x-k8s.io/"
+
+
+def queued_reason(gates: Sequence[str], have: int, want: int, age_s: float) -> str:
+    """ "queued in Kueue (gate kueue.x-k8s.io/elastic-job) for 4 min", and the hosts if short."""
+    kueue = any(g.startswith(KUEUE_GATE_PREFIX) for g in gates)
+    where = "in Kueue" if kueue else "by the scheduler"
+    short = f"; {have} of {want} hosts" if have < want else ""
+    return f"queued {where} (gate {', '.join(gates)}) for {_dur(age_s)}{short}"
 
 
 def _whole(
@@ -349,6 +370,11 @@ def _state(
         why = f"{len(hosts)} hosts, more than numOfHosts {want}"
         return SliceState.BROKEN, why, F.TOO_MANY_HOSTS
     age = max((clock.age_s.get(h.pod_name, 0.0) for h in hosts), default=0.0)
+    gates = gates_of(hosts)
+    if gates:
+        # Held by a scheduling gate (Kueue admits the workload, then lifts it): waiting in a
+        # queue is not slow provisioning, so no deadline judges it (issue 32).
+        return SliceState.QUEUED, queued_reason(gates, len(hosts), want, age), None
     if len(hosts) < want:
         if age > timeouts.max_provision_s:
             return SliceState.BROKEN, f"{len(hosts)} of {want} hosts", F.HOSTS_MISSING

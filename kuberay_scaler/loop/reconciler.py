@@ -211,6 +211,8 @@ class Reconciler:
             self.memory,
             broken_busy_since=kept.broken_busy_since,
             availability=kept.availability,
+            queued_unneeded_since=kept.queued_unneeded_since,
+            reservations=kept.reservations,
         )
         self.schedule.planned(decision.plan.next_wake_s, now.mono)
 

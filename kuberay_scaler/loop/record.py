@@ -67,6 +67,7 @@ class Recorder:
         self.status = LoopStatus(progress)
         self._background: set[asyncio.Task[None]] = set()
         self._outdated: frozenset[tuple[str, str]] = frozenset()  # outdated slices said
+        self._queued: frozenset[tuple[str, str]] = frozenset()  # (group, slice) queued last
 
     def published(self, decision: Decision) -> None:
         self.status.last_decision = decision
@@ -81,6 +82,7 @@ class Recorder:
             for state in SliceState:
                 SLICES.labels(name, state.value).set(len(gs.by_state(state)))
         self._say_outdated(result)
+        self._queue_transitions(result)
 
     def _say_outdated(self, result: Plan) -> None:
         """A spec edit that left slices built to the older spec is said at once, once per
@@ -115,6 +117,21 @@ class Recorder:
             reason = _CHANGE_EVENTS.get(change.kind)
             if reason is not None:
                 self._event(reason, line)
+
+    def _queue_transitions(self, result: Plan) -> None:
+        """A log line when a slice enters a queue (Kueue's gate) and when it leaves it."""
+        assert result.slice_map is not None
+        slices = {
+            (name, sl.key): sl for name, gs in result.slice_map.groups.items() for sl in gs.slices
+        }
+        queued = frozenset(k for k, sl in slices.items() if sl.state is SliceState.QUEUED)
+        for group, key in sorted(queued - self._queued):
+            log.info("slice queued", group=group, slice=key, reason=slices[(group, key)].reason)
+        for group, key in sorted(self._queued - queued):
+            now = slices.get((group, key))
+            state = now.state.value if now is not None else "gone"
+            log.info("slice left the queue", group=group, slice=key, state=state)
+        self._queued = queued
 
     def blocked(self, blocked: Sequence[Blocked]) -> None:
         """The gate dropped a deletion a planner path made: a planner bug, said loudly."""

@@ -45,7 +45,7 @@ def report_from_plan(
         pods_waiting = 0
         if slice_map and decision.group in slice_map.groups:
             cancelled = {x.slice_key for x in decision.deletions if x.kind is DeleteKind.CANCEL}
-            for sl in slice_map.groups[decision.group].coming_up:  # the others wait for none
+            for sl in slice_map.groups[decision.group].arriving:  # the others wait for none
                 if sl.key in cancelled:
                     continue  # cancelled: said under failed, not as launching
                 waiting = _waiting_pods(sl, decision.group, now_s)
@@ -122,6 +122,11 @@ def _launching(decision: GroupDecision, launches_asked: bool) -> int:
 
 def _waiting_pods(sl: Slice, group: str, now_s: int) -> list[PendingPod]:
     """Pods of a slice coming up whose Ray node has not joined, each with why."""
+    if sl.state is SliceState.QUEUED:
+        # `ray status`: "<pod>: <group>, queued in kueue (gate ...) for 4 min" — not launching.
+        return [
+            PendingPod(h.pod_name, group, sl.reason) for h in sl.hosts if h.pod_name not in sl.nodes
+        ]
     if sl.state not in (SliceState.PENDING, SliceState.PARTIAL):
         return []
     return [

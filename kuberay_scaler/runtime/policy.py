@@ -22,4 +22,5 @@ def policy_from_settings(settings: Settings) -> Policy:
         unavailable_max_backoff_s=settings.unavailable_max_backoff_s,
         disruption_budget=parse_budget(settings.disruption_budget),
         scale_down_delay_after_add_s=settings.scale_down_delay_after_add_s,
+        reservation_grace_s=settings.reservation_grace_s,
     )

@@ -355,6 +355,15 @@ class Settings(BaseSettings):
         "The longest an unavailable group waits before its next probe (it wins over a larger"
         " KUBERAY_SCALER_UNAVAILABLE_BACKOFF_S).",
     )
+    # --- slice reservations (ray.util.tpu) ---
+    reservation_grace_s: float = seconds(
+        D.RESERVATION_GRACE_S,
+        "reservation_grace_s",
+        "Unneeded slices of a group that served slice reservations (ray.util.tpu) are kept this"
+        " long after the last one was pending, so the next attempt finds them (Ray gives each"
+        " reservation 100 s, a slice takes minutes). 0 turns it off.",
+        inclusive=True,
+    )
     # --- the loop: health by progress, giving up on a target not served, overrides ---
     unhealthy_after_failures: int = count(
         D.UNHEALTHY_AFTER_FAILURES,

@@ -295,11 +295,19 @@ def a_pod(draw: st.DrawFn, name: str, group: str, replica: str, host: int) -> di
         status["conditions"] = [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
         ]
-    return {
-        "metadata": meta,
-        "spec": {"nodeName": "n1", "containers": [{"name": "ray-worker"}]},
-        "status": status,
-    }
+    spec: dict[str, Any] = {"nodeName": "n1", "containers": [{"name": "ray-worker"}]}
+    if draw(st.integers(0, 6)) == 0:  # held by a scheduling gate, as Kueue holds pods (issue 32)
+        spec["schedulingGates"] = draw(
+            st.sampled_from(
+                [
+                    [{"name": "kueue.x-k8s.io/elastic-job"}],
+                    [{"name": "kueue.x-k8s.io/admission"}, {"name": "example.com/gate"}],
+                    [{"name": ""}, "junk", {"nom": 1}],
+                    "not a list",
+                ]
+            )
+        )
+    return {"metadata": meta, "spec": spec, "status": status}
 
 
 # --- the GCS reply -----------------------------------------------------------------------------

@@ -14,7 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kuberay_scaler.core import slicemap
-from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan, ReplaceBackoff
+from kuberay_scaler.core.model.plan import (
+    DeleteKind,
+    Memory,
+    Plan,
+    ReplaceBackoff,
+    ReservationMark,
+)
 from kuberay_scaler.core.model.ray import (
     Bundle,
     GangDemand,
@@ -31,6 +37,7 @@ from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, pl
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.pool import Pool
 from tests.factories import (
+    KUEUE_ELASTIC_GATE,
     NOW,
     bundle,
     cluster,
@@ -50,7 +57,16 @@ from tests.factories import (
 from tests.unit.test_patch_ops import planned_spec
 
 TOPOLOGY = {1: "2x2", 2: "2x4", 4: "4x4"}  # v6e: 4 chips per host
-SLICE_STATES = ("idle", "busy", "one_busy", "pending", "partial", "failed", "terminating")
+SLICE_STATES = (
+    "idle",
+    "busy",
+    "one_busy",
+    "pending",
+    "partial",
+    "failed",
+    "terminating",
+    "queued",  # held by Kueue's scheduling gate (issue 32)
+)
 # Hypothesis favours small draws; a middle value keeps rare branches rare (about one in six).
 _rarely = st.integers(0, 5).map(lambda v: v == 3)
 PROPERTY_SETTINGS = settings(
@@ -72,6 +88,7 @@ class Scenario:
     policy: Policy = field(default_factory=Policy)
     slice_names: list[str] = field(default_factory=list)
     pod_types: list[str] = field(default_factory=list)
+    queued: list[str] = field(default_factory=list)  # keys of queued slices
 
     def plan(self, shuffle: random.Random | None = None) -> Plan:
         pods, nodes = list(self.pods), list(self.nodes)
@@ -90,7 +107,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     sc.tasks = draw(st.lists(_task(sc), min_size=draw(st.sampled_from([1, 0])), max_size=4))
     sc.gangs = draw(st.lists(_gang(sc), max_size=3))
     sc.constraint = draw(st.lists(_task(sc, pinned=False), max_size=2))
-    sc.memory = _draw_memory(draw, [r["groupName"] for r in raws])
+    sc.memory = _draw_memory(draw, [r["groupName"] for r in raws], sc.queued)
     override = draw(st.sampled_from([None, None, 1.0, 300.0]))
     sc.policy = Policy(idle_timeout_override_s=override)
     return sc
@@ -136,6 +153,11 @@ def _draw_slice(
     kind = draw(st.sampled_from(SLICE_STATES))
     idle = draw(st.sampled_from([0.0, 30.0, 120.0, 900.0]))
     age = 3600 + index
+    if kind == "queued":
+        age_s = draw(st.sampled_from([30, 5000]))
+        sc.pods += slice_pods(name, key, hosts, age_s=age_s, gates=(KUEUE_ELASTIC_GATE,))
+        sc.queued.append(key if hosts > 1 else f"{key}-0")  # a single host's slice: its pod
+        return key
     if kind == "pending":
         sc.pods += slice_pods(
             name, key, hosts, phase="Pending", age_s=draw(st.sampled_from([30, 5000]))
@@ -177,7 +199,7 @@ def _draw_options(draw: st.DrawFn) -> dict[str, Any]:
     return options
 
 
-def _draw_memory(draw: st.DrawFn, names: list[str]) -> Memory:
+def _draw_memory(draw: st.DrawFn, names: list[str], queued: list[str]) -> Memory:
     awaiting = {n: "write in flight" for n in names if draw(_rarely)}
     backoff = {
         n: ReplaceBackoff(NOW + timedelta(seconds=draw(st.sampled_from([-60, 60]))), 1, 1)
@@ -186,7 +208,22 @@ def _draw_memory(draw: st.DrawFn, names: list[str]) -> Memory:
     }
     # issue 33: groups that added a slice lately (the scale-down delay runs) or long ago.
     added = {n: NOW.timestamp() - draw(st.sampled_from([10, 1000])) for n in names if draw(_rarely)}
-    return Memory(backoff=backoff, awaiting_write=awaiting, scaled_up_at=added)
+    # Queued slices unneeded long ago (their cancel is due if no demand uses them) or just now;
+    # some groups served slice reservations lately (issue 32).
+    now_s = NOW.timestamp()
+    unneeded = {k: now_s - draw(st.sampled_from([0.0, 3600.0])) for k in queued}
+    marks = {
+        n: ReservationMark(now_s - draw(st.sampled_from([10.0, 3600.0])), draw(st.integers(1, 3)))
+        for n in names
+        if draw(_rarely)
+    }
+    return Memory(
+        backoff=backoff,
+        awaiting_write=awaiting,
+        scaled_up_at=added,
+        queued_unneeded_since=unneeded,
+        reservations=marks,
+    )
 
 
 SHAPES = [{"TPU": 4}, {"CPU": 1}, {"CPU": 4}, {"CPU": 8}, {"TPU": 4, "CPU": 1}, {"GPU": 1}]
@@ -293,6 +330,26 @@ def test_disruption_rules_hold(sc: Scenario) -> None:
             if sl.state is SliceState.TERMINATING:
                 continue
             assert key in handled or key in result.memory.preempting, (key, d)
+
+
+@given(scenarios())
+@PROPERTY_SETTINGS
+def test_a_queued_slice_is_only_ever_cancelled_undrained_never_replaced(sc: Scenario) -> None:
+    """Queued slices (Kueue-gated, issue 32) are never replaced nor drained; a cancel names a
+    queued slice's every pod and no Ray node; above maxReplicas one may go as a surplus with no
+    work (undrained)."""
+    result = sc.plan()
+    slices = _slices(result)
+    for d in result.groups:
+        for deletion in d.deletions:
+            sl = slices[(d.group, deletion.slice_key)]
+            if deletion.kind is DeleteKind.CANCEL:  # queued, or never ran in an unavailable group
+                assert sl.state not in (SliceState.COMPLETE, SliceState.OUTDATED), deletion
+                assert deletion.node_ids == ()
+                assert set(deletion.pods) == set(sl.pod_names)
+            elif sl.state is SliceState.QUEUED:  # only above maxReplicas, as a surplus
+                assert deletion.kind is DeleteKind.SURPLUS and deletion.node_ids == (), deletion
+        assert all(x.slice_key not in sc.queued for x in d.preempt)
 
 
 def _more_of_the_same(sc: Scenario, data: st.DataObject) -> Scenario:

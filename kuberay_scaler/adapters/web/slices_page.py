@@ -25,6 +25,7 @@ th { background: #f3f3f3; }
 .terminating { background: #e0e0e0; }
 .avail-available { background: #d9f2d9; } .avail-suspect { background: #fff3cc; }
 .avail-unavailable { background: #f8c9c9; }
+.queued { background: #dde8ff; }
 .held { color: #a15c00; } .muted { color: #666; }
 ul { margin: .2em 0 .6em 1.2em; padding: 0; }
 """

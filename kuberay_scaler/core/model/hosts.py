@@ -42,6 +42,9 @@ class Host:
     do_not_disrupt: str | None = None
     # The reason of the pod's DisruptionTarget=True condition (the pod is going), if any.
     disruption_target: str | None = None
+    # spec.schedulingGates names: the scheduler leaves the pod alone until each is removed
+    # (Kueue's `kueue.x-k8s.io/elastic-job`, `kueue.x-k8s.io/admission`, ...): queued, not slow.
+    gates: tuple[str, ...] = ()
 
     @property
     def is_capacity(self) -> bool:

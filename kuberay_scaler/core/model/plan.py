@@ -62,8 +62,9 @@ class DeleteKind(StrEnum):
     # Above maxReplicas with no work: hosts that joined Ray are idle and drained first (none for
     # a slice still coming up or one already drained for preemption).
     SURPLUS = "surplus"
-    # A pending slice of an unavailable group whose pods never ran: named whole, no drain (the
-    # gate's (c)), and the target lowered by it: it is not replaced (issue 29).
+    # A slice whose pods never ran: a pending one of an unavailable group, or a queued one
+    # (Kueue) no demand wants. Named whole, no drain (the gate's (c)), and the target lowered by
+    # it: it is not replaced.
     CANCEL = "cancel"
 
 
@@ -183,6 +184,14 @@ class ReplaceBackoff:
 
 
 @dataclass(frozen=True)
+class ReservationMark:
+    """Slice reservations (ray.util.tpu's head placement groups) a group served lately."""
+
+    seen_s: float  # when one was last pending (the planner's monotonic reading, mono_s)
+    slices: int  # slices they held or waited for then (placed heads + pending reservations)
+
+
+@dataclass(frozen=True)
 class RefusedDrain:
     """A slice whose drain every host refused (or failed): retried only once its Ray idle state
     changes (a host's idle-since moved later: it was busy and is idle again; or its nodes
@@ -232,6 +241,14 @@ class Memory:
     disrupted: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Each group's availability (core/planner/availability.py): kept every frame, written or not.
     availability: Mapping[str, GroupAvailability] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    # Queued slices (issue 32) no demand uses: slice key → since when (mono_s); cancelled once
+    # that lasts the idle timeout. Kept every frame, written or not.
+    queued_unneeded_since: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Groups whose slice reservations were seen lately (issue 32): their unneeded slices are kept
+    # for the reservation grace. Kept every frame, written or not.
+    reservations: Mapping[str, ReservationMark] = field(
         default_factory=lambda: MappingProxyType({})
     )
 
@@ -284,6 +301,8 @@ class Plan:
     fallbacks: tuple[Fallback, ...] = ()
     # Seconds from this plan until each unavailable group's next probe (monotonic, from mono_s).
     next_probe_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Seconds until a queued slice's cancel or a reservation grace falls due (issue 32).
+    queue_wake_s: float | None = None
 
     @property
     def changes(self) -> bool:
@@ -314,6 +333,8 @@ class Plan:
         if self.settle_s is not None:  # the demand it held may need a slice then
             waits.append(self.settle_s)
         waits.extend(self.next_probe_s.values())  # an unavailable group's probe is due then
+        if self.queue_wake_s is not None:  # a queued slice's cancel, a reservation grace's end
+            waits.append(self.queue_wake_s)
         return max(0.0, min(waits)) if waits else None
 
     @property
@@ -423,6 +444,8 @@ def slice_doc(sl: Slice, now_ms: int) -> dict[str, Any]:
         "idle_s": None if idle_ms is None else round(idle_ms / 1000, 1),
         "do_not_disrupt": sl.do_not_disrupt,  # the pod annotation that protects it, if any
         "going": sl.going,  # "<pod>: <DisruptionTarget reason>", if a host is going
+        "queued_s": None if sl.queued_s is None else round(sl.queued_s, 1),
+        "gates": list(sl.gates),
         "hosts": [
             {
                 "pod": h.pod_name,

@@ -192,6 +192,9 @@ class ScaleDownKind(StrEnum):
     # A host of the slice has the pod condition DisruptionTarget (eviction, preemption, taint
     # manager): the slice is going, its live hosts are drained for preemption now.
     DISRUPTION_TARGET = "disruption_target"
+    # A queued slice (held by a scheduling gate: Kueue) no demand has used for the idle timeout:
+    # cancelled whole, undrained (its pods never ran), before it is ever admitted (issue 32).
+    CANCEL_QUEUED = "cancel_queued"
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,11 @@ class ScaleDown:
         if self.kind is ScaleDownKind.CANCEL_UNAVAILABLE:
             what = f"slice {self.slice}" if self.slice else f"{self.hosts} replica(s) without pods"
             return f"cancel pending {what} (its pods never ran): {self.detail}"
+        if self.kind is ScaleDownKind.CANCEL_QUEUED:
+            return (
+                f"cancel queued slice {self.slice}: no demand for it for {self.idle_s:.0f} s"
+                f" ≥ {self.timeout_s:.0f} s (its pods never ran)"
+            )
         if self.kind is ScaleDownKind.RECORDED_DRAIN:
             return f"remove slice {self.slice}: finishing a drain recorded before a restart"
         above = f"{self.running} slices running, above maxReplicas {self.limit}"
@@ -286,6 +294,9 @@ class KeepKind(StrEnum):
     OUTDATED = "outdated"
     # The deletion gate (core/planner/gate.py) dropped a deletion a planner path made: a pod whose
     # Ray node is neither drained now, nor DEAD, nor long gone. Non-zero means a planner bug.
+    # Unneeded, but launched for a slice reservation (ray.util.tpu) seen within the grace
+    # (KUBERAY_SCALER_RESERVATION_GRACE_S): kept so the next reservation finds it (issue 32).
+    RESERVATION_GRACE = "reservation_grace"
     GATE_NOT_DRAINED = "gate_not_drained"  # a live Ray node of the pod was not drained now
     GATE_ABSENT = "gate_absent"  # no Ray node, but not absent for the whole grace yet
     GATE_RAY_UNKNOWN = "gate_ray_unknown"  # Ray's view unknown: no running pod may go
@@ -319,6 +330,7 @@ class Keep:
 
 _KEEP_SLICE_TEXT = {
     KeepKind.ABSENT_FROM_RAY: "Ray node absent, not yet for the whole grace",
+    KeepKind.RESERVATION_GRACE: "slice reservations of its group seen within the grace",
     KeepKind.NO_LONGER_IDLE: "no longer idle in a fresh GCS read",
     KeepKind.DRAIN_NOT_SENT: "no fresh GCS read before draining or deleting",
     KeepKind.RAY_NODE_BACK: "its Ray node is back in a fresh GCS read",
@@ -394,6 +406,7 @@ class UnchangedKind(StrEnum):
     NEEDED = "needed"  # idle, but pending demand or request_resources was placed on it
     KEPT = "kept"  # idle past the timeout but kept: minReplicas (see the Keep reason)
     PENDING = "pending"  # coming up
+    QUEUED = "queued"  # held by a scheduling gate (Kueue): waiting for admission
     PARTIAL = "partial"  # fewer pods than numOfHosts (or unlabelled pods)
     BROKEN = "broken"  # broken, not replaced in this plan (see the Keep reason)
     TERMINATING = "terminating"  # being deleted already

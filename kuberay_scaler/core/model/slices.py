@@ -17,6 +17,9 @@ from kuberay_scaler.core.model.reasons import SliceFault
 class SliceState(StrEnum):
     COMPLETE = "complete"  # every host Running and joined to Ray
     PENDING = "pending"  # coming up: pods not all Running or not all in Ray yet
+    # Held by a scheduling gate (Kueue has not admitted it yet): coming capacity, never broken,
+    # never replaced for being slow, cancelled (undrained: it never ran) when demand goes.
+    QUEUED = "queued"
     PARTIAL = "partial"  # fewer pods than numOfHosts exist (being created or half deleted)
     BROKEN = "broken"  # will not become useful on its own: replace it
     # Built to an older spec (more hosts than numOfHosts now, each in its place): it keeps
@@ -44,6 +47,9 @@ class Slice:
     fault: SliceFault | None  # why it is broken (BROKEN only)
     created_at: datetime | None
     marked_for_deletion: bool
+    # QUEUED: how long its oldest pod has existed (seconds, the daemon's clock), and the gates.
+    queued_s: float | None = None
+    gates: tuple[str, ...] = ()
 
     @cached_property
     def pod_names(self) -> tuple[str, ...]:
@@ -101,12 +107,18 @@ class Slice:
 
     @property
     def counts_as_capacity(self) -> bool:
-        """Complete and pending slices will serve work; the others never count."""
-        return self.state in (SliceState.COMPLETE, SliceState.PENDING, SliceState.OUTDATED)
+        """Complete, outdated, pending and queued slices will serve work; the others never count."""
+        return self.state in (
+            SliceState.COMPLETE,
+            SliceState.PENDING,
+            SliceState.OUTDATED,
+            SliceState.QUEUED,
+        )
 
 
 _SERVING = (SliceState.COMPLETE, SliceState.OUTDATED)  # every host up and in Ray
 _COMING = (SliceState.PENDING, SliceState.PARTIAL)
+_ARRIVING = (*_COMING, SliceState.QUEUED)
 
 
 @dataclass(frozen=True)
@@ -130,8 +142,14 @@ class GroupSlices:
 
     @cached_property
     def coming_up(self) -> tuple[Slice, ...]:
-        """Pending and partial slices, in order: the ones with hosts still to join."""
+        """Pending and partial slices, in order: the ones with hosts still to join (queued ones
+        are not among them: they wait for a queue, not for provisioning)."""
         return tuple(s for s in self.slices if s.state in _COMING)
+
+    @cached_property
+    def arriving(self) -> tuple[Slice, ...]:
+        """Slices coming up and queued ones, in order: every host asked for not yet in Ray."""
+        return tuple(s for s in self.slices if s.state in _ARRIVING)
 
     @cached_property
     def owner_of_pod(self) -> Mapping[str, tuple[str, str, SliceState]]:

@@ -87,6 +87,16 @@ def parse_pod(pod: object, spec: ClusterSpec) -> Host | Problem:
         uid=str(meta.get("uid") or ""),
         do_not_disrupt=_do_not_disrupt(_map(meta.get("annotations"))),
         disruption_target=_disruption_target(_map(pod.get("status"))),
+        gates=_gates(_map(pod.get("spec"))) if phase is HostPhase.PENDING else (),
+    )
+
+
+def _gates(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of the pod's scheduling gates (`spec.schedulingGates: [{name: ...}]`)."""
+    return tuple(
+        sys.intern(g["name"])
+        for g in _list(spec.get("schedulingGates"))
+        if isinstance(g, Mapping) and isinstance(g.get("name"), str) and g["name"]
     )
 
 
@@ -272,7 +282,7 @@ def _shared_strings(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
 
 
 def _slim_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    slim = {k: spec[k] for k in ("nodeName", "restartPolicy") if k in spec}
+    slim = {k: spec[k] for k in ("nodeName", "restartPolicy", "schedulingGates") if k in spec}
     containers = spec.get("containers")
     if "containers" in spec:
         slim["containers"] = (

@@ -19,7 +19,11 @@ COUNTED = (
     SliceState.PARTIAL,
     SliceState.BROKEN,
     SliceState.OUTDATED,  # a replica with its pods (of an older spec): not one launching
+    SliceState.QUEUED,
 )
+# Slices still coming up, counted at full size: a queued one (Kueue) is capacity on its way
+# too, so demand it will serve is not provisioned twice (issue 32).
+_COMING_UP = (SliceState.PENDING, SliceState.QUEUED)
 
 
 @dataclass
@@ -74,13 +78,13 @@ def build_capacity(
         if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
             continue
         group, key, state = owner.get(node.instance_id, (None, None, None))
-        usable = state in (None, SliceState.COMPLETE, SliceState.PENDING, SliceState.OUTDATED)
+        usable = state in (None, SliceState.COMPLETE, SliceState.OUTDATED) or state in _COMING_UP
         if state is SliceState.PENDING and group in unavailable:
             continue  # a stuck slice of a group that cannot get capacity: not coming
         if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
         accelerators = accelerators_of(node.total)
-        if state is SliceState.PENDING:
+        if state in _COMING_UP:
             cap.available.append(_coming_bin(node, group, key, accelerators))
         else:
             live = _node_bin(node, group, key, node.available, accelerators)
@@ -108,14 +112,15 @@ def build_capacity(
                 # No replica label: siblings unknown. Count only what each pod really is (its
                 # Ray node, or one launching host), never a whole fresh slice per pod.
                 _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
-            elif sl.state is SliceState.PENDING:
+            elif sl.state in _COMING_UP and len(sl.hosts) >= sl.expected_hosts:
                 _launching_hosts(cap, sl.key, name, shape, sl.nodes, list(sl.hosts))
-            elif sl.state is SliceState.PARTIAL or (
+            elif sl.state in (SliceState.PARTIAL, SliceState.QUEUED) or (
                 sl.state is SliceState.BROKEN and name in replacing and not sl.working_hosts
             ):
                 # (A broken slice with busy hosts is kept, not replaced: see planner/replace.py.)
-                # KubeRay deletes a replica missing pods and recreates it whole; a replaced
-                # one is recreated too. Either way a complete fresh slice is on its way.
+                # KubeRay deletes a replica missing pods and recreates it whole (a queued one
+                # short of hosts too); a replaced one is recreated too. Either way a complete
+                # fresh slice is on its way.
                 _add_fresh_slice(cap, name, sl.key, shape)
         virtual = cap.virtual[name] = _virtual(gs, unidentified)
         for i in range(virtual):

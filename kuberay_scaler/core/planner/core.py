@@ -17,6 +17,7 @@ from kuberay_scaler.core.defaults import (
     MAX_REPLACE_BACKOFF_S,
     PREEMPT_DEADLINE_S,
     REPLACE_BACKOFF_S,
+    RESERVATION_GRACE_S,
     SCALE_DOWN_DELAY_AFTER_ADD_S,
     UNAVAILABLE_BACKOFF_S,
     UNAVAILABLE_MAX_BACKOFF_S,
@@ -40,6 +41,7 @@ from kuberay_scaler.core.model.plan import (
     Memory,
     Plan,
     ReplaceBackoff,
+    ReservationMark,
     SliceDeletion,
     Snapshot,
     shown,
@@ -81,7 +83,9 @@ from kuberay_scaler.core.planner.disruption import (
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.pool import Pool
+from kuberay_scaler.core.planner.queued import QueuedCancels, queued_cancellations
 from kuberay_scaler.core.planner.replace import BrokenBusy, backing_off, live_backoff, replacements
+from kuberay_scaler.core.planner.reservations import GraceKept, grace_kept, reservation_marks
 from kuberay_scaler.core.planner.scale_down import (
     Surplus,
     finish_recorded_drains,
@@ -92,6 +96,7 @@ from kuberay_scaler.core.planner.scale_down import (
 )
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 from kuberay_scaler.core.planner.shapes import ShapeError, SliceShape, slice_shape
+from kuberay_scaler.core.planner.stuck_gangs import gang_stuck_slices
 from kuberay_scaler.core.slicemap import FRAME_MEMO, SliceTimeouts, build_slice_map
 
 
@@ -139,6 +144,10 @@ class Policy:
             budget_from_group=group.disruption_budget is not None,
             delay_from_group=delay is not None,
         )
+
+    # Unneeded slices of a group that served slice reservations are kept this long after the
+    # last one was pending (KUBERAY_SCALER_RESERVATION_GRACE_S, planner/reservations.py).
+    reservation_grace_s: float = RESERVATION_GRACE_S
 
 
 _NONE = Cancelled()
@@ -346,9 +355,13 @@ def _plan(
         deadline_s=policy.preempt_deadline_s,
         since=memory.broken_busy_since,
         preempting=memory.preempting,
+        stuck=gang_stuck_slices(slice_map, ray),
     )
     for change in judged.changes:
         groups[change.group].reasons.append(change)
+    queues = _queues(
+        slice_map, groups, rooms, needed, spec, policy, memory, ray, ev, now, news.mono_s
+    )
     decisions = [
         _decide(
             g,
@@ -361,6 +374,7 @@ def _plan(
             at,
             (memory.preempting, preempting),
             _Judged(ev, busy, memory),
+            queues.groups.get(n),
         )
         for n, g in groups.items()
     ]
@@ -414,6 +428,8 @@ def _plan(
             scaled_up_at=MappingProxyType(
                 {x.decision.group: x.scaled_up_at for x in disrupted if x.scaled_up_at is not None}
             ),
+            queued_unneeded_since=queues.unneeded_since,
+            reservations=queues.marks,
             replaced_ahead=MappingProxyType(
                 {key: x.decision.group for x in disrupted for key in x.replaced_ahead}
             ),
@@ -425,6 +441,7 @@ def _plan(
         availability_changes=judged.changes,
         fallbacks=_fallbacks(rooms),
         next_probe_s=MappingProxyType(_next_probes(judged.groups, news.mono_s)),
+        queue_wake_s=queues.wake_s,
     )
     result = replace(result, deadline_s=next_deadline_s(result.memory, policy, tick))
     return finish_recorded_drains(result, memory.draining, ev, tick, wall_shift=now - tick)
@@ -686,7 +703,7 @@ def _conservative_limit(g: _Group, cap: Capacity, ray: RayState) -> int:
     """Launching hosts stay within the size of the Ray cluster, but one slice may always start."""
     hosts = g.slices.group.num_of_hosts
     alive = len(ray.alive_nodes())
-    launching = cap.virtual.get(g.slices.group.name, 0) + len(g.slices.coming_up)
+    launching = cap.virtual.get(g.slices.group.name, 0) + len(g.slices.arriving)
     return max(1, math.ceil(alive / hosts)) - launching
 
 
@@ -724,6 +741,7 @@ def _decide(
     at: _At,
     preempting: tuple[Mapping[str, datetime], dict[str, datetime]] = ({}, {}),
     judged: _Judged | None = None,
+    queue: _GroupQueue | None = None,
 ) -> GroupDecision:
     tick, shift = at.tick, at.now - at.tick
     group = g.slices.group
@@ -742,6 +760,7 @@ def _decide(
     reasons += [Waiting(demand, n, hold) for (demand, hold), n in room.waiting.items()]
     deletions: list[SliceDeletion] = []
     cancelled = Cancelled()
+    queued_gone = 0  # queued slices cancelled (the target drops by them)
     if g.hold_down:
         reasons.append(g.hold_down)
     elif (surplus := _above_max(g, preempting, policy, at, reasons, judged)) is not None:
@@ -781,11 +800,22 @@ def _decide(
         timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
         keep = group.effective_replicas + room.added - group.min_replicas - cancelled.replicas
         refused = judged.memory.refused if judged else None
+        # Queued slices no demand wants are cancelled first (they never ran); slices the
+        # reservation grace keeps count as needed (issue 32).
+        queue = queue or _GroupQueue()
+        deletions += queue.cancels.deletions
+        reasons += queue.cancels.reasons
+        keep -= len(queue.cancels.deletions)
+        queued_gone = len(queue.cancels.deletions)
+        shielded = needed | queue.grace.refs if queue.grace.refs else needed
         deletions += idle_deletions(
-            g.slices, keep, needed, timeout_s, reasons, refused, tick, wall_shift=shift
+            g.slices, keep, shielded, timeout_s, reasons, refused, tick, wall_shift=shift
         )
+        reasons += queue.grace.reasons
     reasons += outdated_kept(g.slices, deletions)
-    idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
+    # The target drops by the idle slices and the cancelled queued ones (an unavailable group's
+    # cancels are counted apart: `cancelled.replicas`).
+    idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE) + queued_gone
     below_min = not (group.suspend or g.hold_down) and group.replicas < group.min_replicas
     if below_min:
         # KubeRay runs minReplicas when replicas is lower: plan (and write) what runs.
@@ -819,6 +849,72 @@ def _decide(
     return replace(decision, reasons=(*decision.reasons, *steady))
 
 
+_TARGET_LOWERED = (DeleteKind.IDLE, DeleteKind.CANCEL)
+
+
+@dataclass(frozen=True)
+class _GroupQueue:
+    """One group's issue-32 stages: its queued slices to cancel, the reservation grace."""
+
+    cancels: QueuedCancels = field(default_factory=QueuedCancels)
+    grace: GraceKept = field(default_factory=GraceKept)
+
+
+@dataclass(frozen=True)
+class _Queues:
+    groups: Mapping[str, _GroupQueue]
+    unneeded_since: Mapping[str, float]  # Memory.queued_unneeded_since
+    marks: Mapping[str, ReservationMark]  # Memory.reservations
+    wake_s: float | None  # the first cancel or grace end due
+
+
+def _queues(
+    slice_map: SliceMap,
+    groups: Mapping[str, _Group],
+    rooms: Mapping[str, GroupRoom],
+    needed: set[tuple[str | None, str | None]],
+    spec: ClusterSpec,
+    policy: Policy,
+    memory: Memory,
+    ray: RayState,
+    ev: Evidence,
+    now: datetime,
+    mono_s: float,
+) -> _Queues:
+    """The reservation marks after this reply, and per group what the grace keeps and which
+    queued slices no demand wants (pure; folded into each group's decision by `_decide`)."""
+    grace_s = policy.reservation_grace_s
+    shapes = {n: g.shape for n, g in groups.items() if g.shape}
+    marks = reservation_marks(slice_map, ray, shapes, memory.reservations, mono_s, grace_s)
+    now_ms = epoch_ms(now)
+    out: dict[str, _GroupQueue] = {}
+    since: dict[str, float] = {}
+    waits: list[float] = []
+    for name, g in groups.items():
+        group = g.slices.group
+        timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
+        grace = grace_kept(g.slices, marks.get(name), needed, mono_s, grace_s, now_ms, timeout_s)
+        keep = group.effective_replicas + rooms[name].added - group.min_replicas
+        cancels = queued_cancellations(
+            g.slices,
+            needed | grace.refs,
+            keep,
+            timeout_s,
+            memory.queued_unneeded_since,
+            mono_s,
+            ev,
+        )
+        out[name] = _GroupQueue(cancels, grace)
+        since.update(cancels.unneeded_since)
+        waits += [w for w in (cancels.wake_s, grace.wake_s) if w is not None]
+    return _Queues(
+        MappingProxyType(out),
+        MappingProxyType(since),
+        marks,
+        min(waits) if waits else None,
+    )
+
+
 def _keys(g: _Group) -> set[str]:
     return {s.key for s in g.slices.slices}
 
@@ -849,7 +945,7 @@ def _launching_hosts(g: _Group, launching_slices: int, cancelled: Cancelled = _N
     gone = cancelled.keys
     pending = [
         h
-        for s in g.slices.coming_up
+        for s in g.slices.arriving  # coming up or queued
         if s.key not in gone
         for h in s.hosts
         if h.pod_name not in s.nodes

@@ -11,6 +11,7 @@ SliceRef = tuple[str | None, str | None]
 
 _STATE_KINDS = {
     SliceState.PENDING: UnchangedKind.PENDING,
+    SliceState.QUEUED: UnchangedKind.QUEUED,
     SliceState.PARTIAL: UnchangedKind.PARTIAL,
     SliceState.BROKEN: UnchangedKind.BROKEN,
     SliceState.TERMINATING: UnchangedKind.TERMINATING,

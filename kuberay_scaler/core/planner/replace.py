@@ -37,6 +37,8 @@ class BrokenBusy:
     since_out: dict[str, datetime] = field(default_factory=dict)
     preempting_out: dict[str, datetime] = field(default_factory=dict)
     preempt: list[SliceDeletion] = field(default_factory=list)  # drain now, replace later
+    # Broken slices a gang waits on (planner/stuck_gangs.py): slice key → why; not kept busy.
+    stuck: Mapping[str, str] = field(default_factory=dict)
 
 
 def replacements(
@@ -118,16 +120,19 @@ def _kept_busy(
         return True
     since = busy.since.get(sl.key, now)
     held_s = (now - since).total_seconds()
-    if held_s < busy.max_s:
+    stuck = busy.stuck.get(sl.key)
+    if held_s < busy.max_s and stuck is None:
         busy.since_out[sl.key] = since
         detail = f"{share}; kept {held_s:.0f} s of at most {busy.max_s:.0f} s"
         reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail))
         return True
     deadline = now + timedelta(seconds=busy.deadline_s)
     busy.preempting_out[sl.key] = deadline
+    kept_why = (
+        stuck or f"busy for {held_s:.0f} s, the most a broken slice is kept ({busy.max_s:.0f} s)"
+    )
     cause = (
-        f"{sl.reason}; busy for {held_s:.0f} s, the most a broken slice is kept"
-        f" ({busy.max_s:.0f} s): live hosts drained for preemption until"
+        f"{sl.reason}; {kept_why}: live hosts drained for preemption until"
         f" {(deadline + wall_shift).isoformat()}, then replaced whole"
     )
     busy.preempt.append(deletion(sl, DeleteKind.PREEMPT, Replace(sl.key, sl.fault, cause)))
