@@ -127,6 +127,8 @@ class World:
             "KUBERAY_SCALER_GCS_ADDRESS": self.head.gcs_address,
             "KUBERAY_SCALER_HTTP_ADDRESS": http,
             "KUBERAY_SCALER_LOG_FORMAT": "json",
+            # Ray's autoscalers have no scale-down delay after a scale-up: none here either.
+            "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
             **extra,
         }
         return [sys.executable, "-m", "kuberay_scaler", "run"], env, http

@@ -316,6 +316,9 @@ class LocalCluster:
             "KUBERAY_SCALER_LOG_FORMAT": "json",
             "KUBERAY_SCALER_GCS_POLL_INTERVAL_S": "0.5",
             "KUBERAY_SCALER_RESYNC_INTERVAL_S": "5",
+            # The stand-in world shows a slice scaled up, then idle and scaled down within a
+            # minute or two: no scale-down delay after a scale-up (its own tests hold it).
+            "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
         }
         if self.head.auth_token:
             env["RAY_AUTH_TOKEN"] = self.head.auth_token
