@@ -18,6 +18,9 @@ message forms) posts on each stuck pod `TriggeredScaleUp`, 1.5 s later GKE's `Fa
 - `ray-v2`: Ray's own autoscaler v2, unmodified, on the same world: when (if) it raises v5e.
   Its pending-pod timeout (`allocate_status_timeout_s`) is 3,600 s, so within a bench window the
   honest answer is "no fallback within N s".
+- `ray-v2-timeout`: the same, with that timeout set to the deadline
+  (`RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S`): Ray's own deadline path, the anchor
+  for ours-deadline.
 
     .venv/bin/python bench/bench_fallback.py [--trials 3] [--window 40] [--out FILE]
 """
@@ -46,7 +49,9 @@ from kuberay_standins._k8s_store import StoredEvent
 from kuberay_standins.ca_standin import ACCELERATOR, ClusterAutoscalerStandIn, accelerator_of
 from kuberay_standins.operator import OperatorStandIn
 
-KINDS = ("ours-events", "ours-deadline", "ray-v2")
+KINDS = ("ours-events", "ours-deadline", "ray-v2", "ray-v2-timeout")
+OURS = KINDS[:2]
+DEADLINE_KINDS = ("ours-deadline", "ray-v2-timeout")  # the stuck group's deadline is DEADLINE_S
 STUCK, FALLBACK = "v6e-16", "v5e-16"
 STUCK_TPU, FALLBACK_TPU = "tpu-v6e-slice", "tpu-v5-lite-podslice"
 TOPOLOGY = "cloud.google.com/gke-tpu-topology"
@@ -186,7 +191,7 @@ def measure(kind: str, seen: Stamps, end: float, deadline_s: float) -> dict[str,
     """One cluster's row of a trial: the interval its goal is about, or why there is none.
 
     `fallback_s`: first FailedScaleUp (ours-events) or first Unschedulable (the others) → the
-    PATCH raising the fallback group; `over_deadline_s` for ours-deadline; `opened_stuck_s`:
+    PATCH raising the fallback group; `over_deadline_s` for the deadline paths; `opened_stuck`:
     first Unschedulable after the PATCH that opened the stuck group; `window_s`: how long the
     stuck pods had been Unschedulable when the trial ended, for a cluster that never fell back."""
     start = seen.failed_event if kind == "ours-events" else seen.unschedulable
@@ -200,7 +205,7 @@ def measure(kind: str, seen: Stamps, end: float, deadline_s: float) -> dict[str,
     }
     if start is not None and fell_back is not None:
         row["fallback_s"] = round(fell_back - start, 3)
-        if kind == "ours-deadline":
+        if kind in DEADLINE_KINDS:
             row["over_deadline_s"] = round(fell_back - start - deadline_s, 3)
     return row
 
@@ -234,12 +239,11 @@ def summary(rows: list[dict[str, Any]], deadline_s: float) -> dict[str, Any]:
             "opened_stuck": sum(1 for r in rows if r[kind]["opened_stuck"]),
             "min_window_s": min(windows) if windows else None,
         }
-    over = sorted(
-        r["ours-deadline"]["over_deadline_s"]
-        for r in rows
-        if r["ours-deadline"].get("over_deadline_s") is not None
-    )
-    out["ours-deadline"] |= {f"over_p{q}": _quantile(over, q / 100) for q in (50, 99)}
+    for kind in DEADLINE_KINDS:
+        over = sorted(
+            r[kind]["over_deadline_s"] for r in rows if r[kind].get("over_deadline_s") is not None
+        )
+        out[kind] |= {f"over_p{q}": _quantile(over, q / 100) for q in (50, 99)}
     return out
 
 
@@ -254,6 +258,7 @@ def markdown(result: dict[str, Any]) -> str:
         "ours-events": "first FailedScaleUp Event",
         "ours-deadline": f"first Unschedulable (deadline {s['deadline_s']:.0f} s)",
         "ray-v2": "first Unschedulable",
+        "ray-v2-timeout": f"first Unschedulable (allocate timeout {s['deadline_s']:.0f} s)",
     }
     for kind in KINDS:
         k = s[kind]
@@ -261,8 +266,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {kind} | {starts[kind]} | {k['n']} | {k['missed']} | {k['p50']} | {k['p99']}"
             f" | {k['max']} |"
         )
-    d = s["ours-deadline"]
-    lines.append(f"\nours-deadline over its deadline: p50 {d['over_p50']} s, p99 {d['over_p99']} s")
+    lines.append("")
+    for kind in DEADLINE_KINDS:
+        d = s[kind]
+        lines.append(f"{kind} over the deadline: p50 {d['over_p50']} s, p99 {d['over_p99']} s")
     v2 = s["ray-v2"]
     if v2["n"] == 0:
         lines.append(
@@ -315,7 +322,7 @@ async def _trial(world: World, index: int, window_s: float, deadline_s: int) -> 
                 end = await _until_done(stamps, names, window_s, deadline_s)
             finally:
                 driver.stop()
-            said = {kind: unavailable_said(procs[kind].log_tail(1_000_000)) for kind in KINDS[:2]}
+            said = {kind: unavailable_said(procs[kind].log_tail(1_000_000)) for kind in OURS}
     finally:
         unsubscribe()
     row: dict[str, Any] = {"trial": index + 1, "load1": load}
@@ -327,17 +334,22 @@ async def _trial(world: World, index: int, window_s: float, deadline_s: int) -> 
 async def _until_done(
     stamps: Mapping[str, Stamps], names: Mapping[str, str], window_s: float, deadline_s: int
 ) -> float:
-    """Until both of ours fell back and Ray v2's pods have been Unschedulable for `window_s`, or
-    the deadline path's bound passed; returns the end time."""
+    """Until both of ours fell back and each Ray v2 fell back or had its pods Unschedulable for
+    long enough (`window_s`; with the timeout, the deadline + 20 s), or a bound passed; returns
+    the end time."""
     started = time.monotonic()
     bound = deadline_s + window_s + 30
 
     def done() -> bool:
-        ours = all(first_raise(stamps[names[k]].replicas, FALLBACK) for k in KINDS[:2])
-        ray = stamps[names["ray-v2"]]
-        ray_fell_back = first_raise(ray.replicas, FALLBACK) is not None
-        watched = ray.unschedulable is not None and time.monotonic() - ray.unschedulable > window_s
-        return ours and (ray_fell_back or watched)
+        ours = all(first_raise(stamps[names[k]].replicas, FALLBACK) for k in OURS)
+        return ours and settled("ray-v2", window_s) and settled("ray-v2-timeout", deadline_s + 20)
+
+    def settled(kind: str, watch_s: float) -> bool:
+        """Ray fell back, or its stuck pods have been watched for `watch_s`."""
+        seen = stamps[names[kind]]
+        if first_raise(seen.replicas, FALLBACK) is not None:
+            return True
+        return seen.unschedulable is not None and time.monotonic() - seen.unschedulable > watch_s
 
     while not done() and time.monotonic() - started < bound:  # noqa: ASYNC110 - three conditions
         await asyncio.sleep(0.1)
@@ -358,7 +370,7 @@ async def _clusters(
             ca = ClusterAutoscalerStandIn(StoreClient(world.api), name, {STUCK_TPU: "stockout"})
             tasks += [asyncio.create_task(operator.run()), asyncio.create_task(ca.run())]
         for kind, name in names.items():
-            procs[kind] = await _start(world, kind, name)
+            procs[kind] = await _start(world, kind, name, deadline_s)
         yield procs
     finally:
         for proc in procs.values():
@@ -378,9 +390,12 @@ def _add(api: BenchApiServer, name: str, deadline_s: int | None) -> None:
     api.create("pods", name, head)
 
 
-async def _start(world: World, kind: str, name: str) -> Proc:
+async def _start(world: World, kind: str, name: str, deadline_s: int) -> Proc:
     if kind == "ray-v2":
         return await world.start(kind, name)
+    if kind == "ray-v2-timeout":
+        timeout = {"RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S": str(deadline_s)}
+        return await world.start("ray-v2", name, **timeout)
     # The fallback group's pods run but never get a Ray node here: keep ours from calling them
     # broken within a trial.
     env = {"KUBERAY_SCALER_MISSING_NODE_GRACE_S": "36000"}

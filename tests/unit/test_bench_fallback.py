@@ -33,8 +33,6 @@ from bench_fallback import (  # noqa: E402
 )
 from common import BenchApiServer  # noqa: E402
 
-KINDS = ("ours-events", "ours-deadline", "ray-v2")
-
 
 def pod(name: str, tpu: str, ns: str = "c1", *, stuck: bool = False) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": "Pending"}
@@ -104,6 +102,9 @@ def _row(events: float | None, deadline: float | None, ray: float | None) -> dic
         "ours-events": cell(events),
         "ours-deadline": cell(deadline, None if deadline is None else deadline - 20),
         "ray-v2": cell(ray),
+        "ray-v2-timeout": cell(
+            None if deadline is None else deadline + 5, deadline and deadline - 15
+        ),
     }
 
 
@@ -123,8 +124,15 @@ def test_summary_and_the_goal_rows() -> None:
         ("FailedScaleUp Event → fallback PATCH p99", True),
         ("Unschedulable alone → fallback PATCH", False),  # deadline + ~10 s
         ("fallback, Ray v2 / ours (events path, p99)", None),
+        (
+            "fallback, Ray v2 with its allocate timeout = the deadline / ours (deadline path, p50)",
+            None,
+        ),
     ]
     assert goals[2][1].startswith("> ") and "no fallback within 40 s" in goals[2][1]
+    assert goals[3][0].startswith("fallback, Ray v2 with its allocate timeout")
+    assert goals[3][1] == "1.22× (Ray v2 deadline + 8.0 s)"  # 28 s / 23 s at p50
+    assert s["ray-v2-timeout"]["over_p50"] == 8.0
     text = "\n".join(report._fallback(data))
     assert "(3 trials, the three side by side)" in text
     assert "| Ray v2 | first Unschedulable | — | — | — | 3 |" in text
