@@ -203,6 +203,8 @@ def measure(kind: str, seen: Stamps, end: float, deadline_s: float) -> dict[str,
         "cancelled_stuck": any(g == STUCK and c == 0 for _, g, c in seen.replicas),
         "window_s": None if seen.unschedulable is None else round(end - seen.unschedulable, 2),
     }
+    if seen.unschedulable is not None and fell_back is not None:
+        row["from_unschedulable_s"] = round(fell_back - seen.unschedulable, 3)
     if start is not None and fell_back is not None:
         row["fallback_s"] = round(fell_back - start, 3)
         if kind in DEADLINE_KINDS:
@@ -238,6 +240,14 @@ def summary(rows: list[dict[str, Any]], deadline_s: float) -> dict[str, Any]:
             "max": values[-1] if values else None,
             "opened_stuck": sum(1 for r in rows if r[kind]["opened_stuck"]),
             "min_window_s": min(windows) if windows else None,
+            "from_unschedulable_p99": _quantile(
+                sorted(
+                    r[kind]["from_unschedulable_s"]
+                    for r in rows
+                    if r[kind].get("from_unschedulable_s") is not None
+                ),
+                0.99,
+            ),
         }
     for kind in DEADLINE_KINDS:
         over = sorted(

@@ -3,7 +3,8 @@
     .venv/bin/python bench/run.py [--quick] [--out bench/results/full.json] [--no-docs]
 
 Full mode regenerates the results section of docs/benchmarks.md and its plots (docs/img/);
-quick mode (≤ 5 min) writes bench/results/quick.json and bench/results/quick.md only.
+quick mode (≤ 5 min, plus ~3 min of fallback trials) writes bench/results/quick.json and
+bench/results/quick.md only.
 """
 
 from __future__ import annotations

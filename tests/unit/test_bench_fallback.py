@@ -80,6 +80,7 @@ def test_measure_gives_each_path_its_interval() -> None:
     )
     events = measure("ours-events", seen, end=110.0, deadline_s=20)
     assert events["fallback_s"] == 1.5  # from the FailedScaleUp Event
+    assert events["from_unschedulable_s"] == 4.5
     assert events["opened_stuck"] and events["cancelled_stuck"]
     assert events["window_s"] == 10.0
     late = Stamps(unschedulable=100.0, replicas=[(99.0, STUCK, 1), (123.0, FALLBACK, 1)])
@@ -94,6 +95,9 @@ def test_measure_gives_each_path_its_interval() -> None:
 def _row(events: float | None, deadline: float | None, ray: float | None) -> dict[str, Any]:
     def cell(value: float | None, over: float | None = None) -> dict[str, Any]:
         out = {"fallback_s": value, "opened_stuck": True, "window_s": 40.0, "said": []}
+        if value is not None:
+            out["from_unschedulable_s"] = value + 2  # the Event comes ~2 s after
+
         return out | ({"over_deadline_s": over} if over is not None else {})
 
     return {
@@ -129,12 +133,13 @@ def test_summary_and_the_goal_rows() -> None:
             None,
         ),
     ]
-    assert goals[2][1].startswith("> ") and "no fallback within 40 s" in goals[2][1]
+    assert goals[2][1].startswith("> 11× (from the first Unschedulable pod: ours 3.5 s")
+    assert goals[2][1].endswith("Ray v2 no fallback within 40 s)")
     assert goals[3][0].startswith("fallback, Ray v2 with its allocate timeout")
     assert goals[3][1] == "1.22× (Ray v2 deadline + 8.0 s)"  # 28 s / 23 s at p50
     assert s["ray-v2-timeout"]["over_p50"] == 8.0
     text = "\n".join(report._fallback(data))
-    assert "(3 trials, the three side by side)" in text
+    assert "(3 trials, side by side on one world)" in text
     assert "| Ray v2 | first Unschedulable | — | — | — | 3 |" in text
     assert "fell back in 0" in text
 
