@@ -93,12 +93,14 @@ class World:
         host, port = self.api.url.removeprefix("http://").rsplit(":", 1)
         return host, int(port)
 
-    async def start(self, kind: str, cluster: str, **env: str) -> Proc:
+    async def start(
+        self, kind: str, cluster: str, token: str = RESTRICTED_TOKEN, **env: str
+    ) -> Proc:
         proxy = CountingProxy(self.upstream, self.tls if kind != "ours" else None)
         url = await proxy.start()
         log_path = self.workdir / f"{kind}-{cluster}-{len(self.procs)}.log"
         if kind == "ours":
-            cmd, full_env, http = self._ours(cluster, url, env)
+            cmd, full_env, http = self._ours(cluster, url, env, token)
         else:
             (cmd, full_env), http = self._ray(kind, cluster, proxy.port, env), None
         process = _spawn(cmd, full_env, log_path, self.workdir)
@@ -107,14 +109,14 @@ class World:
         return proc
 
     def _ours(
-        self, cluster: str, url: str, extra: dict[str, str]
+        self, cluster: str, url: str, extra: dict[str, str], token: str = RESTRICTED_TOKEN
     ) -> tuple[list[str], dict[str, str], str]:
         kubeconfig = self.workdir / f"kubeconfig-{cluster}"
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "b", "cluster": {"server": url}}],
-            "users": [{"name": "b", "user": {"token": RESTRICTED_TOKEN}}],
+            "users": [{"name": "b", "user": {"token": token}}],
             "contexts": [{"name": "b", "context": {"cluster": "b", "user": "b"}}],
             "current-context": "b",
         }
@@ -256,10 +258,11 @@ def _pending_cpu(reply: Any) -> int:
 
 
 class Driver:
-    def __init__(self, head: RayHead) -> None:
+    def __init__(self, head: RayHead, resources: Mapping[str, float] | None = None) -> None:
         env = _clean_env() | head.client_env()
+        extra = [json.dumps(dict(resources))] if resources else []
         self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "demand_driver.py"), head.gcs_address, head.ip],
+            [sys.executable, str(HERE / "demand_driver.py"), head.gcs_address, head.ip, *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -1,17 +1,20 @@
 """A Ray driver that adds one pending `num_cpus=1` task per `up` line on stdin.
 
-    python bench/demand_driver.py GCS_ADDRESS NODE_IP
+    python bench/demand_driver.py GCS_ADDRESS NODE_IP [RESOURCES_JSON]
 
-The head has no CPUs, so each task waits in the GCS as demand for one more worker host.
+The head has no CPUs, so each task waits in the GCS as demand for one more worker host. With
+RESOURCES_JSON (e.g. `{"TPU": 4}`) each task asks for those resources and no CPU instead.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 
 def main() -> None:
     gcs_address, node_ip = sys.argv[1:3]
+    resources = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     import ray
 
     ray.init(
@@ -21,6 +24,9 @@ def main() -> None:
     @ray.remote(num_cpus=1)
     def wait() -> None:
         return None
+
+    if resources is not None:
+        wait = wait.options(num_cpus=0, resources=resources)
 
     pending = []
     print("ready", flush=True)

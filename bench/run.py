@@ -3,7 +3,8 @@
     .venv/bin/python bench/run.py [--quick] [--out bench/results/full.json] [--no-docs]
 
 Full mode regenerates the results section of docs/benchmarks.md and its plots (docs/img/);
-quick mode (≤ 5 min) writes bench/results/quick.json and bench/results/quick.md only.
+quick mode (≤ 5 min, plus ~3 min of fallback trials) writes bench/results/quick.json and
+bench/results/quick.md only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_fallback
 import bench_frame
 import bench_gcs_poll
 import bench_live
@@ -48,10 +50,12 @@ class Mode:
     gcs_window_s: float
     reconcile_sizes: tuple[int, ...]
     planner_scale: float
+    fallback_trials: int
+    fallback_window_s: float  # how long Ray v2's stuck pods are watched per trial
 
 
-QUICK = Mode("quick", 8, (100, 1000), 15, 0, (1000, 10000), 10, (1000, 10000), 0.03)
-FULL = Mode("full", 24, (100, 1000, 10000), 45, 180, (1000, 10000), 20, (1000, 10000), 0.1)
+QUICK = Mode("quick", 8, (100, 1000), 15, 0, (1000, 10000), 10, (1000, 10000), 0.03, 3, 30)
+FULL = Mode("full", 24, (100, 1000, 10000), 45, 180, (1000, 10000), 20, (1000, 10000), 0.1, 8, 60)
 
 
 def main() -> int:
@@ -100,6 +104,15 @@ def main() -> int:
     table = bench_spec_edit.markdown(results["spec_edit"])
     out.with_name(f"{mode.name}-spec-edit.md").write_text(table + "\n")
     log(f"spec edit -> patch:\n{table}")
+    save()
+    # Issue 29: a group that cannot get capacity → the fallback group's PATCH, ours vs Ray v2.
+    results["fallback"] = asyncio.run(
+        bench_fallback.run(trials=mode.fallback_trials, log=log, window_s=mode.fallback_window_s)
+    )
+    table = bench_fallback.markdown(results["fallback"])
+    out.with_name(f"{mode.name}-fallback.md").write_text(table + "\n")
+    log(f"fallback:\n{table}")
+    loads.append(("after fallback", loadavg()))
     save()
     results["planner"] = planner(mode.planner_scale, log)
     loads.append(("after planner", loadavg()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -86,6 +87,7 @@ class OperatorStandIn:
         start_delay: float = 0.0,
         rng_seed: int | None = None,
         random_pod_delete: bool = False,
+        unschedulable: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
         self._api = api
         self._namespace = namespace
@@ -96,6 +98,8 @@ class OperatorStandIn:
         self._start_delay = start_delay
         self._rng = random.Random(rng_seed)
         self._random_pod_delete = random_pod_delete  # operator env ENABLE_RANDOM_POD_DELETE
+        # The scheduler's part: a message for a pod no node fits (it stays Pending, unbound).
+        self._unschedulable = unschedulable
         self._expected_gone: dict[str, set[str]] = {}
         self._used_replica_names: set[str] = set()
         self._starting: dict[str, asyncio.Task[None]] = {}  # pod uid -> kubelet start task
@@ -299,11 +303,33 @@ class OperatorStandIn:
             if pod["metadata"].get("deletionTimestamp"):
                 await self._finish_termination(pod)
             elif not (pod.get("spec") or {}).get("nodeName"):
-                self._bind_and_start(pod)
+                message = self._unschedulable(pod) if self._unschedulable else None
+                if message is None:
+                    self._bind_and_start(pod)
+                else:
+                    self._mark_unschedulable(pod, message)
         for uid in [uid for uid in self._running if uid not in present]:
             await self._report_gone(self._running.pop(uid))
         for uid in [u for u, task in self._starting.items() if task.done() and u not in present]:
             del self._starting[uid]
+
+    def _mark_unschedulable(self, pod: dict[str, Any], message: str) -> None:
+        """What kube-scheduler writes on a pod no node fits: `PodScheduled=False/Unschedulable`
+        with its message, phase Pending; written once."""
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "PodScheduled" for c in conditions):
+            return
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastTransitionTime": rfc3339(),
+        }
+        status = {"phase": "Pending", "conditions": [condition]}
+        ops = [{"op": "add", "path": "/status", "value": status}]
+        with suppress(ApiError):
+            self._api.json_patch("pods", self._namespace, pod_name(pod), ops)
 
     def _bind_and_start(self, pod: dict[str, Any]) -> None:
         ops = [{"op": "add", "path": "/spec/nodeName", "value": f"standin-node-{pod_name(pod)}"}]

@@ -404,3 +404,36 @@ async def test_run_loop_reacts_to_changes_with_start_delay(api: ApiServerStandIn
         with pytest.raises(asyncio.CancelledError):
             await task
     assert len(hooks.running) == 5 and len(hooks.deleted) == 4
+
+
+async def test_a_pod_no_node_fits_stays_pending_unschedulable_and_unbound(
+    api: ApiServerStandIn,
+) -> None:
+    """The `unschedulable` hook is the scheduler's part: such a pod is never bound nor started,
+    it carries `PodScheduled=False/Unschedulable` with the hook's message (written once)."""
+    hooks = RecordingHooks()
+    api.create("rayclusters", NS, tpu_sample(1))
+    stuck = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+
+    def no_node(pod: dict[str, Any]) -> str | None:
+        worker = pod["metadata"]["labels"].get("ray.io/node-type") == "worker"
+        return stuck if worker else None
+
+    operator = OperatorStandIn(api, NS, NAME, hooks=hooks, rng_seed=7, unschedulable=no_node)
+    await operator.settle()
+    pods = workers(api)
+    assert len(pods) == 4
+    for pod in pods:
+        assert not pod["spec"].get("nodeName")
+        assert pod["status"]["phase"] == "Pending"
+        [condition] = pod["status"]["conditions"]
+        assert (condition["type"], condition["status"], condition["reason"]) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        )
+        assert condition["message"] == stuck
+    assert hooks.running == [api.list("pods", NS, "ray.io/node-type=head")[0]["metadata"]["name"]]
+    before = api.resource_version
+    await operator.settle()
+    assert api.resource_version == before  # marked once, not rewritten every round

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 from kuberay_scaler.core.defaults import PREEMPT_DEADLINE_S
 from kuberay_scaler.core.model.drains import DrainReason
+from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.trigger import WAKE_MARGIN_S
 from tests.control.fakes import Loop, make_loop
 from tests.control.test_deletion_gate import named_pods
-from tests.factories import cluster, head_node, slice_pods, state, tpu_group, tpu_slice_nodes
+from tests.factories import (
+    cluster,
+    head_node,
+    slice_pods,
+    state,
+    tasks,
+    tpu_group,
+    tpu_slice_nodes,
+)
 
 RESYNC_S = 30.0  # KUBERAY_SCALER_RESYNC_INTERVAL_S's default
 
@@ -87,4 +96,32 @@ async def test_the_broken_busy_bound_ending_is_a_wake_up() -> None:
     while not loop.gcs.drains and waited < 3 * RESYNC_S:
         waited += await _wait_for_nothing(loop, ray)
     assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
+    assert 45 <= waited <= 45 + WAKE_MARGIN_S, waited
+
+
+async def test_a_groups_provisioning_deadline_is_a_wake_up() -> None:
+    """Issue 29's deadline path under KubeRay's Role (no Events): a slice Unschedulable since it
+    was created falls back when the group's own deadline (here 45 s, between two resyncs)
+    passes, not at the resync after it (bench_fallback: deadline + 10.4 s before)."""
+    v6e = tpu_group("v6e", replicas=1, priority=10)
+    v6e["template"].setdefault("metadata", {})["annotations"] = {ANNOTATION_MAX_PROVISION: "45"}
+    v5e = tpu_group("v5e", accelerator="tpu-v5-lite-podslice", topology="4x4")
+    pods = slice_pods("v6e", "v6e-a", 4, phase="Pending", age_s=0)
+    for pod in pods:  # no node fits: the scheduler's condition, never bound
+        pod["spec"].pop("nodeName", None)
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        pod["status"] = {"phase": "Pending", "conditions": [condition]}
+    demand = state([head_node()], [tasks({"TPU": 4}, 4)])
+    loop = make_loop(cluster(v6e, v5e), pods, demand)
+    await loop.reconciler.reconcile()
+
+    def v5e_replicas() -> int:
+        groups = loop.server.obj["spec"]["workerGroupSpecs"]
+        return int(next(g for g in groups if g["groupName"] == "v5e").get("replicas") or 0)
+
+    assert v5e_replicas() == 0
+    waited = 0.0
+    while not v5e_replicas() and waited < 3 * RESYNC_S:
+        waited += await _wait_for_nothing(loop, demand)
+    assert v5e_replicas() == 1, "never fell back to v5e"
     assert 45 <= waited <= 45 + WAKE_MARGIN_S, waited

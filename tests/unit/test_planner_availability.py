@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import jsonpatch
+import pytest
 
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.availability import (
@@ -255,6 +256,22 @@ def test_the_groups_own_provisioning_deadline_without_any_event() -> None:
     assert a.cause is UnavailableCause.PROVISIONING_DEADLINE
     assert _targets(after) == {"v6e": 0, "v5e": 1}
     assert [x.kind for x in _decision(after, "v6e").deletions] == [DeleteKind.CANCEL]
+
+
+def test_the_provisioning_deadline_is_a_wake_up() -> None:
+    # Nothing else may change before it passes (KubeRay's Role: no Events); the loop must plan
+    # again then, not at its next resync (bench_fallback: deadline + 10.4 s, on the resync).
+    template = {"metadata": {"annotations": {ANNOTATION_MAX_PROVISION: "120"}}}
+    rc = _groups(v6e_replicas=1)
+    rc["spec"]["workerGroupSpecs"][0]["template"].update(template)
+    before = _plan(rc, _stuck_v6e(age_s=100), _demand())
+    assert before.memory.availability["v6e"].state is Availability.SUSPECT
+    assert before.next_wake_s == pytest.approx(20)  # 120 s deadline, 100 s old
+    default = _plan(_groups(v6e_replicas=1), _stuck_v6e(age_s=100), _demand())
+    assert default.next_wake_s == pytest.approx(60)  # the suspect grace, before 900 s
+    late = _plan(rc, _stuck_v6e(age_s=130), _demand(), before.memory, at=30)
+    assert late.memory.availability["v6e"].unavailable
+    assert late.next_wake_s == late.next_idle_expiry_s == 180  # the probe, nothing else
 
 
 def test_image_pull_failure_makes_the_group_unavailable() -> None:

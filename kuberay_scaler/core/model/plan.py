@@ -288,7 +288,8 @@ class Plan:
     # Seconds until the first host that held demand stops settling (planner/capacity.py).
     settle_s: float | None = None
     # Seconds until the first deadline its memory holds passes (a preemption notice, the
-    # broken-busy bound, a replace or refused-drain backoff): see `next_wake_s`.
+    # broken-busy bound, a replace or refused-drain backoff) or a group's provisioning
+    # deadline or capacity grace (issue 29): see `next_wake_s`.
     deadline_s: float | None = None
     # When it was planned, on the clock idle-since times are kept on (`tick_of`, in ms; the
     # daemon stamps GCS replies on the monotonic clock): its documents' idle durations are as of

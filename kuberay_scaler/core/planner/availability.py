@@ -75,6 +75,9 @@ class AvailabilityPolicy:
 class AvailabilityResult:
     groups: Mapping[str, GroupAvailability]
     changes: tuple[AvailabilityChange, ...]
+    # Seconds until time alone may turn a group unavailable (a provisioning deadline, a
+    # suspect group's grace): the loop plans again then, not at its next resync.
+    next_deadline_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,39 @@ def judge_availability(
         groups[name] = after
         if change is not None:
             changes.append(change)
-    return AvailabilityResult(MappingProxyType(groups), tuple(changes))
+    ahead = [
+        left
+        for name, gs in slice_map.groups.items()
+        if (left := _time_left(gs, groups[name], policy, mono_s, clock)) is not None
+    ]
+    return AvailabilityResult(MappingProxyType(groups), tuple(changes), min(ahead, default=None))
+
+
+def _time_left(
+    gs: GroupSlices,
+    now: GroupAvailability,
+    policy: AvailabilityPolicy,
+    mono_s: float,
+    clock: HostClock | None,
+) -> float | None:
+    """Seconds until the first judgement time alone brings to a group not unavailable yet: a
+    slice coming up reaching the group's provisioning deadline, replicas without pods reaching
+    it, a suspect group's grace ending. None when none is ahead."""
+    if now.unavailable:
+        return None
+    deadline = group_deadline_s(gs, policy.deadline_s)
+    ends: list[float] = []
+    if clock is not None:
+        ends += [
+            deadline - max((clock.age_s.get(h.pod_name, 0.0) for h in sl.hosts), default=0.0)
+            for sl in gs.coming_up
+        ]
+    if now.no_pods_since_mono is not None:
+        ends.append(now.no_pods_since_mono + deadline - mono_s)
+    if now.state is Availability.SUSPECT:
+        ends.append(now.since_mono + policy.grace_s - mono_s)
+    ahead = [end for end in ends if end > 0]
+    return min(ahead, default=None)
 
 
 def _events_by_group(

@@ -443,7 +443,8 @@ def _plan(
         next_probe_s=MappingProxyType(_next_probes(judged.groups, news.mono_s)),
         queue_wake_s=queues.wake_s,
     )
-    result = replace(result, deadline_s=next_deadline_s(result.memory, policy, tick))
+    timers = (next_deadline_s(result.memory, policy, tick), judged.next_deadline_s)
+    result = replace(result, deadline_s=min((t for t in timers if t is not None), default=None))
     return finish_recorded_drains(result, memory.draining, ev, tick, wall_shift=now - tick)
 
 
