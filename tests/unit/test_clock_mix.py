@@ -12,6 +12,7 @@ decide something, so no comparison is of two plans where nothing happens.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -22,7 +23,7 @@ import pytest
 from kuberay_scaler.core.decision import Observation, decide, patch_after_drains, write_document
 from kuberay_scaler.core.model.plan import GroupDecision, Memory, Plan
 from kuberay_scaler.core.model.ray import NodeStatus, RayObservation, RayState
-from kuberay_scaler.core.model.reasons import Keep, KeepKind
+from kuberay_scaler.core.model.reasons import DisruptionKind, Keep, KeepKind
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
 from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
@@ -209,6 +210,32 @@ def _reservation_grace() -> Scenario:
     return Scenario(frames, Policy(reservation_grace_s=600))
 
 
+def _going(pods: list[dict[str, Any]], host: int) -> list[dict[str, Any]]:
+    """`pods` with a DisruptionTarget condition on pod `host` (the scheduler preempts it)."""
+    out = copy.deepcopy(pods)
+    cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    out[host]["status"].setdefault("conditions", []).append(cond)
+    return out
+
+
+def _disruption() -> Scenario:
+    """A host of busy tpu-a is going, no room for a replacement: drained for preemption (30 s);
+    then the condition clears (the pod stays) and the drained slice is replaced at the deadline."""
+    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
+    nodes = _busy([*tpu_slice_nodes("tpu-a", 4), *tpu_slice_nodes("tpu-b", 4)])
+    busy = state([head_node(), *nodes])
+    drained = [
+        replace(n, status=NodeStatus.DRAINING) if n.instance_id < "tpu-b" else n for n in nodes
+    ]
+    rc = _tpu(2, max_replicas=2)
+    frames = (
+        Frame(0, rc, _going(pods, 1), busy),
+        Frame(10, rc, _going(pods, 1), busy),
+        *(Frame(t, rc, pods, state([head_node(), *drained])) for t in (20, 29, 31)),
+    )
+    return Scenario(frames)
+
+
 SCENARIOS: dict[str, tuple[Callable[[], Scenario], set[str]]] = {
     "idle expiry": (_idle_expiry, {"idle"}),
     "preemption deadline": (_preemption, {"preempt", "preempted"}),
@@ -218,6 +245,10 @@ SCENARIOS: dict[str, tuple[Callable[[], Scenario], set[str]]] = {
     "scale-down delay": (_scale_down_delay, {"scale_down_delay", "idle"}),
     "queued cancel": (_queued_cancel, {"cancel"}),
     "reservation grace": (_reservation_grace, {KeepKind.RESERVATION_GRACE.value, "idle"}),
+    "disruption deadline": (
+        _disruption,
+        {"preempt", "disruption_target", DisruptionKind.ABANDONED.value, "replace"},
+    ),
 }
 
 
@@ -244,3 +275,14 @@ def test_the_reservation_grace_judges_idle_age_on_the_monotonic_tick() -> None:
     assert decision is not None
     keeps = [r for r in decision.reasons if isinstance(r, Keep)]
     assert [r.slice for r in keeps if r.kind is KeepKind.RESERVATION_GRACE] == ["tpu-a"]
+
+
+def test_a_going_slice_says_its_preemption_deadline_on_the_wall_clock() -> None:
+    """Before: the disruption stage put its monotonic deadline in the reasons: "drain slice
+    tpu-a for preemption until 1970-01-01T01:23:50" and "replaced whole at 1970-...". What Ray
+    is told (the drain's deadline_ms) was right: only what people read was wrong."""
+    plans = [p for p, _ in _frames(_disruption(), BOOT)]
+    said = " ".join(str(r) for p in plans for g in p.groups for r in g.reasons)
+    assert "1970-" not in said
+    assert "until 2026-11-30T12:00:30+00:00" in said
+    assert "replaced whole at 2026-11-30T12:00:30+00:00" in said

@@ -387,6 +387,7 @@ def _plan(
             needed,
             tick,  # its deadlines join Memory.preempting: the monotonic tick
             news.mono_s,
+            wall_shift=now - tick,  # what its reasons show: the wall clock
         )
         for d in decisions
     ]
