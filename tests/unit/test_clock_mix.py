@@ -5,14 +5,16 @@ boot): a path that compares a monotonic instant with a wall one reads a 56-year 
 Each scenario is a few frames some seconds apart, each frame's memory the next one's; the Ray
 nodes' idle clocks are stamped on the monotonic clock, as the daemon stamps replies (app.py).
 Compared per frame: every group decision with its reasons (times shown to people are on the
-wall clock in both worlds), the plan's problems, its next wake-up and every write (drain
-deadlines are what Ray reads: the wall clock). Each scenario also asserts that its timer did
-decide something, so no comparison is of two plans where nothing happens.
+wall clock in both worlds), the plan's problems, its next wake-up, every write (drain
+deadlines are what Ray reads: the wall clock) and the plan's document (/debug/plan and
+/debug/slices: idle ages, queued ages, the next probe). Each scenario also asserts that its
+timer did decide something, so no comparison is of two plans where nothing happens.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -89,7 +91,8 @@ def _frames(sc: Scenario, mono_at_now: float) -> list[tuple[Plan, tuple[Any, ...
             writes += [write_document(patch)] if patch else []
         memory = result.memory
         groups = tuple(_as_said(g) for g in result.groups)
-        read = (groups, result.problems, result.next_wake_s, tuple(map(str, writes)))
+        shown = json.dumps(result.summary(), default=str, sort_keys=True)  # /debug/plan, slices
+        read = (groups, result.problems, result.next_wake_s, tuple(map(str, writes)), shown)
         out.append((result, read))
     return out
 
