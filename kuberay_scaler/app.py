@@ -19,7 +19,7 @@ from kuberay_scaler.adapters.kube.session import SessionError, open_api
 from kuberay_scaler.adapters.kube.writer import RayClusterWriter
 from kuberay_scaler.adapters.ray_gcs.adapter import RayGcs
 from kuberay_scaler.adapters.ray_gcs.client import GcsClient, TlsFiles
-from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller, monotonic_ms
 from kuberay_scaler.adapters.web.server import Probes, connection_cap, make_app, start_server
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.parse.events import worker_group_names
@@ -57,10 +57,6 @@ def run_daemon(settings: Settings) -> int:
     gc.collect()
     gc.freeze()
     return asyncio.run(Daemon(settings).run())
-
-
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class Daemon:
@@ -181,7 +177,7 @@ class Daemon:
             on_observation=self._on_observation,
             # Replies are stamped on the monotonic clock, the planner's `mono_s`: idle age is
             # Ray's idle duration plus monotonic time since the reply, never a wall-clock step.
-            wall=_monotonic_ms,
+            wall=monotonic_ms,
         )
         view = self._view
         self._capacity = CapacityEventsReader(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,14 +42,31 @@ STATUS_OUTCOME: dict[int, OutcomeKind] = {
 }
 
 
+# The fake monotonic reading at NOW: far from the epoch, as a real monotonic clock is (seconds
+# since boot), so any place that mixes the two clocks reads a difference of decades and shows.
+MONO_AT_NOW = 5_000.0
+# From an epoch-ms instant near NOW to the same instant on the monotonic clock, in ms.
+_MONO_SHIFT_MS = int(MONO_AT_NOW * 1000) - NOW_MS
+
+
+def on_monotonic(ray: RayState) -> RayState:
+    """`ray` with its idle clocks moved from the wall clock the factories stamp them on (idle
+    `idle_s` at NOW) to the monotonic clock the daemon stamps replies on (app.py): the instant
+    NOW - idle_s is MONO_AT_NOW - idle_s there, whatever the wall clock did since."""
+    nodes = tuple(
+        n if n.idle_since_ms is None else replace(n, idle_since_ms=n.idle_since_ms + _MONO_SHIFT_MS)
+        for n in ray.nodes
+    )
+    return replace(ray, nodes=nodes)
+
+
 @dataclass
 class FakeClock:
-    """Wall and monotonic time that move only when told."""
+    """Wall and monotonic time that move only when told; the monotonic clock reads MONO_AT_NOW
+    when the wall reads NOW."""
 
     wall_now: datetime = NOW
-    # Starts where the wall clock does (the factories' idle clocks are on NOW): the two move
-    # together until a test steps one of them, as NTP steps the wall clock.
-    mono_now: float = NOW.timestamp()
+    mono_now: float = MONO_AT_NOW
 
     def wall(self) -> datetime:
         return self.wall_now
@@ -204,6 +221,9 @@ class FakeGcs:
     fresh: Any = None  # what a fresh read returns (a reply or a RayState; None: it fails)
     fresh_fails: bool = False
     epoch: int = 1
+    # The clock the daemon stamps a fresh read on (the monotonic one, app.py); None: the
+    # one-shot world, where the wall clock (NOW) stands in.
+    monotonic: Callable[[], float] | None = None
 
     async def drain(
         self,
@@ -230,7 +250,9 @@ class FakeGcs:
     async def fresh_state(self) -> RayObservation:
         if self.fresh_fails or self.fresh is None:
             return RayObservation(None, 0.0, self.cluster_id, self.epoch, error="injected")
-        return observation(self.fresh, cluster_id=self.cluster_id, epoch=self.epoch)
+        if self.monotonic is None:
+            return observation(self.fresh, cluster_id=self.cluster_id, epoch=self.epoch)
+        return read_now(self.fresh, self.monotonic(), cluster_id=self.cluster_id, epoch=self.epoch)
 
     async def report(self, report: AutoscalingReport) -> bool:
         if self.report_fails:
@@ -257,6 +279,16 @@ def observation(
         return RayObservation(ray, observed_at, cluster_id, epoch)
     return observation_of(
         ray, observed_at=observed_at, cluster_id=cluster_id, epoch=epoch, read_at_ms=read_at_ms
+    )
+
+
+def read_now(ray: Any, mono_s: float, *, cluster_id: str | None, epoch: int) -> RayObservation:
+    """What the daemon's poller publishes for `ray` read at monotonic `mono_s`: a reply's idle
+    clocks end then, a parsed RayState's are moved onto the monotonic clock (on_monotonic)."""
+    if isinstance(ray, RayState):
+        ray = on_monotonic(ray)
+    return observation(
+        ray, observed_at=mono_s, cluster_id=cluster_id, epoch=epoch, read_at_ms=int(mono_s * 1000)
     )
 
 
@@ -295,12 +327,9 @@ class Loop:
         unknown)."""
         if ray is not None:  # the GCS itself now answers this (a fresh read gets it)
             self.gcs.fresh, self.gcs.cluster_id, self.gcs.epoch = ray, cluster_id, epoch
-        now = self.clock.monotonic()
-        read_at_ms = int(now * 1000)  # the daemon stamps replies on the monotonic clock
+        now = self.clock.monotonic()  # the daemon stamps replies on the monotonic clock
         self.reconciler.observe_gcs(
-            observation(
-                ray, observed_at=now, cluster_id=cluster_id, epoch=epoch, read_at_ms=read_at_ms
-            )
+            read_now(ray, now, cluster_id=cluster_id, epoch=epoch)
             if ray is not None
             else RayObservation(None, now, cluster_id, epoch, error="unreachable")
         )
@@ -344,7 +373,7 @@ def make_loop(
     view = FakeView(server)
     fake_pods = FakePods(list(pods or []))
     writer = FakeWriter(server)
-    gcs, feed, events = FakeGcs(), FakeFeed(), FakeEvents()
+    gcs, feed, events = FakeGcs(monotonic=clock.monotonic), FakeFeed(), FakeEvents()
     reconciler = Reconciler(
         config=config or LoopConfig(),
         policy=policy or Policy(),

@@ -8,7 +8,10 @@ draining an extra hour; what Ray reads (the drain deadline) stays on the wall cl
 
 from __future__ import annotations
 
-from datetime import timedelta
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
@@ -18,6 +21,7 @@ from tests.control.test_deletion_gate import named_pods, settle
 from tests.factories import (
     cluster,
     head_node,
+    node_id_of,
     slice_pods,
     state,
     tpu_group,
@@ -27,14 +31,14 @@ from tests.factories import (
 HOUR = timedelta(hours=1)
 
 
-def _broken_busy() -> tuple[Loop, object]:
+def _broken_busy(max_s: float = 1800) -> tuple[Loop, object]:
     """tpu-a: host 2 Failed (its node DEAD), the three others running work."""
     pods = slice_pods("tpu", "tpu-a", 4)
     pods[2]["status"]["phase"] = "Failed"
     nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
     nodes[2] = RayNode(**{**nodes[2].__dict__, "status": NodeStatus.DEAD})
     ray = state([head_node(), *nodes])
-    policy = Policy(broken_busy_max_s=1800, preempt_deadline_s=30)
+    policy = Policy(broken_busy_max_s=max_s, preempt_deadline_s=30)
     loop = make_loop(cluster(tpu_group(replicas=1)), pods, ray, policy=policy)
     loop.gcs.busy = {n.node_id for n in nodes}
     return loop, ray
@@ -90,3 +94,62 @@ async def test_a_wall_step_forward_does_not_make_an_idle_slice_expire_early() ->
     loop.see_ray(ray)  # the same reply (its idle clocks unchanged since it was read)
     await loop.reconciler.reconcile()
     assert loop.gcs.drains == [] and named_pods(loop) == set(), "idle-expired by a wall step"
+
+
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+
+
+def _going(pods: list[dict[str, Any]], host: int) -> list[dict[str, Any]]:
+    cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    pods[host]["status"]["conditions"] = [cond]
+    return pods
+
+
+def _shown_instants(loop: Loop) -> list[datetime]:
+    """Every instant the loop shows people: /debug/plan and the Events it recorded."""
+    said = json.dumps(loop.reconciler.document(), default=str)
+    said += " ".join(message for _, message in loop.events.recorded)
+    return [datetime.fromisoformat(m).replace(tzinfo=UTC) for m in ISO.findall(said)]
+
+
+async def test_every_instant_the_loop_shows_is_on_the_wall_clock() -> None:
+    """The monotonic clock reads 5000 s (fakes.MONO_AT_NOW), the wall 2026: a timer kept on the
+    monotonic clock and shown unconverted reads 1970. Before: the disruption stage's reasons
+    said "drain slice tpu-a for preemption until 1970-01-01T01:23:50"."""
+    busy = (0, 1, 2, 3)
+    worlds = {
+        "going slice": make_loop(
+            cluster(tpu_group(replicas=2, max_replicas=2)),
+            _going(slice_pods("tpu", "tpu-a", 4), 1) + slice_pods("tpu", "tpu-b", 4),
+            state(
+                [
+                    head_node(),
+                    *tpu_slice_nodes("tpu-a", 4, busy_hosts=busy),
+                    *tpu_slice_nodes("tpu-b", 4, busy_hosts=busy),
+                ]
+            ),
+        ),
+        "surplus busy slice": make_loop(
+            cluster(tpu_group(replicas=1, max_replicas=0)),
+            slice_pods("tpu", "tpu-a", 4),
+            state([head_node(), *tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))]),
+        ),
+        "broken busy slice": _broken_busy(max_s=5)[0],
+        "refused idle drain": make_loop(
+            cluster(tpu_group(replicas=1)),
+            slice_pods("tpu", "tpu-a", 4),
+            state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]),
+        ),
+    }
+    worlds["refused idle drain"].gcs.refuse = {node_id_of(f"tpu-a-{i}") for i in range(4)}
+    for name, loop in worlds.items():
+        shown: list[datetime] = []
+        far: list[datetime] = []
+        for _ in range(4):
+            await loop.reconciler.reconcile()
+            now = _shown_instants(loop)
+            shown += now
+            far += [t for t in now if abs(t - loop.clock.wall()) > timedelta(days=1)]
+            loop.clock.advance(3)
+        assert shown, f"{name}: no instant shown (the scenario reached no timer)"
+        assert not far, f"{name}: instants shown off the wall clock: {far}"

@@ -86,7 +86,7 @@ async def test_a_drain_raising_on_every_reconcile_fails_healthz() -> None:
     nodes = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]
     ray = state(nodes)
     loop = make_loop(cluster(tpu_group(replicas=1)), pods, ray, config=CONFIG)
-    raising = RaisingGcs()
+    raising = RaisingGcs(monotonic=loop.clock.monotonic)  # reads stamped as the loop's are
     raising.fresh, raising.cluster_id = loop.gcs.fresh, loop.gcs.cluster_id
     loop.reconciler._gcs = raising
     health = await every(loop, 40, ray)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
+from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller, monotonic_ms
 from kuberay_scaler.core import decision as decision_module
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
@@ -96,7 +96,11 @@ def _wired(replies: Iterator[Any], pods: Pods, view: View) -> tuple[GcsPoller, R
         events=FakeEvents(),
     )
     poller = GcsPoller(
-        Source(replies), interval_s=1.0, on_change=rec.gcs_changed, on_observation=rec.observe_gcs
+        Source(replies),
+        interval_s=1.0,
+        on_change=rec.gcs_changed,
+        on_observation=rec.observe_gcs,
+        wall=monotonic_ms,  # stamped on the reconciler's clock, as app.py wires it
     )
     return poller, rec
 

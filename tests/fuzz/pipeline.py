@@ -21,7 +21,10 @@ from kuberay_scaler.adapters.ray_gcs.poller import observation_of
 from kuberay_scaler.core.decision import Decision, Observation, decide, patch_after_drains
 from kuberay_scaler.core.model.plan import Memory, Plan
 from kuberay_scaler.core.planner.core import Policy
-from tests.factories import NOW_MS
+
+# The daemon's monotonic reading, far from the wall clock's number as a real one is: the reply
+# is stamped on it (app.py) and the planner's timers run on it.
+MONO_S = 10_000.0
 
 BUSY = 1  # autoscaler.proto NodeStatus RUNNING
 
@@ -47,9 +50,11 @@ def run_daemon_path(rc: dict[str, Any], pods: list[Any], reply: bytes, now: date
     observed = Observation(
         raycluster=rc,
         pods=pods,
-        gcs=observation_of(parsed, observed_at=0.0, cluster_id="c0", epoch=0, read_at_ms=NOW_MS),
+        gcs=observation_of(
+            parsed, observed_at=MONO_S, cluster_id="c0", epoch=0, read_at_ms=int(MONO_S * 1000)
+        ),
     )
-    decision = decide(observed, Memory(), Policy(), now)
+    decision = decide(observed, Memory(), Policy(), now, mono_s=MONO_S)
     base = copy.deepcopy(rc)
     if decision.record is not None:
         base = jsonpatch.apply_patch(base, list(decision.record.ops))

@@ -59,6 +59,7 @@ from tests.factories import NOW, cluster, group, head_node, node, node_id_of, po
 EXAMPLES = max(1, int(os.environ.get("FUZZ_EXAMPLES", "200")))
 COVERED: Counter[str] = Counter()  # pods named, by the gate clause that let them go
 GRACE_S = 120.0
+MONO_AT_NOW = 10_000.0  # the daemon's monotonic reading when the wall clock reads NOW
 POLICY = Policy(
     idle_timeout_override_s=60,
     timeouts=SliceTimeouts(max_provision_s=300, missing_node_grace_s=GRACE_S),
@@ -253,6 +254,10 @@ class GateMachine(RuleBasedStateMachine):
     def _now(self) -> datetime:
         return NOW + timedelta(seconds=self.t)
 
+    def _mono(self) -> float:
+        """The daemon's monotonic reading: far from the wall clock's number, as a real one."""
+        return MONO_AT_NOW + self.t
+
     def _pods(self) -> list[dict[str, Any]]:
         return [
             pod(
@@ -270,16 +275,20 @@ class GateMachine(RuleBasedStateMachine):
         if h.ray == "absent" or h.phase == "Pending":
             return None
         busy = h.ray == "busy"
+        idle_s = None if busy or h.ray == "draining" else max(0.0, self.t - h.idle_since)
         made = node(
             h.name,
             group_name=h.group,
             resources={"CPU": 8},
             available={"CPU": 0 if busy else 8},
-            idle_s=None if busy or h.ray == "draining" else max(0.0, self.t - h.idle_since),
+            idle_s=idle_s,
             dead=h.ray == "dead" or h.phase == "Failed",
             draining=h.ray == "draining",
         )
-        return replace(made, node_id=h.node_id())
+        # Stamped on the monotonic clock, as the daemon stamps replies (app.py).
+        on_mono = int((self._mono() - (idle_s or 0)) * 1000)
+        since = None if made.idle_since_ms is None else on_mono
+        return replace(made, node_id=h.node_id(), idle_since_ms=since)
 
     def _truth(self) -> RayState:
         nodes = [head_node(), *(n for h in self.hosts.values() if (n := self._ray_node(h)))]
@@ -294,7 +303,7 @@ class GateMachine(RuleBasedStateMachine):
             constraint=(),
         )
         self.partial = set()
-        mono = 10_000.0 + self.t
+        mono = self._mono()
         alive = [n.instance_id for n in shown.nodes if n.alive]
         self.tracker.observe_ray(mono, ("c", self.epoch), alive)
         for n in shown.nodes:
@@ -313,7 +322,7 @@ class GateMachine(RuleBasedStateMachine):
             clock=self.tracker.clock(mono),
             parsed_pods=(hosts, problems),
         )
-        decision = decide(observed, self.memory, POLICY, self._now())
+        decision = decide(observed, self.memory, POLICY, self._now(), mono_s=mono)
         self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)
         return decision
 

@@ -9,9 +9,10 @@ one GCS process, goes back (a GCS restarted with fault tolerance keeps its clust
 that counter). Every report the loop sends is a full one, so a GCS that forgot the last one is
 told again at the next reconcile.
 
-Idle clocks become idle-since times on the daemon's wall clock (state.py), from when each reply
-arrived; an idle-since that agrees with the last one's (unchanged.py: within the read's window)
-is kept, node object and all. A reply that, zeroed (unchanged.py: versions and idle clocks set
+Idle clocks become idle-since times on the clock replies are stamped on (state.py; the
+daemon's monotonic clock, `monotonic_ms`), from when each reply arrived; an idle-since that
+agrees with the last one's (unchanged.py: within the read's window) is kept, node object and
+all. A reply that, zeroed (unchanged.py: versions and idle clocks set
 to 0), equals the last parsed one is not parsed again: the last parse gets the new idle clocks,
 which equals a full parse of it. Change detection then compares parsed values
 (`RayObservation.content`: versions and idle clocks left out).
@@ -61,8 +62,15 @@ _Reply = autoscaler_pb2.GetClusterResourceStateReply
 def wall_ms() -> int:
     """Epoch ms: what a reply is stamped with by default (one-shot use, where the planner's
     `now` stands in for its monotonic reading). The daemon stamps replies on the monotonic clock
-    instead (app.py), the clock of the planner's `mono_s`: idle ages never see a wall step."""
+    instead (`monotonic_ms`), the clock of the planner's `mono_s`: idle ages never see a wall
+    step."""
     return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    """time.monotonic() in ms: the stamp of every poller wired to a Reconciler (whose `mono_s`
+    is time.monotonic()); idle-since and the planner's tick are then on one clock."""
+    return time.monotonic_ns() // 1_000_000
 
 
 class StateSource(Protocol):

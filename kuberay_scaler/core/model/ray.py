@@ -112,9 +112,10 @@ class RayNode:
     total: Mapping[str, float]
     available: Mapping[str, float]
     labels: Mapping[str, str]
-    # Since when Ray says the node has been idle, in epoch ms on the daemon's wall clock (the
-    # adapter subtracts the reply's idle_duration_ms from when it read the reply); None unless
-    # IDLE. A point in time, not a duration: an idle node is equal from one poll to the next.
+    # Since when Ray says the node has been idle, in ms on the clock the reply was stamped on
+    # (the daemon's monotonic clock, the planner's tick; epoch ms in one-shot use): the adapter
+    # subtracts the reply's idle_duration_ms from when it read the reply; None unless IDLE.
+    # A point in time, not a duration: an idle node is equal from one poll to the next.
     idle_since_ms: int | None
     ip: str
     is_head: bool

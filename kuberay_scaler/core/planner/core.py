@@ -360,7 +360,7 @@ def _plan(
     for change in judged.changes:
         groups[change.group].reasons.append(change)
     queues = _queues(
-        slice_map, groups, rooms, needed, spec, policy, memory, ray, ev, now, news.mono_s
+        slice_map, groups, rooms, needed, spec, policy, memory, ray, ev, tick, news.mono_s
     )
     decisions = [
         _decide(
@@ -387,6 +387,7 @@ def _plan(
             needed,
             tick,  # its deadlines join Memory.preempting: the monotonic tick
             news.mono_s,
+            wall_shift=now - tick,  # what its reasons show: the wall clock
         )
         for d in decisions
     ]
@@ -879,15 +880,16 @@ def _queues(
     memory: Memory,
     ray: RayState,
     ev: Evidence,
-    now: datetime,
+    tick: datetime,
     mono_s: float,
 ) -> _Queues:
     """The reservation marks after this reply, and per group what the grace keeps and which
-    queued slices no demand wants (pure; folded into each group's decision by `_decide`)."""
+    queued slices no demand wants (pure; folded into each group's decision by `_decide`).
+    Idle age is read at `tick`, the clock the idle clocks are stamped on (never the wall)."""
     grace_s = policy.reservation_grace_s
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
     marks = reservation_marks(slice_map, ray, shapes, memory.reservations, mono_s, grace_s)
-    now_ms = epoch_ms(now)
+    now_ms = epoch_ms(tick)
     out: dict[str, _GroupQueue] = {}
     since: dict[str, float] = {}
     waits: list[float] = []

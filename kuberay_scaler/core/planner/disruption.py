@@ -88,8 +88,12 @@ def disruption_stage(
     needed: Set[SliceRef],
     now: datetime,
     mono_s: float,
+    *,
+    wall_shift: timedelta = timedelta(0),
 ) -> Disrupted:
-    """Apply the disruption rules to one group's decision (see the module docstring)."""
+    """Apply the disruption rules to one group's decision (see the module docstring). `now` is
+    the monotonic tick (`tick_of`): preemption deadlines are kept on it (Memory.preempting);
+    `now + wall_shift` is the wall clock the reasons show them on."""
     name = decision.group
     if decision.held is not None and decision.held.kind is not HoldKind.WORKERS_TO_DELETE_PENDING:
         # Held (e.g. our last write unseen): nothing decided, nothing forgotten.
@@ -99,7 +103,7 @@ def disruption_stage(
         return Disrupted(
             shown, memory.scaled_up_at.get(name), _ahead_kept(memory, slices), {}, kept
         )
-    going = _going(decision, slices, rules, memory, needed, now)
+    going = _going(decision, slices, rules, memory, needed, now, wall_shift)
     step = _do_not_disrupt(going.step.decision, slices)
     # A slice added ahead for a going one is no growth: it does not start the delay (the going
     # slice's replica comes back once its pods are gone; the idle one of them leaves as usual).
@@ -160,6 +164,7 @@ def _going(
     memory: Memory,
     needed: Set[SliceRef],
     now: datetime,
+    wall_shift: timedelta,
 ) -> _Going:
     handled = {x.slice_key for x in (*decision.deletions, *decision.preempt)}
     going = [
@@ -167,14 +172,16 @@ def _going(
         for s in slices.slices
         if s.going and s.state is not SliceState.TERMINATING and s.key not in handled
     ]
-    abandoned = _abandoned(slices, memory, handled, now)
-    drains = tuple(_drain(s, rules, memory, now) for s in going)
-    preempt = tuple(d for d, new in drains if new)
+    abandoned = _abandoned(slices, memory, handled, now, wall_shift)
+    drains = tuple(_drain(s, rules, memory, now, wall_shift) for s in going)
+    preempt = tuple(d.drain for d in drains if d.new)
     deadlines = {
-        d.slice_key: _deadline(d) for d, new in drains if new or d.slice_key in memory.preempting
+        d.drain.slice_key: d.deadline
+        for d in drains
+        if d.new or d.drain.slice_key in memory.preempting
     }
     said: tuple[Reason, ...] = tuple(
-        d.reason for d, new in drains if not new and d.slice_key in deadlines
+        d.drain.reason for d in drains if not d.new and d.drain.slice_key in deadlines
     )
     decision = replace(
         decision,
@@ -197,7 +204,9 @@ class _Abandoned:
     reasons: tuple[Reason, ...]
 
 
-def _abandoned(slices: GroupSlices, memory: Memory, handled: Set[str], now: datetime) -> _Abandoned:
+def _abandoned(
+    slices: GroupSlices, memory: Memory, handled: Set[str], now: datetime, wall_shift: timedelta
+) -> _Abandoned:
     """Slices drained for a disruption that did not happen (DisruptionTarget cleared: the
     pod was not deleted after all). Ray has no undrain: their hosts stay DRAINING, so once
     the preemption deadline has passed (the gate's (d)) the slice is replaced whole, replicas
@@ -212,7 +221,8 @@ def _abandoned(slices: GroupSlices, memory: Memory, handled: Set[str], now: date
         if sl.state is SliceState.TERMINATING or sl.key in handled:
             continue
         if deadline > now:
-            until = f"its hosts stay drained; replaced whole at {deadline.isoformat()}"
+            at = (deadline + wall_shift).isoformat()  # kept on the tick, shown on the wall
+            until = f"its hosts stay drained; replaced whole at {at}"
             wait_s = (deadline - now).total_seconds()  # the loop plans again then
             reasons.append(
                 Disruption(DisruptionKind.ABANDONED, sl.key, detail=until, wait_s=wait_s)
@@ -228,23 +238,26 @@ def _abandoned(slices: GroupSlices, memory: Memory, handled: Set[str], now: date
     return _Abandoned(tuple(deletions), tuple(reasons))
 
 
-def _deadline(d: SliceDeletion) -> datetime:
-    assert isinstance(d.reason, ScaleDown) and d.reason.deadline is not None
-    return d.reason.deadline
+@dataclass(frozen=True)
+class _Drain:
+    drain: SliceDeletion
+    deadline: datetime  # on the monotonic tick (Memory.preempting)
+    new: bool  # not drained before
 
 
 def _drain(
-    sl: Slice, rules: DisruptionRules, memory: Memory, now: datetime
-) -> tuple[SliceDeletion, bool]:
-    """The preemption drain of a going slice, and whether it is new (not drained before)."""
+    sl: Slice, rules: DisruptionRules, memory: Memory, now: datetime, wall_shift: timedelta
+) -> _Drain:
+    """The preemption drain of a going slice; its reason says the deadline on the wall clock."""
     known = memory.preempting.get(sl.key)
     deadline = known or now + timedelta(seconds=rules.preempt_deadline_s)
     cause = (sl.going or "").split(": ", 1)[-1]
+    on_wall = deadline + wall_shift
     why = ScaleDown(
-        ScaleDownKind.DISRUPTION_TARGET, sl.key, len(sl.hosts), deadline=deadline, cause=cause
+        ScaleDownKind.DISRUPTION_TARGET, sl.key, len(sl.hosts), deadline=on_wall, cause=cause
     )
     drain = SliceDeletion(sl.key, sl.pod_names, sl.node_ids, DeleteKind.PREEMPT, why)
-    return drain, known is None and bool(sl.node_ids)
+    return _Drain(drain, deadline, known is None and bool(sl.node_ids))
 
 
 @dataclass(frozen=True)
