@@ -319,6 +319,10 @@ class LocalCluster:
             # The stand-in world shows a slice scaled up, then idle and scaled down within a
             # minute or two: no scale-down delay after a scale-up (its own tests hold it).
             "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
+            # Nor a reservation grace: the demo's slice reservation is served, then released by
+            # a finished job; the grace (a slice outliving a timed-out reservation) has its own
+            # tests (tests/unit/test_planner_reservations.py, test_reservation_cycles.py).
+            "KUBERAY_SCALER_RESERVATION_GRACE_S": "0",
         }
         if self.head.auth_token:
             env["RAY_AUTH_TOKEN"] = self.head.auth_token
