@@ -1,4 +1,4 @@
-"""Fallback from a group that cannot get capacity (issue 29): ours vs Ray v2 on one world.
+"""Fallback from a group that cannot get capacity: ours vs Ray v2 on one world.
 
 The world, per trial: three fresh RayClusters in the API-server stand-in, each in its own
 namespace with its own KubeRay operator stand-in, beside one real Ray head holding 4 pending

@@ -1,4 +1,4 @@
-"""Benchmark: one decision frame at 10k and 100k hosts, in-process (issue 23).
+"""Benchmark: one decision frame at 10k and 100k hosts, in-process.
 
     .venv/bin/python bench/bench_frame.py [--hosts 10000,100000] [--profile out.prof]
 

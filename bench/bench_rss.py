@@ -1,4 +1,4 @@
-"""Benchmark: memory of the pod cache at N real-size pods (issue 23: RSS ≤ 200 MB at 10k pods).
+"""Benchmark: memory of the pod cache at N real-size pods (RSS ≤ 200 MB at 10k pods).
 
     .venv/bin/python bench/bench_rss.py [--pods 10000]
 

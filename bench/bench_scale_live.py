@@ -1,4 +1,4 @@
-"""Ours live at 1k / 10k Ray nodes: idle CPU and reaction (P1) against a GCS stand-in (issue 23).
+"""Ours live at 1k / 10k Ray nodes: idle CPU and reaction (P1) against a GCS stand-in.
 
     .venv/bin/python bench/bench_scale_live.py [--hosts 1000,10000] [--window 60] [--trials 8]
     .venv/bin/python bench/bench_scale_live.py --hosts 10000 --real-pods --rss-minutes 30 \

@@ -148,7 +148,7 @@ def _goals_22(data: dict[str, Any] | None) -> list[tuple[str, str, str, bool | N
 
 
 def _goals_29(data: dict[str, Any] | None) -> list[tuple[str, str, str, bool | None]]:
-    """Issue 29: FailedScaleUp Event → fallback PATCH p99 ≤ 15 s; Unschedulable alone (no
+    """FailedScaleUp Event → fallback PATCH p99 ≤ 15 s; Unschedulable alone (no
     Events) → fallback PATCH within the group's deadline + 5 s; Ray v2 as the anchor."""
     if not data:
         return []
@@ -466,7 +466,7 @@ def _spec_edit(data: dict[str, Any] | None) -> list[str]:
 
 
 def _fallback(data: dict[str, Any] | None) -> list[str]:
-    """bench/bench_fallback.py: a stuck TPU group → the fallback group's PATCH (issue 29)."""
+    """bench/bench_fallback.py: a stuck TPU group → the fallback group's PATCH."""
     if not data:
         return []
     s = data["summary"]

@@ -105,7 +105,7 @@ def main() -> int:
     out.with_name(f"{mode.name}-spec-edit.md").write_text(table + "\n")
     log(f"spec edit -> patch:\n{table}")
     save()
-    # Issue 29: a group that cannot get capacity → the fallback group's PATCH, ours vs Ray v2.
+    # A group that cannot get capacity → the fallback group's PATCH, ours vs Ray v2.
     results["fallback"] = asyncio.run(
         bench_fallback.run(trials=mode.fallback_trials, log=log, window_s=mode.fallback_window_s)
     )
@@ -117,7 +117,7 @@ def main() -> int:
     results["planner"] = planner(mode.planner_scale, log)
     loads.append(("after planner", loadavg()))
     save()
-    # Issue 23: planning cost over distinct shapes, the decision frame, memory at real pod size.
+    # Planning cost over distinct shapes, the decision frame, memory at real pod size.
     quick = mode.name == "quick"
     results["shapes"] = bench_shapes.run(quick=quick, log=log)
     save()

@@ -164,7 +164,7 @@ class Decision:
 @dataclass(frozen=True)
 class LastRead:
     """What the shell read once every drain answered, right before the patch: the gate's
-    evidence must be newer than every drain answer (issue 30)."""
+    evidence must be newer than every drain answer."""
 
     ray: RayState | None  # Ray's state then; None: the read failed (only the gate's (d) goes)
     uids: Mapping[str, str]  # the pod cache then: pod name → uid

@@ -23,7 +23,7 @@ DRAIN_DEADLINE_S = 30.0
 # VM gets on GCE and a pod's default termination grace, so work written for preemption gets the
 # notice it expects, and the slice is still gone within KubeRay's e2e budget of 60 s.
 PREEMPT_DEADLINE_S = 30.0
-# Disruption (issue 33, docs/planner.md "Disruption"). A group that added a slice removes no idle
+# Disruption (docs/planner.md "Disruption"). A group that added a slice removes no idle
 # slice for this long: about what a TPU slice takes to come up on GKE (node pool scale-up, image
 # pull, Ray join: minutes), so no slice is removed sooner than a new one could come back. Shorter
 # than the cluster-autoscaler's 10 min, which also covers its guess of utilisation; Ray tells us.
@@ -64,7 +64,7 @@ OVERRIDE_MEMORY_S = 3600.0
 
 # Slices and replacement.
 MAX_PROVISION_TIME_S = 900.0
-# Group availability (issue 29): an unavailable group (stockout, quota, ...) waits this long
+# Group availability: an unavailable group (stockout, quota, ...) waits this long
 # before one slice is tried again, doubling per failed probe up to the max.
 UNAVAILABLE_BACKOFF_S = 180.0
 UNAVAILABLE_MAX_BACKOFF_S = 1800.0
@@ -75,7 +75,7 @@ MISSING_NODE_GRACE_S = 180.0
 REPLACE_BACKOFF_S = 300.0
 MAX_REPLACE_BACKOFF_S = 1800.0
 # A slice whose drain every host refused is retried when its Ray idle state changes, or after
-# this wait (doubling per refused round, capped), never at once (issue 20).
+# this wait (doubling per refused round, capped), never at once.
 DRAIN_RETRY_S = 10.0
 MAX_DRAIN_RETRY_S = 300.0
 # A broken slice kept because a host is busy is kept at most this long; then its live hosts are
@@ -88,7 +88,7 @@ BROKEN_BUSY_MAX_S = 1800.0
 # from the pod's own `startedAt`, so an offline `plan --capture` decides alike.
 JOIN_SETTLE_S = 30.0
 # A slice launched for a slice reservation (ray.util.tpu.SlicePlacementGroup) is kept this long
-# after the last reservation its group served was pending (issue 32). Ray waits at most 100 s
+# after the last reservation its group served was pending. Ray waits at most 100 s
 # for each reservation (DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S in Ray 2.60), then removes it and
 # every head the SlicePlacementGroup held; a real slice takes minutes to come up, so it arrives
 # after its reservation is gone. 600 s covers the rest of its provisioning after that timeout,

@@ -373,7 +373,7 @@ def _state(
     gates = gates_of(hosts)
     if gates:
         # Held by a scheduling gate (Kueue admits the workload, then lifts it): waiting in a
-        # queue is not slow provisioning, so no deadline judges it (issue 32).
+        # queue is not slow provisioning, so no deadline judges it.
         return SliceState.QUEUED, queued_reason(gates, len(hosts), want, age), None
     if len(hosts) < want:
         if age > timeouts.max_provision_s:

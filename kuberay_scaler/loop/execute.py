@@ -122,7 +122,7 @@ async def execute(
 
     The deletion gate judges the last read before the patch: once every drain answered, Ray is
     read again and the pod cache's uids taken (`_last_read`), so a raylet replaced or a pod
-    recreated while a host answered late is never named (issue 30)."""
+    recreated while a host answered late is never named."""
     uid = decision.plan.uid
     base: Mapping[str, Any] = decision.raycluster
     record, record_failed = decision.record, None

@@ -8,7 +8,7 @@ while the last thing it knew was demand or work. The loop is unhealthy when work
 and nothing was achieved for `unhealthy_after_s`, or after `unhealthy_after_failures` failed
 attempts since the last achievement, whatever the cause.
 
-Health is also judged by outcome (issue 30): `judge_wants` keeps, per group, the oldest *want*
+Health is also judged by outcome: `judge_wants` keeps, per group, the oldest *want*
 the plan has had that the cluster does not show yet (replicas to reach, pods to delete), and a
 want of the whole cluster while an input is unknown (what is wanted cannot be evaluated). The
 loop is unhealthy when the oldest unmet want is older than `unhealthy_after_s`, whatever the

@@ -81,7 +81,7 @@ def report_from_plan(
 
 def _broken_but_busy(decision: GroupDecision, now_s: int) -> list[FailedRequest]:
     """Broken slices kept over busy hosts: for how long at most, or until when they drain for
-    preemption before their replacement (issue 20: said in `ray status` too)."""
+    preemption before their replacement (said in `ray status` too)."""
     return [
         FailedRequest(
             group=decision.group,
@@ -96,7 +96,7 @@ def _broken_but_busy(decision: GroupDecision, now_s: int) -> list[FailedRequest]
 
 
 def _unavailable(plan: Plan, decision: GroupDecision, now_s: int) -> list[FailedRequest]:
-    """A group that cannot get capacity, with the cause and its next probe (issue 29): `ray
+    """A group that cannot get capacity, with the cause and its next probe: `ray
     status` shows it as a failed launch, the reason under -v."""
     a = plan.memory.availability.get(decision.group)
     if a is None or a.state is not Availability.UNAVAILABLE:

@@ -100,7 +100,7 @@ OVERRIDES = Counter(
     registry=REGISTRY,
 )
 
-# --- the deletion gate (core/planner/gate.py; issue 20) ---
+# --- the deletion gate (core/planner/gate.py) ---
 DELETIONS_BLOCKED = Counter(
     "kuberay_scaler_deletions_blocked_total",
     "Slice deletions the deletion gate dropped, by the planner path that made them; non-zero"

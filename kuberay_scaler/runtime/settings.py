@@ -319,7 +319,7 @@ class Settings(BaseSettings):
         " before it is deleted, so Ray can move its work (Ray's own stops it at once). Raise it"
         ' for more grace (see docs/planner.md, "Above maxReplicas").',
     )
-    # --- disruption (issue 33): cluster-wide defaults; a group's template annotations win ---
+    # --- disruption: cluster-wide defaults; a group's template annotations win ---
     disruption_budget: str = Field(
         default=D.DISRUPTION_BUDGET,
         validation_alias=_ours("disruption_budget"),
@@ -334,14 +334,14 @@ class Settings(BaseSettings):
         " annotation kuberay-scaler.ray.io/scale-down-delay-after-add-seconds overrides it.",
         inclusive=True,
     )
-    # --- gate (issue 20): broken but busy is bounded ---
+    # --- gate: broken but busy is bounded ---
     broken_busy_max_s: float = seconds(
         D.BROKEN_BUSY_MAX_S,
         "broken_busy_max_s",
         "A broken slice with a busy host is kept at most this long, then its live"
         " hosts are drained for preemption and it is replaced whole.",
     )
-    # --- group availability (issue 29): fallback between slice types ---
+    # --- group availability: fallback between slice types ---
     unavailable_backoff_s: float = seconds(
         D.UNAVAILABLE_BACKOFF_S,
         "unavailable_backoff_s",

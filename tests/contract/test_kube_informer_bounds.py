@@ -1,4 +1,4 @@
-"""The informer's retry bounds against the API-server stand-in, on virtual time (issue 20).
+"""The informer's retry bounds against the API-server stand-in, on virtual time.
 
 Every sleep the informer asks for is recorded and returns at once, so "seconds" below are the
 informer's own backoff seconds, summed: the bounds are exact, never wall-clock timings.
@@ -139,7 +139,7 @@ async def test_after_25_s_of_refused_connections_it_is_synced_within_2_s_of_the_
 async def test_after_a_410_storm_a_watch_that_ran_calmly_relists_at_once(
     apiserver: ApiServerStandIn, api: ApiClient
 ) -> None:
-    """Issue 30: after a watch-event storm (a burst of 410s) the relist backoff had grown, and
+    """After a watch-event storm (a burst of 410s) the relist backoff had grown, and
     the next 410, after a calm watch of 20 s, waited it out: the pod cache stayed unsynced for
     10-30 s. A watch that ran calmly (10 s) ends the storm: the next 410 relists at once."""
     time = VirtualTime()

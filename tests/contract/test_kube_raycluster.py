@@ -118,7 +118,7 @@ async def test_poll_mode_refreshes_periodically_without_pod_events(
 async def test_poll_mode_pod_churn_never_gets_closer_than_the_gap(
     apiserver: ApiServerStandIn, connect: Connect
 ) -> None:
-    """Issue 22: pod events bring GETs sooner, but a storm of them cannot raise the GET rate
+    """Pod events bring GETs sooner, but a storm of them cannot raise the GET rate
     above one per `min_get_gap` (an edit is still seen: the GETs keep coming)."""
     apiserver.create("rayclusters", NAMESPACE, raycluster())
     gap = 0.2

@@ -1,4 +1,4 @@
-"""Issue 30: every duration that licenses a deletion runs on the monotonic clock.
+"""Every duration that licenses a deletion runs on the monotonic clock.
 
 The fake clock's wall and monotonic readings diverge here as an NTP step makes them: the wall
 jumps an hour, the monotonic clock does not. Broken-but-busy age, preemption deadlines and idle

@@ -198,7 +198,7 @@ async def test_a_refused_drain_backs_off_instead_of_retrying_every_round() -> No
 
 
 async def test_a_broken_busy_slice_is_kept_bounded_then_preempted_and_replaced_whole() -> None:
-    """Issue 20: a Failed host, its Ray node DEAD, the others busy (a placement group
+    """A Failed host, its Ray node DEAD, the others busy (a placement group
     rescheduling onto a slice that can never be whole): kept at most broken_busy_max_s, then
     its live hosts are drained for preemption, and past that deadline it is replaced whole."""
     pods = slice_pods("tpu", "tpu-a", 4)
@@ -277,7 +277,7 @@ def _gate_blocks(loop: Loop) -> list[Blocked]:
 
 
 async def test_a_raylet_replaced_while_a_host_answers_late_is_never_named() -> None:
-    """Issue 30: tpu-a drained, tpu-a-3 answers 4 s late; meanwhile tpu-a-1's drained raylet
+    """Tpu-a drained, tpu-a-3 answers 4 s late; meanwhile tpu-a-1's drained raylet
     exits and the container restarts: a new raylet (new node id, same pod) takes work. The
     patch was gated on the read before the drains and named tpu-a-1, RUNNING, never drained."""
     loop, nodes = _late_host_world()

@@ -1,4 +1,4 @@
-"""Disruption rules through the loop (issue 33): a going slice is drained for preemption and
+"""Disruption rules through the loop: a going slice is drained for preemption and
 replaced ahead, never deleted; the scale-down delay after a scale-up runs on the loop's
 monotonic clock."""
 

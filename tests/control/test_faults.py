@@ -226,7 +226,7 @@ def idle_loop(*keys: str) -> Loop:
 
 
 async def test_a_partly_drained_slice_is_kept_then_deleted_whole_past_its_deadline() -> None:
-    """Item 2 / catalogue row 20, under the deletion gate (issue 20): a host that refused keeps
+    """Item 2 / catalogue row 20, under the deletion gate: a host that refused keeps
     its slice (never deleted over it); the refusing host is drained for preemption with the
     drain deadline, and the slice leaves whole once that passes and it is judged broken."""
     loop = idle_loop("tpu-a", "tpu-b")
@@ -339,7 +339,7 @@ async def test_restart_after_the_drains_deletes_the_exited_slice_without_waiting
 
 
 async def test_restart_with_the_slices_nodes_absent_waits_a_full_grace() -> None:
-    """Issue 20: absent from the replies is not "already drained" (a restarted GCS lists no
+    """Absent from the replies is not "already drained" (a restarted GCS lists no
     one yet): the restarted daemon deletes the slice only after a full grace without them."""
     loop = await kill_between_record_and_patch(("tpu-a",))
     again = restarted(loop, [head_node()])
@@ -350,7 +350,7 @@ async def test_restart_with_the_slices_nodes_absent_waits_a_full_grace() -> None
 
 
 async def test_restart_after_part_of_the_drains_keeps_a_slice_whose_survivors_are_busy() -> None:
-    """Issue 20: hosts 0, 1 exited, hosts 2, 3 turned busy: never deleted over them (the slice
+    """Hosts 0, 1 exited, hosts 2, 3 turned busy: never deleted over them (the slice
     turns broken and leaves by the bounded broken-but-busy path)."""
     loop = await kill_between_record_and_patch(("tpu-a",))
     survivors = tpu_slice_nodes("tpu-a", 4, busy_hosts=(2, 3))[2:]

@@ -1,4 +1,4 @@
-"""No duplicate scale-up while a slice comes up (issue 22, found live in the e2e tier:
+"""No duplicate scale-up while a slice comes up (found live in the e2e tier:
 `fake_tpu[sidecar-v6e-4x4-multi-host]` asked for a second slice while 2 of the first slice's 4
 hosts had joined Ray, and removed it again as surplus 19 s later).
 

@@ -1,4 +1,4 @@
-"""The loop and Kueue-gated slices (issue 32), against the control fakes: pods are gated the way
+"""The loop and Kueue-gated slices, against the control fakes: pods are gated the way
 Kueue gates the pods of a workload slice it has not admitted (`spec.schedulingGates:
 [{name: kueue.x-k8s.io/elastic-job}]`, Pending, `PodScheduled=False/SchedulingGated`). A
 ClusterQueue's quota admits one slice, then two: the queued slice is never replaced, nothing is

@@ -330,7 +330,7 @@ async def test_recorder_dry_run_records_decisions_without_events() -> None:
 async def test_recorder_says_a_target_not_served_in_an_error_line_and_an_event_where_it_can(
     event: bool,
 ) -> None:
-    """Issue 20: a target not served says so in an error line, and in an Event on the
+    """A target not served says so in an error line, and in an Event on the
     RayCluster when there is one to attach it to (a 401/403 on the pods; not a name naming
     nothing, nor a CRD version not served)."""
     from structlog.testing import capture_logs

@@ -1,4 +1,4 @@
-"""Capacity signals on the real control plane (issue 29, observation side).
+"""Capacity signals on the real control plane (observation side).
 
 The shared plane has TPU Nodes of one type only (v6e, 4x4). A group asking for another type
 (v5e, `tpu-v5-lite-podslice` 4x4) is really Unschedulable: the real kube-scheduler says so on its

@@ -14,7 +14,7 @@ the test's own record of the world (not the daemon's code): every Ray node of it
 drain accepted in this execution, or (b) is DEAD, or no reply the daemon got showed it for the
 whole grace; or (c) it never had a node and is not Running; or (d) its slice's preemption
 deadline passed. And no path disagrees with the gate (nothing blocked) -- except where the world
-moved while a host answered its drain late (issue 30: a raylet replaced by a new one that takes
+moved while a host answered its drain late (a raylet replaced by a new one that takes
 work, a pod recreated under its name): the gate judges the read made after every drain answered
 (`LastRead`), so the evidence is newer than every drain answer, and such a pod is never named.
 `FUZZ_EXAMPLES` sets the number of runs (`make test`: 200; `make fuzz`: 5000). At 60, a mutation

@@ -296,7 +296,7 @@ def a_pod(draw: st.DrawFn, name: str, group: str, replica: str, host: int) -> di
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
         ]
     spec: dict[str, Any] = {"nodeName": "n1", "containers": [{"name": "ray-worker"}]}
-    if draw(st.integers(0, 6)) == 0:  # held by a scheduling gate, as Kueue holds pods (issue 32)
+    if draw(st.integers(0, 6)) == 0:  # held by a scheduling gate, as Kueue holds pods
         spec["schedulingGates"] = draw(
             st.sampled_from(
                 [

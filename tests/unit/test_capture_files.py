@@ -1,4 +1,4 @@
-"""`capture` writes plan-ready files and never a secret (issue 12 item 8, pure part)."""
+"""`capture` writes plan-ready files and never a secret (pure part)."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def test_a_rewritten_capture_file_becomes_private(tmp_path: Path) -> None:
 
 
 def test_a_capture_taken_while_a_worker_settles_replans_to_the_same_hold(tmp_path: Path) -> None:
-    """Issue 22: the settle after a worker joins reads only the pod's own `startedAt` and the
+    """The settle after a worker joins reads only the pod's own `startedAt` and the
     moment planned at, both in a capture (the daemon's pod view keeps `startedAt` too): the
     offline plan holds exactly while the daemon would, and asks for the worker after."""
     rc = cluster(group("cpu", replicas=1, max_replicas=3))

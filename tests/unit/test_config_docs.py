@@ -1,5 +1,5 @@
 """The configuration a newcomer reads is the one the code has: `run --help` and the README's
-table are both made from the settings model (issue 19)."""
+table are both made from the settings model."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def test_sidecar_example_runs_the_daemon_in_the_head_pod() -> None:
 
 
 def test_the_network_policy_admits_only_the_scraper_to_our_port_and_keeps_rays_open() -> None:
-    """Issue 30: the unauthenticated port is reachable by the scraper alone (the kubelet's
+    """The unauthenticated port is reachable by the scraper alone (the kubelet's
     probes come from the node, which a NetworkPolicy never blocks); Ray's ports stay open."""
     [policy] = yaml.safe_load_all((DEPLOY / "monitoring" / "networkpolicy.yaml").read_text())
     assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]

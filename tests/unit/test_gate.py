@@ -134,7 +134,7 @@ def _kinds(writes, group: str = "tpu") -> dict[str, object]:  # type: ignore[no-
 def test_the_evidence_is_newer_than_every_drain_answer(
     case: str, last_nodes: str | None, uid: str, verdict: KeepKind | None
 ) -> None:
-    """Issue 30: every host of tpu-a accepted its drain; what the read made after the last
+    """Every host of tpu-a accepted its drain; what the read made after the last
     answer shows of tpu-a-1 decides, not the read before the drains."""
     decision = _idle_decision("tpu-a")
     drained = tpu_slice_nodes("tpu-a", 4, idle_s=900)
@@ -183,7 +183,7 @@ def test_after_drains_tables_every_kind() -> None:
     assert kinds["tpu-b"] is KeepKind.DRAIN_REFUSED  # none accepted: kept whole
     assert kinds["tpu-c"] is ScaleDownKind.PARTLY_DRAINED  # the rest drained for preemption
     assert kinds["tpu-d"] is KeepKind.NO_LONGER_IDLE
-    # Issue 30: the deadlines set once the drains answered are wake-ups too: tpu-c's notice,
+    # The deadlines set once the drains answered are wake-ups too: tpu-c's notice,
     # tpu-b's (and tpu-d's) refused-drain backoff.
     assert writes.plan.next_wake_s == pytest.approx(min(DRAIN_DEADLINE_S, DRAIN_RETRY_S), abs=1)
     d = writes.plan.group("tpu")

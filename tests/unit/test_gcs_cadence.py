@@ -268,7 +268,7 @@ def _polled_intervals(replies: list[Any]) -> list[float]:
     ids=["content", "version"],
 )
 def test_contradictory_replies_do_not_speed_the_polls_up(replies: list[Any]) -> None:
-    """Issue 30: each flip counted as the state moving: polled at the 0.1 s floor, not 0.4."""
+    """Each flip counted as the state moving: polled at the 0.1 s floor, not 0.4."""
     asked = _polled_intervals(replies)
     assert asked[-1] == IDLE_INTERVAL_S, asked[-10:]
 

@@ -2,7 +2,7 @@
 
 Each kubeconfig here is broken in a way whose library message (or our own) quoted a secret:
 credentials in the server URL, an exec plugin's stderr, a YAML error's snippet of the line that
-holds a token or a client key (issue 20, "secrets").
+holds a token or a client key ("secrets").
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_a_gcs_address_with_a_password_is_refused_without_showing_it(
 def test_a_kubeconfig_token_file_path_is_not_shown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    """Issue 30: a missing `tokenFile` was named in the one-line error, path and all."""
+    """A missing `tokenFile` was named in the one-line error, path and all."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(_config("{tokenFile: /var/run/" + SECRET + "/token}"))
 

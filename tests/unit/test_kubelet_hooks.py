@@ -1,4 +1,4 @@
-"""The stand-in kubelet's Ray hooks (issue 19: hosts left behind, a start lost under load).
+"""The stand-in kubelet's Ray hooks (hosts left behind, a start lost under load).
 
 A host that fails to start is started again, as a kubelet restarts a crashed container; a host
 still starting when its pod goes, or when the cluster stops, is stopped once it is up. Ray itself

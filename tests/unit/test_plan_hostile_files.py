@@ -1,7 +1,7 @@
 """`plan` on any file: one line naming the file, exit 2, memory bounded by the read cap.
 
 Each file here crashed `plan` with a traceback, read without end, or printed nothing useful
-(issue 20, "bad input"). The daemon never reads files; these are the offline command's inputs.
+("bad input"). The daemon never reads files; these are the offline command's inputs.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def test_busy_surplus_is_drained_for_preemption_first_and_deleted_later() -> Non
 
 
 def test_default_preemption_deadline_frees_the_slice_within_kuberays_60_s() -> None:
-    """Issue 22 item 2: KubeRay's e2e test (maxReplicas 2 -> 1, both workers busy) wants the
+    """KubeRay's e2e test (maxReplicas 2 -> 1, both workers busy) wants the
     surplus gone within 60 s; Ray's own autoscaler stops the node at once. Our default drain
     notice plus the poll-mode GET and a loaded machine's reaction must fit in that."""
     assert PREEMPT_DEADLINE_S + RAYCLUSTER_POLL_INTERVAL_S + 15.0 <= 60.0

@@ -1,4 +1,4 @@
-"""Group availability and fallback between slice types (issue 29), on `plan` and `decide`."""
+"""Group availability and fallback between slice types, on `plan` and `decide`."""
 
 from __future__ import annotations
 

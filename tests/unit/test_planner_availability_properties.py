@@ -1,4 +1,4 @@
-"""Invariants of group availability and fallback (issue 29), over generated clusters (hypothesis).
+"""Invariants of group availability and fallback, over generated clusters (hypothesis).
 
 - demand is never served by launching capacity of an unavailable group;
 - a group never flaps faster than its backoff;

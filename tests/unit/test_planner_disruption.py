@@ -1,4 +1,4 @@
-"""Disruption under the user's control (issue 33): do-not-disrupt, the scale-down delay after a
+"""Disruption under the user's control: do-not-disrupt, the scale-down delay after a
 scale-up, budgets, and slices a host of which is going (DisruptionTarget)."""
 
 from __future__ import annotations

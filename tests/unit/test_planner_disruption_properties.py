@@ -1,4 +1,4 @@
-"""The disruption budget holds over any sequence of plans (issue 33, item 2).
+"""The disruption budget holds over any sequence of plans (item 2).
 
 A group of single-host slices, some idle past the timeout, some busy, runs through a sequence
 of plans as the daemon would: each plan's deletions are recorded as draining and their pods

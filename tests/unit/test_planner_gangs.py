@@ -1,4 +1,4 @@
-"""Gangs launched together (issue 32, item 3): demand that says k slices of a type are wanted
+"""Gangs launched together (item 3): demand that says k slices of a type are wanted
 together — Ray Train v2's request_resources bundle set, a placement group whose bundles span k
 slices — is launched as k slices in one plan and one patch, not one per round trip. (It already
 was: these tests pin it.)"""

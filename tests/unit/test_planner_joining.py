@@ -1,5 +1,5 @@
 """A slice coming up counts at full size for the demand it was launched for, and a host that
-joined just now may hold the demand its own work may still be reported as (issue 22: a second
+joined just now may hold the demand its own work may still be reported as (a second
 slice was asked for while the first one's hosts were joining Ray). Pure planner frames."""
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ SLICE_STATES = (
     "partial",
     "failed",
     "terminating",
-    "queued",  # held by Kueue's scheduling gate (issue 32)
+    "queued",  # held by Kueue's scheduling gate
 )
 # Hypothesis favours small draws; a middle value keeps rare branches rare (about one in six).
 _rarely = st.integers(0, 5).map(lambda v: v == 3)
@@ -130,7 +130,7 @@ def _draw_group(draw: st.DrawFn, sc: Scenario, index: int) -> dict[str, Any]:
     else:
         raw = group(name, min_replicas=low, max_replicas=high, cpu=str(cpu))
     raw.update(extra)
-    if draw(_rarely):  # issue 33: the group's own disruption budget
+    if draw(_rarely):  # The group's own disruption budget
         budget = draw(st.sampled_from(["0", "1", "50%"]))
         notes = {"kuberay-scaler.ray.io/disruption-budget": budget}
         raw["template"]["metadata"] = {"annotations": notes}
@@ -168,9 +168,9 @@ def _draw_slice(
         pods = pods[: max(1, hosts - 1)] if hosts > 1 else pods
     if kind == "failed":
         pods[-1]["status"]["phase"] = "Failed"
-    if draw(_rarely):  # issue 33: a pod asks not to be disrupted
+    if draw(_rarely):  # A pod asks not to be disrupted
         pods[0]["metadata"]["annotations"] = {"karpenter.sh/do-not-disrupt": "true"}
-    if draw(_rarely):  # issue 33: a host is going (eviction, preemption)
+    if draw(_rarely):  # A host is going (eviction, preemption)
         cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
         pods[-1]["status"]["conditions"] = [cond]
     sc.pods += pods
@@ -206,10 +206,10 @@ def _draw_memory(draw: st.DrawFn, names: list[str], queued: list[str]) -> Memory
         for n in names
         if draw(_rarely)
     }
-    # issue 33: groups that added a slice lately (the scale-down delay runs) or long ago.
+    # Groups that added a slice lately (the scale-down delay runs) or long ago.
     added = {n: NOW.timestamp() - draw(st.sampled_from([10, 1000])) for n in names if draw(_rarely)}
     # Queued slices unneeded long ago (their cancel is due if no demand uses them) or just now;
-    # some groups served slice reservations lately (issue 32).
+    # some groups served slice reservations lately.
     now_s = NOW.timestamp()
     unneeded = {k: now_s - draw(st.sampled_from([0.0, 3600.0])) for k in queued}
     marks = {
@@ -313,7 +313,7 @@ def test_no_slice_with_a_busy_host_is_deleted_as_idle(sc: Scenario) -> None:
 @given(scenarios())
 @PROPERTY_SETTINGS
 def test_disruption_rules_hold(sc: Scenario) -> None:
-    """Issue 33: a do-not-disrupt slice never leaves by idle scale-down; a going slice with a
+    """A do-not-disrupt slice never leaves by idle scale-down; a going slice with a
     live Ray node is drained for preemption by some path (or already being deleted whole)."""
     result = sc.plan()
     slices = _slices(result)

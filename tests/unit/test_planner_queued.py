@@ -1,4 +1,4 @@
-"""Queued slices (issue 32): pods held by a scheduling gate, the way Kueue holds the pods of a
+"""Queued slices: pods held by a scheduling gate, the way Kueue holds the pods of a
 workload slice it has not admitted. Queued is a state of its own: never broken, never replaced
 for being slow, coming capacity for the demand it will serve, cancelled undrained (through the
 deletion gate) once no demand has used it for the idle timeout."""

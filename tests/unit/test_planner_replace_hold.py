@@ -90,7 +90,7 @@ def test_ray_node_missing_within_the_grace_is_waited_for() -> None:
 
 
 def test_slice_pending_past_max_provision_time_is_cancelled_not_replaced() -> None:
-    # Issue 29: past the provisioning deadline the group is unavailable; a slice whose pods
+    # Past the provisioning deadline the group is unavailable; a slice whose pods
     # never ran is cancelled (the target drops), never replaced by the same stuck pods.
     pods = slice_pods("tpu", "tpu-a", 4, phase="Pending", age_s=700)
     result = plan_of(

@@ -1,4 +1,4 @@
-"""Reservation grace (issue 32): a slice launched for a slice reservation (ray.util.tpu's head
+"""Reservation grace: a slice launched for a slice reservation (ray.util.tpu's head
 placement group, `{"TPU-v6e-16-head": 1}` selecting worker 0 of a v6e-16) is kept after that
 reservation times out, for the grace, so the next attempt finds it: never launch, time out,
 idle out, relaunch within it."""

@@ -1,4 +1,4 @@
-"""A gang stuck on a broken slice is replaced as a gang (issue 32, item 4): one host of a slice
+"""A gang stuck on a broken slice is replaced as a gang (item 4): one host of a slice
 died, the job's placement group is RESCHEDULING with that host's bundle pinned to the slice,
 and the surviving hosts hold only that group's bundles. The slice is drained for preemption now
 and replaced once the deadline passes, instead of being kept busy for up to 30 min."""

@@ -1,5 +1,5 @@
 """Stopping a Ray node of the stand-ins leaves none of its processes behind, not even those in
-a process group of their own (issue 22: e2e runs ended with Ray `default_worker` processes of
+a process group of their own (e2e runs ended with Ray `default_worker` processes of
 stopped hosts alive, each its own group leader, which the reaper then killed).
 
 Ray starts every worker in a process group of its own, so the node's group signal misses them;

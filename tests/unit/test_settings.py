@@ -249,7 +249,7 @@ def _numeric_fields() -> list[str]:
 @pytest.mark.parametrize("field", _numeric_fields())
 @pytest.mark.parametrize("raw", ["1e300", "9223372036854775808", "1e16"])
 def test_every_number_has_an_upper_bound_far_from_overflow(field: str, raw: str) -> None:
-    """1e300 s as a drain deadline overflowed int64 ms inside every reconcile (issue 20)."""
+    """1e300 s as a drain deadline overflowed int64 ms inside every reconcile."""
     env = _env_name(field)
     if Settings.model_fields[field].annotation in (int, int | None):
         raw = raw.replace("1e300", "10" * 160).replace("1e16", "10000000000000000")

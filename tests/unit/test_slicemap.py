@@ -213,7 +213,7 @@ def test_more_hosts_than_num_of_hosts_is_broken() -> None:
 
 
 def test_a_whole_slice_of_an_older_num_of_hosts_is_outdated_not_broken() -> None:
-    """Issue 30: numOfHosts lowered 5 -> 4 under a live slice (host indexes 0..4, all Running
+    """NumOfHosts lowered 5 -> 4 under a live slice (host indexes 0..4, all Running
     and in Ray): built to the older spec, it serves on; one host down makes it broken."""
     pods = slice_pods("tpu", "tpu-o", 5)
     nodes = tpu_slice_nodes("tpu-o", 5)

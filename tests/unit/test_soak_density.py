@@ -1,4 +1,4 @@
-"""The soak judges real work (issue 19): what each daemon write did, and what a run must have."""
+"""The soak judges real work: what each daemon write did, and what a run must have."""
 
 from __future__ import annotations
 

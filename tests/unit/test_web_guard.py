@@ -1,4 +1,4 @@
-"""The HTTP port's guard (issue 30): the connection cap and the logging of what clients cause."""
+"""The HTTP port's guard: the connection cap and the logging of what clients cause."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def _group(g: Mapping[str, Any]) -> str:
 
 
 def _availability(a: Mapping[str, Any]) -> str:
-    """The group's availability (issue 29): its state, what said so, and its next probe."""
+    """The group's availability: its state, what said so, and its next probe."""
     state = str(a.get("state") or "available")
     line = f"Availability: <span class='state avail-{escape(state)}'>{escape(state)}</span>"
     if a.get("text") and state != "available":

@@ -38,7 +38,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 def tick_of(mono_s: float | None, now: datetime) -> datetime:
-    """The planner's monotonic reading as an instant (issue 30): every duration that licenses a
+    """The planner's monotonic reading as an instant: every duration that licenses a
     deletion (broken-busy age, preemption deadlines, idle age, replace and refused-drain
     backoffs) is measured on it, never on the wall clock `now`, so an NTP step cannot shorten
     or stretch one. A `datetime` only so the timers keep their arithmetic: `mono_s` seconds
@@ -243,10 +243,10 @@ class Memory:
     availability: Mapping[str, GroupAvailability] = field(
         default_factory=lambda: MappingProxyType({})
     )
-    # Queued slices (issue 32) no demand uses: slice key → since when (mono_s); cancelled once
+    # Queued slices no demand uses: slice key → since when (mono_s); cancelled once
     # that lasts the idle timeout. Kept every frame, written or not.
     queued_unneeded_since: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    # Groups whose slice reservations were seen lately (issue 32): their unneeded slices are kept
+    # Groups whose slice reservations were seen lately: their unneeded slices are kept
     # for the reservation grace. Kept every frame, written or not.
     reservations: Mapping[str, ReservationMark] = field(
         default_factory=lambda: MappingProxyType({})
@@ -289,7 +289,7 @@ class Plan:
     settle_s: float | None = None
     # Seconds until the first deadline its memory holds passes (a preemption notice, the
     # broken-busy bound, a replace or refused-drain backoff) or a group's provisioning
-    # deadline or capacity grace (issue 29): see `next_wake_s`.
+    # deadline or capacity grace: see `next_wake_s`.
     deadline_s: float | None = None
     # When it was planned, on the clock idle-since times are kept on (`tick_of`, in ms; the
     # daemon stamps GCS replies on the monotonic clock): its documents' idle durations are as of
@@ -297,12 +297,12 @@ class Plan:
     now_ms: int = 0
     # When it was planned on the wall clock (epoch ms): what times shown to people count from.
     wall_ms: int = 0
-    # Group availability transitions this plan made, and where demand fell back to (issue 29).
+    # Group availability transitions this plan made, and where demand fell back to.
     availability_changes: tuple[AvailabilityChange, ...] = ()
     fallbacks: tuple[Fallback, ...] = ()
     # Seconds from this plan until each unavailable group's next probe (monotonic, from mono_s).
     next_probe_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    # Seconds until a queued slice's cancel or a reservation grace falls due (issue 32).
+    # Seconds until a queued slice's cancel or a reservation grace falls due.
     queue_wake_s: float | None = None
 
     @property
@@ -341,7 +341,7 @@ class Plan:
     @property
     def next_wake_s(self) -> float | None:
         """Seconds from this plan until time alone changes a decision: an idle slice reaching
-        its timeout, a host done settling, or a deadline passing (issue 30: every deadline the
+        its timeout, a host done settling, or a deadline passing (every deadline the
         plan holds is a wake-up, so e.g. a preempted surplus slice leaves when its notice ends,
         not at the next resync). None when nothing is due."""
         waits = [w for w in (self.next_idle_expiry_s, self.deadline_s) if w is not None]

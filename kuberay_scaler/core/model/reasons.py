@@ -193,7 +193,7 @@ class ScaleDownKind(StrEnum):
     # manager): the slice is going, its live hosts are drained for preemption now.
     DISRUPTION_TARGET = "disruption_target"
     # A queued slice (held by a scheduling gate: Kueue) no demand has used for the idle timeout:
-    # cancelled whole, undrained (its pods never ran), before it is ever admitted (issue 32).
+    # cancelled whole, undrained (its pods never ran), before it is ever admitted.
     CANCEL_QUEUED = "cancel_queued"
 
 
@@ -290,12 +290,12 @@ class KeepKind(StrEnum):
     RECORD_FAILED = "record_failed"  # the draining record was not written: nothing drained
     DRAIN_BACKING_OFF = "drain_backing_off"  # refused lately; retried on change or after a wait
     # Built to an older spec (numOfHosts lowered since): serves on, never preempted for it,
-    # removed first once idle (issue 30).
+    # removed first once idle.
     OUTDATED = "outdated"
     # The deletion gate (core/planner/gate.py) dropped a deletion a planner path made: a pod whose
     # Ray node is neither drained now, nor DEAD, nor long gone. Non-zero means a planner bug.
     # Unneeded, but launched for a slice reservation (ray.util.tpu) seen within the grace
-    # (KUBERAY_SCALER_RESERVATION_GRACE_S): kept so the next reservation finds it (issue 32).
+    # (KUBERAY_SCALER_RESERVATION_GRACE_S): kept so the next reservation finds it.
     RESERVATION_GRACE = "reservation_grace"
     GATE_NOT_DRAINED = "gate_not_drained"  # a live Ray node of the pod was not drained now
     GATE_ABSENT = "gate_absent"  # no Ray node, but not absent for the whole grace yet

@@ -23,7 +23,7 @@ class SliceState(StrEnum):
     PARTIAL = "partial"  # fewer pods than numOfHosts exist (being created or half deleted)
     BROKEN = "broken"  # will not become useful on its own: replace it
     # Built to an older spec (more hosts than numOfHosts now, each in its place): it keeps
-    # serving, is never preempted or replaced for it, and leaves first once idle (issue 30).
+    # serving, is never preempted or replaced for it, and leaves first once idle.
     OUTDATED = "outdated"
     TERMINATING = "terminating"  # being deleted (a pod terminating or named in workersToDelete)
 

@@ -1,5 +1,5 @@
 """Group availability: one pure stage from the slice map, capacity Events and last frame's
-availability to each group's new availability and the transitions (issue 29).
+availability to each group's new availability and the transitions.
 
 Signals, fastest first:
 

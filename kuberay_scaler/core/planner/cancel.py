@@ -1,4 +1,4 @@
-"""Cancel what an unavailable group has coming (issue 29): pure, one frozen result.
+"""Cancel what an unavailable group has coming: pure, one frozen result.
 
 A slice of a group that cannot get capacity will not come: its pods never ran (none Running,
 none ever had a Ray node: the deletion gate's (c), so no drain is needed) and it is cancelled

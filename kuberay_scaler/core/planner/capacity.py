@@ -22,7 +22,7 @@ COUNTED = (
     SliceState.QUEUED,
 )
 # Slices still coming up, counted at full size: a queued one (Kueue) is capacity on its way
-# too, so demand it will serve is not provisioned twice (issue 32).
+# too, so demand it will serve is not provisioned twice.
 _COMING_UP = (SliceState.PENDING, SliceState.QUEUED)
 
 
@@ -65,7 +65,7 @@ def build_capacity(
     The same reply at a slice's last host's join (or a single-host worker's) is the settle:
     see `_settling_bin`, a pure function of the pod's own `startedAt` and `now`.
     `unavailable` names groups that cannot get capacity (core/planner/availability.py): what
-    they have coming up (pending, partial, replicas without pods) is not capacity (issue 29).
+    they have coming up (pending, partial, replicas without pods) is not capacity.
     """
     cap = Capacity(with_total=with_total)
     unidentified = _unidentified_pods(slice_map)

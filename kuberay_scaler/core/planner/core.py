@@ -116,7 +116,7 @@ class Policy:
     # How long after its Ray container started a worker host's used resources may still be
     # work reported pending (see JOIN_SETTLE_S); 0 turns the settle off.
     join_settle_s: float = JOIN_SETTLE_S
-    # Group availability (issue 29): the backoff before an unavailable group is probed
+    # Group availability: the backoff before an unavailable group is probed
     # (KUBERAY_SCALER_UNAVAILABLE_BACKOFF_S), doubling up to ..._UNAVAILABLE_MAX_BACKOFF_S.
     unavailable_backoff_s: float = UNAVAILABLE_BACKOFF_S
     unavailable_max_backoff_s: float = UNAVAILABLE_MAX_BACKOFF_S
@@ -803,7 +803,7 @@ def _decide(
         keep = group.effective_replicas + room.added - group.min_replicas - cancelled.replicas
         refused = judged.memory.refused if judged else None
         # Queued slices no demand wants are cancelled first (they never ran); slices the
-        # reservation grace keeps count as needed (issue 32).
+        # reservation grace keeps count as needed.
         queue = queue or _GroupQueue()
         deletions += queue.cancels.deletions
         reasons += queue.cancels.reasons

@@ -1,4 +1,4 @@
-"""Disruption under the user's control (issue 33): one stage over a group's decision.
+"""Disruption under the user's control: one stage over a group's decision.
 
 The earlier paths decide what could leave; this stage decides what may leave *now*, and moves
 first for a slice that is going anyway. In order (docs/planner.md, "Disruption"):

@@ -12,7 +12,7 @@ nodes (every GCS entry with its instance id, not just one) is
   (c) the pod never had a Ray node (as far as this daemon saw) and is not Running, or
   (d) its slice's preemption deadline has passed.
 
-The evidence is the last read before the write (issue 30): after the drains answered, the shell
+The evidence is the last read before the write: after the drains answered, the shell
 reads Ray again and takes the pod cache's uids (`Evidence.after`); a pod whose live Ray nodes in
 that read are not among the ones drained (a raylet replaced meanwhile: a new node id on the same
 pod) or whose uid changed since the plan (the pod recreated under its name) is refused, and so is

@@ -1,4 +1,4 @@
-"""Queued slices (issue 32): cancel one that no demand has used for the idle timeout. Pure.
+"""Queued slices: cancel one that no demand has used for the idle timeout. Pure.
 
 A queued slice is held by a scheduling gate (Kueue has not admitted its workload slice): it
 counts as capacity on its way (planner/capacity.py), so pending demand lands on it and it is

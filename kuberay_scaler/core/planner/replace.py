@@ -21,7 +21,7 @@ def backing_off(backoff: Mapping[str, ReplaceBackoff], group: str, now: datetime
 
 @dataclass
 class BrokenBusy:
-    """Broken slices kept because a host is busy: bounded (issue 20, "broken but busy").
+    """Broken slices kept because a host is busy: bounded ("broken but busy").
 
     Each is kept at most `max_s` (KUBERAY_SCALER_BROKEN_BUSY_MAX_S) from when a plan first
     kept it; then its live hosts are drained for preemption with `deadline_s` (PREEMPT_DEADLINE_S)

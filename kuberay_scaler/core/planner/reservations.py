@@ -1,4 +1,4 @@
-"""Reservation grace (issue 32): slices launched for slice reservations outlive their timeout.
+"""Reservation grace: slices launched for slice reservations outlive their timeout.
 
 `ray.util.tpu.SlicePlacementGroup` reserves each slice with a head placement group, one bundle
 `{"TPU-<podtype>-head": 1}` selecting `ray.io/tpu-worker-id=0, ray.io/tpu-pod-type=<podtype>`

@@ -362,7 +362,7 @@ def _surplus_order(
         return (3, _utilisation(sl), sl.key)  # least used first, as Ray's scheduler orders
 
     def ordered(sl: Slice) -> tuple[int, bool, float, str]:
-        # A do-not-disrupt slice goes last of its kind (issue 33): after every slice of its kind
+        # A do-not-disrupt slice goes last of its kind: after every slice of its kind
         # without the annotation, yet an idle one before any busy one (it stops no work).
         kind, rank, name = key(sl)
         return (kind, sl.do_not_disrupt is not None, rank, name)

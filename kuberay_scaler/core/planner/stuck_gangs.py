@@ -1,4 +1,4 @@
-"""Broken slices a gang waits on (issue 32, item 4). Pure.
+"""Broken slices a gang waits on (item 4). Pure.
 
 One host of a multi-host slice dies: the job's placement group goes RESCHEDULING, its dead
 host's bundle pending again, pinned to that slice (`ray.io/tpu-slice-name`). The surviving
