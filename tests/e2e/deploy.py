@@ -126,6 +126,8 @@ class Deploy:
             # Ray's autoscaler has no scale-down delay after a scale-up; the peer scenarios
             # compare with it at test-speed idle timeouts.
             "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
+            # Nor a reservation grace (600 s): a test's reservation is served, then its job ends.
+            "KUBERAY_SCALER_RESERVATION_GRACE_S": "0",
             **self.settings,
         }
 

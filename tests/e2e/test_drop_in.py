@@ -67,6 +67,8 @@ def drop_in_raycluster(http_address: str) -> dict[str, Any]:
         "KUBERAY_SCALER_RESYNC_INTERVAL_S": "5",
         "KUBERAY_SCALER_DRAIN_DEADLINE_S": "10",
         "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
+        # Nor a reservation grace (600 s): a test's reservation is served, then its job ends.
+        "KUBERAY_SCALER_RESERVATION_GRACE_S": "0",
     }
     cluster["spec"]["autoscalerOptions"] |= {
         "image": IMAGE,

@@ -186,6 +186,8 @@ class World:
             "KUBERAY_SCALER_DRAIN_DEADLINE_S": "10",
             # Test-speed timings: no scale-down delay after a scale-up (300 s by default).
             "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
+            # Nor a reservation grace (600 s): a test's reservation is served, then its job ends.
+            "KUBERAY_SCALER_RESERVATION_GRACE_S": "0",
             **settings,
         }
         log_path = self.workdir / f"daemon-{len(self.daemons)}-{user}.log"
