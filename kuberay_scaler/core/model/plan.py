@@ -15,6 +15,7 @@ from kuberay_scaler.core.model.availability import (
     said_by,
 )
 from kuberay_scaler.core.model.cluster import ClusterSpec, Problem
+from kuberay_scaler.core.model.gangs import GangLine
 from kuberay_scaler.core.model.hosts import Host, HostClock
 from kuberay_scaler.core.model.ray import GangDemand, TaskDemand
 from kuberay_scaler.core.model.reasons import (
@@ -303,6 +304,8 @@ class Plan:
     next_probe_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # Seconds until a queued slice's cancel or a reservation grace falls due (issue 32).
     queue_wake_s: float | None = None
+    # Pending placement groups' slices per group and their deadline (planner/gang_deadline.py).
+    gangs: tuple[GangLine, ...] = ()
 
     @property
     def changes(self) -> bool:

@@ -195,6 +195,9 @@ class ScaleDownKind(StrEnum):
     # A queued slice (held by a scheduling gate: Kueue) no demand has used for the idle timeout:
     # cancelled whole, undrained (its pods never ran), before it is ever admitted (issue 32).
     CANCEL_QUEUED = "cancel_queued"
+    # An idle slice of a gang (a pending placement group) still incomplete at its group's
+    # provisioning deadline: drained and handed back; the gang is planned again whole (issue 32).
+    GANG_DEADLINE = "gang_deadline"
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,11 @@ class ScaleDown:
             return (
                 f"cancel queued slice {self.slice}: no demand for it for {self.idle_s:.0f} s"
                 f" ≥ {self.timeout_s:.0f} s (its pods never ran)"
+            )
+        if self.kind is ScaleDownKind.GANG_DEADLINE:
+            return (
+                f"release idle slice {self.slice} of an incomplete gang past its deadline"
+                f" ({self.timeout_s:.0f} s): {self.detail}"
             )
         if self.kind is ScaleDownKind.RECORDED_DRAIN:
             return f"remove slice {self.slice}: finishing a drain recorded before a restart"

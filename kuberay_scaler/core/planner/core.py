@@ -65,7 +65,7 @@ from kuberay_scaler.core.model.reasons import (
     Waiting,
 )
 from kuberay_scaler.core.model.signals import CapacityEvent
-from kuberay_scaler.core.model.slices import GroupSlices, SliceMap
+from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.core.planner.availability import (
     AvailabilityPolicy,
     AvailabilityResult,
@@ -81,6 +81,7 @@ from kuberay_scaler.core.planner.disruption import (
     shown_rules,
 )
 from kuberay_scaler.core.planner.explain import why_unchanged
+from kuberay_scaler.core.planner.gang_deadline import GangDeadlines, gang_deadlines
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.pool import Pool
 from kuberay_scaler.core.planner.queued import QueuedCancels, queued_cancellations
@@ -175,6 +176,8 @@ class _Group:
     clear_wtd: bool = False
     reasons: list[Reason] = field(default_factory=list)
     availability: GroupAvailability | None = None
+    # Idle slices of a gang past its deadline, released (planner/gang_deadline.py).
+    released: tuple[SliceDeletion, ...] = ()
 
 
 def plan(
@@ -325,8 +328,9 @@ def _plan(
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
     replacing = _replacing(groups, memory, tick) - unavailable
     demand = bool(ray.tasks or ray.gangs or ray.constraint)
+    gangs = _gang_deadlines(snapshot, slice_map, ray, groups, judged, policy, now)
     capacity = build_capacity(
-        slice_map,
+        _without_released(slice_map, gangs),
         ray,
         shapes,
         replacing,
@@ -441,7 +445,8 @@ def _plan(
         availability_changes=judged.changes,
         fallbacks=_fallbacks(rooms),
         next_probe_s=MappingProxyType(_next_probes(judged.groups, news.mono_s)),
-        queue_wake_s=queues.wake_s,
+        queue_wake_s=_first(queues.wake_s, gangs.wake_s),
+        gangs=gangs.lines,
     )
     result = replace(result, deadline_s=next_deadline_s(result.memory, policy, tick))
     return finish_recorded_drains(result, memory.draining, ev, tick, wall_shift=now - tick)
@@ -637,6 +642,66 @@ def _unavailable_hold(name: str, avail: GroupAvailability, now: datetime, mono_s
     return Hold(HoldKind.GROUP_UNAVAILABLE, name, detail=str(avail), until=until)
 
 
+def _gang_deadlines(
+    snapshot: Snapshot,
+    slice_map: SliceMap,
+    ray: RayState,
+    groups: Mapping[str, _Group],
+    judged: AvailabilityResult,
+    policy: Policy,
+    now: datetime,
+) -> GangDeadlines:
+    """The gang deadline stage, its released slices noted on their groups."""
+    if not ray.gangs:
+        return GangDeadlines()
+    shapes = {n: g.shape for n, g in groups.items() if g.shape}
+    eligible = frozenset(n for n, g in groups.items() if not (g.hold_all or g.hold_down))
+    found = gang_deadlines(
+        slice_map,
+        ray.gangs,
+        ray.constraint,
+        shapes,
+        judged.groups,
+        _host_clock(snapshot, ray, now),
+        policy.timeouts.max_provision_s,
+        eligible,
+    )
+    for name, released in found.released.items():
+        groups[name].released = released
+    return found
+
+
+def _without_released(slice_map: SliceMap, gangs: GangDeadlines) -> SliceMap:
+    """The slice map for capacity, the slices released for a gang in it as leaving (a broken
+    slice of a group that replaces nothing: no capacity, yet still a replica with pods), so
+    the gang is fitted whole again."""
+    if not gangs.released:
+        return slice_map
+    gone = gangs.all_keys
+    kept = {
+        name: GroupSlices(
+            gs.group,
+            tuple(replace(s, state=SliceState.BROKEN) if s.key in gone else s for s in gs.slices),
+        )
+        if name in gangs.released
+        else gs
+        for name, gs in slice_map.groups.items()
+    }
+    return replace(slice_map, groups=MappingProxyType(kept))
+
+
+def _first(*waits: float | None) -> float | None:
+    ahead = [w for w in waits if w is not None]
+    return min(ahead) if ahead else None
+
+
+def _host_clock(snapshot: Snapshot, ray: RayState | None, now: datetime) -> HostClock:
+    if snapshot.clock is not None:
+        return snapshot.clock
+    # One-shot use: the pods' own timestamps, as the slice map used.
+    return HostClock.from_timestamps(snapshot.hosts, ray.node_by_instance() if ray else {}, now)
+
+
 def _judge_availability(
     snapshot: Snapshot,
     slice_map: SliceMap,
@@ -646,11 +711,7 @@ def _judge_availability(
     now: datetime,
     news: _Capacity,
 ) -> AvailabilityResult:
-    clock = snapshot.clock
-    if clock is None:  # one-shot use: the pods' own timestamps, as the slice map used
-        clock = HostClock.from_timestamps(
-            snapshot.hosts, ray.node_by_instance() if ray else {}, now
-        )
+    clock = _host_clock(snapshot, ray, now)
     return judge_availability(
         slice_map,
         news.events,
@@ -783,8 +844,12 @@ def _decide(
             cancelled = cancellations(g.slices, g.availability, ev, virtual)
             deletions += cancelled.deletions
             reasons += cancelled.reasons
+        # A gang past its deadline hands its idle slices back (drained, like idle ones).
+        deletions += g.released
+        reasons += [x.reason for x in g.released]
+        released = frozenset(x.slice_key for x in g.released)
         deletions += replacements(
-            _without_slices(g.slices, cancelled.keys),
+            _without_slices(g.slices, cancelled.keys | released),
             backoff,
             policy.replace_backoff_s,
             policy.max_backoff_s,
@@ -799,6 +864,7 @@ def _decide(
         # up, turn idle and leave through the idle path, drained like any other slice.
         timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
         keep = group.effective_replicas + room.added - group.min_replicas - cancelled.replicas
+        keep -= len(g.released)
         refused = judged.memory.refused if judged else None
         # Queued slices no demand wants are cancelled first (they never ran); slices the
         # reservation grace keeps count as needed (issue 32).
@@ -809,7 +875,14 @@ def _decide(
         queued_gone = len(queue.cancels.deletions)
         shielded = needed | queue.grace.refs if queue.grace.refs else needed
         deletions += idle_deletions(
-            g.slices, keep, shielded, timeout_s, reasons, refused, tick, wall_shift=shift
+            _without_slices(g.slices, released),
+            keep,
+            shielded,
+            timeout_s,
+            reasons,
+            refused,
+            tick,
+            wall_shift=shift,
         )
         reasons += queue.grace.reasons
     reasons += outdated_kept(g.slices, deletions)

@@ -1,0 +1,232 @@
+"""The gang deadline (issue 32): a partial gang past its group's provisioning deadline hands
+its slices back, and the whole gang is planned again.
+
+A gang is a pending placement group (`RayState.gangs`) whose bundles need k slices of one
+group. Ray creates a placement group all or nothing (every strategy), so while it is pending
+its slices that are up hold none of it: they sit idle, waiting for the rest. Its slices in a
+group are the group's coming slices (pending, partial) and its idle complete ones, up to k.
+When the oldest of them has existed longer than the group's provisioning deadline
+(`max-provision-time-s`, else the cluster default) and the group cannot finish the gang now
+(it is unavailable: the availability stage marks it `provisioning-deadline` when a slice misses
+that same deadline), its idle up slices are released: drained like idle slices, through the
+deletion gate (a busy one is never chosen); the coming ones whose pods never ran are cancelled
+undrained by `cancel.py` (the group being unavailable). The released slices are left out of
+this plan's capacity, so the gang is fitted whole again: all k in another group that can host
+them (the fallback order), or it waits.
+
+Elastic demand keeps its slices: a `request_resources` floor the group can serve (Ray Train's
+autoscaling coordinator; a floor takes what fits, and would ask for released slices again at
+once). Pure: one frozen result, folded in by the planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from kuberay_scaler.core.model.availability import GroupAvailability
+from kuberay_scaler.core.model.gangs import GangLine
+from kuberay_scaler.core.model.hosts import HostClock
+from kuberay_scaler.core.model.plan import DeleteKind, SliceDeletion
+from kuberay_scaler.core.model.ray import Bundle, GangDemand, GangStrategy, TaskDemand
+from kuberay_scaler.core.model.reasons import ScaleDown, ScaleDownKind, SliceFault
+from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceMap, SliceState
+from kuberay_scaler.core.planner.availability import group_deadline_s
+from kuberay_scaler.core.planner.bins import (
+    Bin,
+    bins_for_new_slice,
+    bundle_size,
+    copies_that_fit,
+    gang_units,
+    take,
+)
+from kuberay_scaler.core.planner.scale_down import deletion
+from kuberay_scaler.core.planner.shapes import SliceShape
+
+# A slice that never came up in time (broken for it): still one of the gang's coming slices.
+_NOT_UP = (SliceFault.NOT_UP_IN_TIME, SliceFault.HOSTS_MISSING)
+_EMPTY: Mapping[str, tuple[SliceDeletion, ...]] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class GangDeadlines:
+    """Per group, the slices released for a gang past its deadline; every gang's line."""
+
+    released: Mapping[str, tuple[SliceDeletion, ...]] = field(default_factory=lambda: _EMPTY)
+    lines: tuple[GangLine, ...] = ()
+    wake_s: float | None = None  # seconds until the first incomplete gang's deadline
+
+    def keys(self, group: str) -> frozenset[str]:
+        return frozenset(x.slice_key for x in self.released.get(group, ()))
+
+    @property
+    def all_keys(self) -> frozenset[str]:
+        return frozenset(x.slice_key for xs in self.released.values() for x in xs)
+
+
+def gang_deadlines(
+    slice_map: SliceMap,
+    gangs: Sequence[GangDemand],
+    constraint: Sequence[TaskDemand],
+    shapes: Mapping[str, SliceShape],
+    availability: Mapping[str, GroupAvailability],
+    clock: HostClock,
+    default_deadline_s: float,
+    eligible: frozenset[str],
+) -> GangDeadlines:
+    """What the pending `gangs` hold in each group and what they release (`eligible`: groups
+    that may scale down in this plan)."""
+    free = {name: _spare(gs) for name, gs in slice_map.groups.items()}
+    released: dict[str, list[SliceDeletion]] = {}
+    lines: list[GangLine] = []
+    waits: list[float] = []
+    for gang in sorted(gangs, key=lambda g: len(g.bundles), reverse=True):
+        found = _home(gang, slice_map, shapes, free)
+        if found is None:
+            continue
+        gs, shape, k = found
+        coming, up = free[gs.group.name]
+        members = (coming[:k], up[: max(0, k - len(coming))])
+        free[gs.group.name] = (coming[k:], up[len(members[1]) :])
+        line = _line(gs, shape, k, members, clock, default_deadline_s, constraint)
+        if not members[0] and not members[1]:
+            continue
+        avail = availability.get(gs.group.name)
+        blocked = avail is not None and avail.blocks_launch
+        incomplete = line.up < k
+        if incomplete and line.up and not line.elastic and gs.group.name in eligible:
+            if line.age_s > line.deadline_s and blocked:
+                budget = _budget(gs) - len(released.get(gs.group.name, ()))
+                chosen = members[1][: max(0, budget)]
+                released.setdefault(gs.group.name, []).extend(_release(chosen, line))
+                line = replace(line, released=bool(chosen))
+            elif line.age_s <= line.deadline_s:
+                waits.append(line.deadline_s - line.age_s)
+        lines.append(line)
+    return GangDeadlines(
+        MappingProxyType({n: tuple(xs) for n, xs in released.items()}),
+        tuple(lines),
+        min(waits) if waits else None,
+    )
+
+
+def _spare(gs: GroupSlices) -> tuple[tuple[Slice, ...], tuple[Slice, ...]]:
+    """The group's slices a pending gang may be waiting on: coming ones, and complete ones
+    whose every host is idle (busy slices run something else)."""
+    late = tuple(s for s in gs.by_state(SliceState.BROKEN) if s.fault in _NOT_UP)
+    coming = tuple(s for s in (*gs.coming_up, *late) if not s.marked_for_deletion)
+    up = tuple(
+        s
+        for s in gs.by_state(SliceState.COMPLETE)
+        if not s.marked_for_deletion and s.idle_since_ms() is not None
+    )
+    return coming, up
+
+
+def _home(
+    gang: GangDemand,
+    slice_map: SliceMap,
+    shapes: Mapping[str, SliceShape],
+    free: Mapping[str, tuple[tuple[Slice, ...], tuple[Slice, ...]]],
+) -> tuple[GroupSlices, SliceShape, int] | None:
+    """The group whose fresh slices host the gang's accelerator units and that has the most
+    slices it may be waiting on (ties: spec order), and how many slices it needs there."""
+    best: tuple[int, GroupSlices, SliceShape, int] | None = None
+    for name, gs in slice_map.groups.items():
+        shape = shapes.get(name)
+        if shape is None or not shape.accelerators:
+            continue
+        mine = units_needing(gang, shape)
+        spare = sum(len(x) for x in free.get(name, ((), ())))
+        if mine and spare and (best is None or spare > best[0]):
+            k = slices_needed(mine, shape, gang.strategy is GangStrategy.STRICT_SPREAD)
+            best = (spare, gs, shape, k)
+    return None if best is None else best[1:]
+
+
+def units_needing(gang: GangDemand, shape: SliceShape) -> list[Bundle]:
+    """The gang's units a fresh slice of `shape` hosts, when any of them asks for its
+    accelerators (else none: a CPU-only gang holds no slice)."""
+    mine = [u for u in gang_units(gang) if _hosts(shape, u)]
+    if any(shape.accelerators.intersection(u.resources) for u in mine):
+        return mine
+    return []
+
+
+def _hosts(shape: SliceShape, unit: Bundle) -> bool:
+    return any(copies_that_fit(unit, h.resources, h.labels) for h in shape.hosts)
+
+
+def slices_needed(units: Sequence[Bundle], shape: SliceShape, distinct: bool) -> int:
+    """Fresh slices of `shape` the units fill, largest first, first fit (a distinct host each
+    under STRICT_SPREAD), as the scale-up path opens them."""
+    bins: list[Bin] = []
+    used: set[int] = set()
+    opened = 0
+    for unit in sorted(units, key=bundle_size, reverse=True):
+        target = _first_fit(unit, bins, used if distinct else set())
+        if target is None:
+            fresh = bins_for_new_slice(shape.group, f"gang:{opened}", shape.hosts)
+            opened += 1
+            bins += fresh
+            target = _first_fit(unit, fresh, set())
+        if target is not None:
+            take(target, unit)
+            used.add(id(target))
+    return opened
+
+
+def _first_fit(unit: Bundle, bins: Sequence[Bin], used: set[int]) -> Bin | None:
+    return next(
+        (b for b in bins if id(b) not in used and copies_that_fit(unit, b.free, b.labels)), None
+    )
+
+
+def _line(
+    gs: GroupSlices,
+    shape: SliceShape,
+    k: int,
+    members: tuple[tuple[Slice, ...], tuple[Slice, ...]],
+    clock: HostClock,
+    default_deadline_s: float,
+    constraint: Sequence[TaskDemand],
+) -> GangLine:
+    coming, up = members
+    return GangLine(
+        group=gs.group.name,
+        pod_type=shape.tpu_pod_type or gs.group.name,
+        slices=k,
+        up=len(up),
+        pending=len(coming),
+        pending_s=max((_age(s, clock) for s in coming), default=0.0),
+        age_s=max((_age(s, clock) for s in (*coming, *up)), default=0.0),
+        deadline_s=group_deadline_s(gs, default_deadline_s),
+        elastic=any(_hosts(shape, d.bundle) for d in constraint),
+    )
+
+
+def _age(sl: Slice, clock: HostClock) -> float:
+    return max((clock.age_s.get(h.pod_name, 0.0) for h in sl.hosts), default=0.0)
+
+
+def _budget(gs: GroupSlices) -> int:
+    """Slices the group may lose: never below minReplicas, counting every coming slice as one
+    the unavailable group cancels."""
+    group = gs.group
+    return group.effective_replicas - group.min_replicas - len(_spare(gs)[0])
+
+
+def _release(chosen: Sequence[Slice], line: GangLine) -> list[SliceDeletion]:
+    detail = str(line)
+    out = []
+    for sl in chosen:
+        why = ScaleDown(
+            ScaleDownKind.GANG_DEADLINE,
+            sl.key,
+            len(sl.hosts),
+            timeout_s=line.deadline_s,
+            detail=detail,
+        )
+        out.append(deletion(sl, DeleteKind.IDLE, why))
+    return out

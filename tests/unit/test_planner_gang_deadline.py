@@ -1,0 +1,156 @@
+"""The gang deadline (issue 32, item 3): a gang (a pending placement group needing k slices of
+one type) still incomplete at its group's provisioning deadline hands its slices back — idle
+ones drained through the gate, never-ran ones cancelled — unless the demand is elastic, and
+the whole gang is planned again through the fallback order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuberay_scaler.core.decision import Observation, decide
+from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
+from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan
+from kuberay_scaler.core.model.ray import GangStrategy, RayNode, RayObservation, TaskDemand
+from kuberay_scaler.core.model.reasons import ScaleDown, ScaleDownKind
+from kuberay_scaler.core.planner.core import Policy
+from tests.factories import (
+    NOW,
+    cluster,
+    gang,
+    head_node,
+    plan_of,
+    selector_bundle,
+    slice_pods,
+    state,
+    targets,
+    tpu_group,
+    tpu_slice_nodes,
+)
+
+WORKER = selector_bundle({"CPU": 1, "TPU": 4}, {"ray.io/tpu-pod-type": "v6e-16"})
+GANG = gang(GangStrategy.STRICT_SPREAD, *([WORKER] * 16))  # 4 × v6e-16
+
+
+def _cluster(a_replicas: int = 4, **a: Any) -> dict[str, Any]:
+    """Two v6e-16 groups (say two zones): `tpu-a` launched the gang, `tpu-b` could host it."""
+    return cluster(
+        tpu_group("tpu-a", replicas=a_replicas, max_replicas=8, priority=10, **a),
+        tpu_group("tpu-b", max_replicas=8),
+    )
+
+
+def _world(
+    age_s: float, *, busy: tuple[str, ...] = (), up: int = 3
+) -> tuple[list[dict[str, Any]], list[RayNode]]:
+    """tpu-a: `up` slices up (idle 30 s, below the idle timeout), the rest of the 4 Pending;
+    every pod created `age_s` ago."""
+    pods: list[dict[str, Any]] = []
+    nodes = [head_node()]
+    for i in range(4):
+        replica = f"a-{i}"
+        if i < up:
+            pods += slice_pods("tpu-a", replica, 4, age_s=age_s, running_for_s=age_s - 200)
+            nodes += tpu_slice_nodes(
+                replica,
+                4,
+                group_name="tpu-a",
+                idle_s=30,
+                busy_hosts=(0, 1, 2, 3) if replica in busy else (),
+            )
+        else:
+            pods += slice_pods("tpu-a", replica, 4, age_s=age_s, phase="Pending")
+    return pods, nodes
+
+
+def _plan(
+    age_s: float,
+    *,
+    busy: tuple[str, ...] = (),
+    elastic: bool = False,
+    deadline_s: str | None = None,
+    **a: Any,
+) -> Plan:
+    pods, nodes = _world(age_s, busy=busy)
+    constraint = [TaskDemand(WORKER, 16)] if elastic else []
+    ray = state(nodes, gangs=[GANG], constraint=constraint)
+    rc = _cluster(**a)
+    if deadline_s is not None:
+        meta = {"annotations": {ANNOTATION_MAX_PROVISION: deadline_s}}
+        rc["spec"]["workerGroupSpecs"][0]["template"]["metadata"] = meta
+    return plan_of(rc, pods, ray)
+
+
+def _released(result: Plan, group: str = "tpu-a") -> list[str]:
+    decision = result.group(group)
+    assert decision is not None
+    return sorted(
+        x.slice_key
+        for x in decision.deletions
+        if isinstance(x.reason, ScaleDown) and x.reason.kind is ScaleDownKind.GANG_DEADLINE
+    )
+
+
+def test_before_the_deadline_the_partial_gang_waits_and_is_reported() -> None:
+    result = _plan(age_s=240)  # 4 min, deadline 15 min (the default)
+    assert _released(result) == []
+    assert targets(result) == {"tpu-a": 4, "tpu-b": 0}
+    [line] = result.gangs
+    assert str(line) == "gang 4 × v6e-16: 3 up, 1 pending 4 min, deadline 15 min"
+    assert result.queue_wake_s is not None and abs(result.queue_wake_s - (900 - 240)) < 1
+
+
+def test_past_the_deadline_the_gang_is_released_and_fitted_whole_elsewhere() -> None:
+    result = _plan(age_s=1000)  # past the 900 s deadline; a-3 never came
+    a = result.group("tpu-a")
+    assert a is not None
+    assert _released(result) == ["a-0", "a-1", "a-2"]
+    by_key = {x.slice_key: x for x in a.deletions}
+    assert by_key["a-3"].kind is DeleteKind.CANCEL and by_key["a-3"].node_ids == ()
+    for key in ("a-0", "a-1", "a-2"):  # they ran: drained first, every host
+        assert by_key[key].kind is DeleteKind.IDLE and len(by_key[key].node_ids) == 4
+    assert targets(result) == {"tpu-a": 0, "tpu-b": 4}  # all k in the other group
+    [line] = result.gangs
+    assert line.released and "released" in str(line)
+
+
+def test_the_per_group_deadline_annotation_judges_the_gang() -> None:
+    result = _plan(age_s=400, deadline_s="300")
+    assert _released(result) == ["a-0", "a-1", "a-2"]
+    assert targets(result) == {"tpu-a": 0, "tpu-b": 4}
+
+
+def test_elastic_demand_keeps_its_slices() -> None:
+    """Ray Train's request_resources floor asks for the same slices: it takes what fits, and
+    releasing them would only make the floor ask again."""
+    result = _plan(age_s=1000, elastic=True)
+    assert _released(result) == []
+    [line] = result.gangs
+    assert line.elastic and "elastic" in str(line)
+
+
+def test_a_busy_slice_is_never_released() -> None:
+    result = _plan(age_s=1000, busy=("a-1",))
+    assert _released(result) == ["a-0", "a-2"]
+    a = result.group("tpu-a")
+    assert a is not None and "a-1" not in {x.slice_key for x in a.deletions}
+
+
+def test_min_replicas_bounds_the_release() -> None:
+    result = _plan(age_s=1000, min_replicas=2)
+    a = result.group("tpu-a")
+    assert a is not None and a.target >= 2
+    assert len(_released(result)) <= 4 - 2 - 1  # the pending slice counts against it first
+
+
+def test_the_release_passes_decide_and_its_gate() -> None:
+    pods, nodes = _world(age_s=1000)
+    ray = state(nodes, gangs=[GANG])
+    decision = decide(
+        Observation(_cluster(), pods, RayObservation(ray, 0.0)), Memory(), Policy(), NOW
+    )
+    a = decision.plan.group("tpu-a")
+    assert a is not None
+    drained = {x.slice_key for x in a.deletions if x.kind is DeleteKind.IDLE}
+    assert drained == {"a-0", "a-1", "a-2"}
+    # Every released slice's hosts are drained before its pods are deleted.
+    assert decision.drains, "the released slices are drained first"
