@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan
@@ -154,3 +157,84 @@ def test_the_release_passes_decide_and_its_gate() -> None:
     assert drained == {"a-0", "a-1", "a-2"}
     # Every released slice's hosts are drained before its pods are deleted.
     assert decision.drains, "the released slices are drained first"
+
+
+_KINDS = ("idle", "busy", "pending", "joining")
+
+
+def _slice(replica: str, kind: str, age_s: float) -> tuple[list[dict[str, Any]], list[RayNode]]:
+    """One slice of tpu-a launched `age_s` ago: up and idle, up and busy, pending (never ran),
+    or joining (two hosts ran and joined Ray, two still Pending)."""
+    ran = age_s - min(age_s, 60)
+    if kind in ("idle", "busy"):
+        pods = slice_pods("tpu-a", replica, 4, age_s=age_s, running_for_s=ran)
+        busy = (0, 1, 2, 3) if kind == "busy" else ()
+        nodes = tpu_slice_nodes(replica, 4, group_name="tpu-a", idle_s=30, busy_hosts=busy)
+        return pods, nodes
+    if kind == "pending":
+        return slice_pods("tpu-a", replica, 4, age_s=age_s, phase="Pending"), []
+    pods = [
+        *slice_pods("tpu-a", replica, 4, age_s=age_s, running_for_s=ran)[:2],
+        *(
+            p
+            for p in slice_pods("tpu-a", replica, 4, age_s=age_s, phase="Pending")
+            if p["metadata"]["name"].endswith(("-2", "-3"))
+        ),
+    ]
+    nodes = tpu_slice_nodes(replica, 4, group_name="tpu-a", idle_s=30)[:2]
+    return pods, nodes
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(_KINDS), min_size=1, max_size=3).map(
+        lambda ks: ["idle", *ks]  # a gang with at least one slice up and idle
+    ),
+    age_s=st.one_of(
+        st.sampled_from([60.0, 300.0, 650.0, 1000.0, 2500.0]),
+        st.floats(min_value=0, max_value=3000),
+    ),
+    deadline_s=st.sampled_from([None, "120", "600"]),
+    elastic=st.booleans(),
+    min_replicas=st.integers(min_value=0, max_value=2),
+)
+def test_no_partial_gang_holds_idle_slices_past_its_deadline(
+    kinds: list[str], age_s: float, deadline_s: str | None, elastic: bool, min_replicas: int
+) -> None:
+    """Invariants, for a gang of 4 × v6e-16 launched together in tpu-a `age_s` ago: past the
+    deadline with a slice that never came, no idle slice of the incomplete gang is kept (beyond
+    minReplicas), unless the demand is elastic; before it, nothing is released; nothing busy
+    is ever released; nothing that ran is removed undrained (cancels only for never-ran)."""
+    pods: list[dict[str, Any]] = []
+    nodes: list[RayNode] = [head_node()]
+    for i, kind in enumerate(kinds):
+        p, n = _slice(f"a-{i}", kind, age_s)
+        pods, nodes = pods + p, nodes + n
+    rc = _cluster(a_replicas=len(kinds), min_replicas=min_replicas)
+    if deadline_s is not None:
+        meta = {"annotations": {ANNOTATION_MAX_PROVISION: deadline_s}}
+        rc["spec"]["workerGroupSpecs"][0]["template"]["metadata"] = meta
+    constraint = [TaskDemand(WORKER, 16)] if elastic else []
+    result = plan_of(rc, pods, state(nodes, gangs=[GANG], constraint=constraint))
+    a = result.group("tpu-a")
+    assert a is not None
+    kind_of = {f"a-{i}": k for i, k in enumerate(kinds)}
+    joined = {n.instance_id: n for n in nodes}
+    for x in a.deletions:
+        assert kind_of[x.slice_key] != "busy", f"busy slice {x.slice_key} released"
+        ran = [p for p in x.pods if p in joined]
+        if x.kind is DeleteKind.CANCEL:
+            assert not ran, f"{x.slice_key} ran and was cancelled undrained"
+        else:
+            assert {joined[p].node_id for p in ran} <= set(x.node_ids), "ran, not drained"
+    released = _released(result)
+    event(f"released {len(released)}")
+    deadline = float(deadline_s or 900)
+    idle = [k for k, kind in kind_of.items() if kind in ("idle", "joining")]  # ran, all idle
+    if age_s < deadline - 1 or elastic:  # (pods' timestamps are whole seconds)
+        assert released == []
+    elif age_s > deadline + 1 and "pending" in kinds:
+        kept_idle = [k for k in idle if k not in released]
+        budget = len(kinds) - min_replicas - kinds.count("pending")
+        assert len(released) >= min(len(idle), max(0, budget)), (kept_idle, budget)
+        assert a.target >= min(min_replicas, len(kinds))

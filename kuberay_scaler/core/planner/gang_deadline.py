@@ -8,9 +8,10 @@ group are the group's coming slices (pending, partial) and its idle complete one
 When the oldest of them has existed longer than the group's provisioning deadline
 (`max-provision-time-s`, else the cluster default) and the group cannot finish the gang now
 (it is unavailable: the availability stage marks it `provisioning-deadline` when a slice misses
-that same deadline), its idle up slices are released: drained like idle slices, through the
-deletion gate (a busy one is never chosen); the coming ones whose pods never ran are cancelled
-undrained by `cancel.py` (the group being unavailable). The released slices are left out of
+that same deadline), its idle up slices — and coming ones some hosts of which joined Ray, all
+idle — are released: drained like idle slices, through the deletion gate (a busy one is never
+chosen); the coming ones whose pods never ran are cancelled undrained by `cancel.py` (the group
+being unavailable). The released slices are left out of
 this plan's capacity, so the gang is fitted whole again: all k in another group that can host
 them (the fallback order), or it waits.
 
@@ -27,7 +28,7 @@ from types import MappingProxyType
 
 from kuberay_scaler.core.model.availability import GroupAvailability
 from kuberay_scaler.core.model.gangs import GangLine
-from kuberay_scaler.core.model.hosts import HostClock
+from kuberay_scaler.core.model.hosts import HostClock, HostPhase
 from kuberay_scaler.core.model.plan import DeleteKind, SliceDeletion
 from kuberay_scaler.core.model.ray import Bundle, GangDemand, GangStrategy, TaskDemand
 from kuberay_scaler.core.model.reasons import ScaleDown, ScaleDownKind, SliceFault
@@ -98,7 +99,7 @@ def gang_deadlines(
         if incomplete and line.up and not line.elastic and gs.group.name in eligible:
             if line.age_s > line.deadline_s and blocked:
                 budget = _budget(gs) - len(released.get(gs.group.name, ()))
-                chosen = members[1][: max(0, budget)]
+                chosen = (*members[1], *(s for s in members[0] if _ran_idle(s)))[: max(0, budget)]
                 released.setdefault(gs.group.name, []).extend(_release(chosen, line))
                 line = replace(line, released=bool(chosen))
             elif line.age_s <= line.deadline_s:
@@ -210,11 +211,20 @@ def _age(sl: Slice, clock: HostClock) -> float:
     return max((clock.age_s.get(h.pod_name, 0.0) for h in sl.hosts), default=0.0)
 
 
+def _ran_idle(sl: Slice) -> bool:
+    """A coming slice some hosts of which ran and joined Ray, all idle, the others Pending: its
+    joined hosts are drained and it is released whole (the never-ran ones are cancel.py's)."""
+    if not sl.nodes or sl.working_hosts:
+        return False
+    return all(h.pod_name in sl.nodes or h.phase is HostPhase.PENDING for h in sl.hosts)
+
+
 def _budget(gs: GroupSlices) -> int:
-    """Slices the group may lose: never below minReplicas, counting every coming slice as one
-    the unavailable group cancels."""
+    """Slices the group may lose: never below minReplicas, counting every coming slice that
+    never ran as one the unavailable group cancels first."""
     group = gs.group
-    return group.effective_replicas - group.min_replicas - len(_spare(gs)[0])
+    never_ran = sum(1 for s in _spare(gs)[0] if not s.nodes)
+    return group.effective_replicas - group.min_replicas - never_ran
 
 
 def _release(chosen: Sequence[Slice], line: GangLine) -> list[SliceDeletion]:
