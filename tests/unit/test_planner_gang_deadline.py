@@ -5,17 +5,20 @@ the whole gang is planned again through the fallback order."""
 
 from __future__ import annotations
 
+from html import escape
 from typing import Any
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from kuberay_scaler.adapters.web.slices_page import render_slices
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan
 from kuberay_scaler.core.model.ray import GangStrategy, RayNode, RayObservation, TaskDemand
 from kuberay_scaler.core.model.reasons import ScaleDown, ScaleDownKind
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.loop.report import report_from_plan
 from tests.factories import (
     NOW,
     cluster,
@@ -238,3 +241,20 @@ def test_no_partial_gang_holds_idle_slices_past_its_deadline(
         budget = len(kinds) - min_replicas - kinds.count("pending")
         assert len(released) >= min(len(idle), max(0, budget)), (kept_idle, budget)
         assert a.target >= min(min_replicas, len(kinds))
+
+
+def test_the_gang_is_reported_in_ray_status_and_debug_slices() -> None:
+    waiting = _plan(age_s=240)
+    line = "gang 4 × v6e-16: 3 up, 1 pending 4 min, deadline 15 min"
+    report = report_from_plan(waiting, int(NOW.timestamp()))
+    pending = [p for p in report.pending_pods if p.pod_name.startswith("a-3-")]
+    assert len(pending) == 4 and all(p.detail.endswith(f"; {line}") for p in pending)
+    [group_doc] = [g for g in waiting.summary()["groups"] if g["name"] == "tpu-a"]
+    assert [g["text"] for g in group_doc["gangs"]] == [line]
+    assert escape(line) in render_slices(waiting.summary())
+
+    released = _plan(age_s=1000)
+    report = report_from_plan(released, int(NOW.timestamp()))
+    [failed] = [f for f in report.failed if "gang" in f.reason]
+    assert failed.group == "tpu-a" and failed.count == 12  # 3 slices × 4 hosts handed back
+    assert "released, re-planned whole" in failed.reason

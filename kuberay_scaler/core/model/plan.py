@@ -391,6 +391,7 @@ class Plan:
                     "reasons": [_reason_doc(r) for r in g.reasons],
                     "slices": self._slices_doc(g.group),
                     "availability": self.availability_doc(g.group),
+                    "gangs": [gang_doc(x) for x in self.gangs if x.group == g.group],
                 }
                 for g in self.groups
             ],
@@ -412,6 +413,11 @@ class Plan:
                 {"kind": p.kind.value, "group": p.group, "text": str(p)} for p in self.problems
             ],
         }
+
+
+def gang_doc(line: GangLine) -> dict[str, Any]:
+    """A pending placement group's slices in one group, as /debug/plan and /debug/slices say."""
+    return {**asdict(line), "text": str(line)}
 
 
 def availability_doc(
