@@ -20,6 +20,7 @@ from kuberay_scaler.core.model.reasons import ScaleDown, ScaleDownKind
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.report import report_from_plan
 from tests.factories import (
+    KUEUE_ELASTIC_GATE,
     NOW,
     cluster,
     gang,
@@ -102,7 +103,9 @@ def test_before_the_deadline_the_partial_gang_waits_and_is_reported() -> None:
     assert targets(result) == {"tpu-a": 4, "tpu-b": 0}
     [line] = result.gangs
     assert str(line) == "gang 4 × v6e-16: 3 up, 1 pending 4 min, deadline 15 min"
-    assert result.queue_wake_s is not None and abs(result.queue_wake_s - (900 - 240)) < 1
+    assert (
+        result.queue_wake_s is not None and abs(result.queue_wake_s - (900 - 240 + 1)) < 1
+    )  # just past it
 
 
 def test_past_the_deadline_the_gang_is_released_and_fitted_whole_elsewhere() -> None:
@@ -132,6 +135,17 @@ def test_elastic_demand_keeps_its_slices() -> None:
     assert _released(result) == []
     [line] = result.gangs
     assert line.elastic and "elastic" in str(line)
+
+
+def test_a_gang_waiting_on_a_queued_slice_is_never_released() -> None:
+    """A slice held by Kueue's gate waits for admission, not capacity: no deadline judges it."""
+    pods, nodes = _world(age_s=1000)
+    pods = [p for p in pods if not p["metadata"]["name"].startswith("a-3-")]
+    pods += slice_pods("tpu-a", "a-3", 4, age_s=1000, gates=(KUEUE_ELASTIC_GATE,))
+    result = plan_of(_cluster(), pods, state(nodes, gangs=[GANG]))
+    assert _released(result) == []
+    [line] = result.gangs
+    assert str(line) == "gang 4 × v6e-16: 3 up, 1 queued, deadline 15 min"
 
 
 def test_a_busy_slice_is_never_released() -> None:

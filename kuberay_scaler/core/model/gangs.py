@@ -16,8 +16,9 @@ class GangLine:
     up: int  # of them, up and idle (a pending placement group holds nothing yet)
     pending: int  # coming up (pending or partial)
     pending_s: float  # how long the oldest of them has been coming (the daemon's clock)
-    age_s: float  # how long the gang's oldest slice has existed: what the deadline judges
-    deadline_s: float
+    queued: int = 0  # held by a scheduling gate (Kueue): waiting for admission, not capacity
+    age_s: float = 0.0  # how long the gang's oldest slice has existed: what the deadline judges
+    deadline_s: float = 0.0
     elastic: bool = False  # request_resources asks for the same slices: never released
     released: bool = False  # past the deadline: its slices are handed back this plan
 
@@ -25,7 +26,9 @@ class GangLine:
         parts = [f"{self.up} up"]
         if self.pending:
             parts.append(f"{self.pending} pending {_minutes(self.pending_s)}")
-        missing = self.slices - self.up - self.pending
+        if self.queued:
+            parts.append(f"{self.queued} queued")
+        missing = self.slices - self.up - self.pending - self.queued
         if missing > 0:
             parts.append(f"{missing} not launched")
         parts.append(f"deadline {_minutes(self.deadline_s)}")

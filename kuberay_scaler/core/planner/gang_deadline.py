@@ -4,7 +4,8 @@ its slices back, and the whole gang is planned again.
 A gang is a pending placement group (`RayState.gangs`) whose bundles need k slices of one
 group. Ray creates a placement group all or nothing (every strategy), so while it is pending
 its slices that are up hold none of it: they sit idle, waiting for the rest. Its slices in a
-group are the group's coming slices (pending, partial) and its idle complete ones, up to k.
+group are the group's coming slices (pending, partial, queued) and its idle complete ones, up
+to k; a gang with a slice queued in Kueue waits for the queue and is never released.
 When the oldest of them has existed longer than the group's provisioning deadline
 (`max-provision-time-s`, else the cluster default) and the group cannot finish the gang now
 (it is unavailable: the availability stage marks it `provisioning-deadline` when a slice misses
@@ -96,14 +97,16 @@ def gang_deadlines(
         avail = availability.get(gs.group.name)
         blocked = avail is not None and avail.blocks_launch
         incomplete = line.up < k
-        if incomplete and line.up and not line.elastic and gs.group.name in eligible:
+        # A slice queued in Kueue waits for its admission, not for capacity: never judged.
+        waits_for_capacity = line.up and not line.queued and not line.elastic
+        if incomplete and waits_for_capacity and gs.group.name in eligible:
             if line.age_s > line.deadline_s and blocked:
                 budget = _budget(gs) - len(released.get(gs.group.name, ()))
                 chosen = (*members[1], *(s for s in members[0] if _ran_idle(s)))[: max(0, budget)]
                 released.setdefault(gs.group.name, []).extend(_release(chosen, line))
                 line = replace(line, released=bool(chosen))
             elif line.age_s <= line.deadline_s:
-                waits.append(line.deadline_s - line.age_s)
+                waits.append(line.deadline_s - line.age_s + 1.0)  # just past it
         lines.append(line)
     return GangDeadlines(
         MappingProxyType({n: tuple(xs) for n, xs in released.items()}),
@@ -113,10 +116,11 @@ def gang_deadlines(
 
 
 def _spare(gs: GroupSlices) -> tuple[tuple[Slice, ...], tuple[Slice, ...]]:
-    """The group's slices a pending gang may be waiting on: coming ones, and complete ones
-    whose every host is idle (busy slices run something else)."""
+    """The group's slices a pending gang may be waiting on: coming ones (queued ones last),
+    and complete ones whose every host is idle (busy slices run something else)."""
     late = tuple(s for s in gs.by_state(SliceState.BROKEN) if s.fault in _NOT_UP)
-    coming = tuple(s for s in (*gs.coming_up, *late) if not s.marked_for_deletion)
+    arriving = (*gs.coming_up, *late, *gs.by_state(SliceState.QUEUED))
+    coming = tuple(s for s in arriving if not s.marked_for_deletion)
     up = tuple(
         s
         for s in gs.by_state(SliceState.COMPLETE)
@@ -193,15 +197,17 @@ def _line(
     default_deadline_s: float,
     constraint: Sequence[TaskDemand],
 ) -> GangLine:
-    coming, up = members
+    arriving, up = members
+    coming = [s for s in arriving if s.state is not SliceState.QUEUED]
     return GangLine(
         group=gs.group.name,
         pod_type=shape.tpu_pod_type or gs.group.name,
         slices=k,
         up=len(up),
         pending=len(coming),
+        queued=len(arriving) - len(coming),
         pending_s=max((_age(s, clock) for s in coming), default=0.0),
-        age_s=max((_age(s, clock) for s in (*coming, *up)), default=0.0),
+        age_s=max((_age(s, clock) for s in (*arriving, *up)), default=0.0),
         deadline_s=group_deadline_s(gs, default_deadline_s),
         elastic=any(_hosts(shape, d.bundle) for d in constraint),
     )
@@ -223,7 +229,7 @@ def _budget(gs: GroupSlices) -> int:
     """Slices the group may lose: never below minReplicas, counting every coming slice that
     never ran as one the unavailable group cancels first."""
     group = gs.group
-    never_ran = sum(1 for s in _spare(gs)[0] if not s.nodes)
+    never_ran = sum(1 for s in _spare(gs)[0] if not s.nodes)  # queued ones too (queued.py)
     return group.effective_replicas - group.min_replicas - never_ran
 
 
