@@ -54,6 +54,8 @@ from kuberay_scaler.core.model.reasons import (
     FellBack,
     Hold,
     HoldKind,
+    Keep,
+    KeepKind,
     PlanProblem,
     ProblemKind,
     Reason,
@@ -869,10 +871,11 @@ def _decide(
         # Queued slices no demand wants are cancelled first (they never ran); slices the
         # reservation grace keeps count as needed (issue 32).
         queue = queue or _GroupQueue()
-        deletions += queue.cancels.deletions
-        reasons += queue.cancels.reasons
-        keep -= len(queue.cancels.deletions)
-        queued_gone = len(queue.cancels.deletions)
+        queued = _within_min(queue.cancels, keep, group.min_replicas)
+        deletions += queued.deletions
+        reasons += queued.reasons
+        keep -= len(queued.deletions)
+        queued_gone = len(queued.deletions)
         shielded = needed | queue.grace.refs if queue.grace.refs else needed
         deletions += idle_deletions(
             _without_slices(g.slices, released),
@@ -923,6 +926,21 @@ def _decide(
 
 
 _TARGET_LOWERED = (DeleteKind.IDLE, DeleteKind.CANCEL)
+
+
+def _within_min(cancels: QueuedCancels, keep: int, min_replicas: int) -> QueuedCancels:
+    """The queued cancels that fit what the group may still lose after this plan's other
+    cancels and releases (`keep`): each path alone stops at minReplicas, together too."""
+    if len(cancels.deletions) <= max(0, keep):
+        return cancels
+    kept = cancels.deletions[: max(0, keep)]
+    keys = {x.slice_key for x in kept}
+    reasons: list[Reason] = [
+        r for r in cancels.reasons if not isinstance(r, ScaleDown) or r.slice in keys
+    ]
+    spared = len(cancels.deletions) - len(kept)
+    reasons.append(Keep(KeepKind.MIN_REPLICAS, spared, min_replicas=min_replicas))
+    return replace(cancels, deletions=kept, reasons=tuple(reasons))
 
 
 @dataclass(frozen=True)
