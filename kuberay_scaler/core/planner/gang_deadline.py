@@ -44,6 +44,7 @@ from kuberay_scaler.core.planner.bins import (
     take,
 )
 from kuberay_scaler.core.planner.scale_down import deletion
+from kuberay_scaler.core.planner.scale_up import gang_key
 from kuberay_scaler.core.planner.shapes import SliceShape
 
 # A slice that never came up in time (broken for it): still one of the gang's coming slices.
@@ -83,7 +84,8 @@ def gang_deadlines(
     released: dict[str, list[SliceDeletion]] = {}
     lines: list[GangLine] = []
     waits: list[float] = []
-    for gang in sorted(gangs, key=lambda g: len(g.bundles), reverse=True):
+    # Largest first, then by what they ask (never the reply's order: same input, same plan).
+    for gang in sorted(gangs, key=lambda g: (-len(g.bundles), str(gang_key(g)))):
         found = _home(gang, slice_map, shapes, free)
         if found is None:
             continue
@@ -142,9 +144,11 @@ def _home(
         shape = shapes.get(name)
         if shape is None or not shape.accelerators:
             continue
-        mine = units_needing(gang, shape)
         spare = sum(len(x) for x in free.get(name, ((), ())))
-        if mine and spare and (best is None or spare > best[0]):
+        if not spare or (best is not None and spare <= best[0]):
+            continue  # checked first: cheap once every group's slices are attributed
+        mine = units_needing(gang, shape)
+        if mine:
             k = slices_needed(mine, shape, gang.strategy is GangStrategy.STRICT_SPREAD)
             best = (spare, gs, shape, k)
     return None if best is None else best[1:]
