@@ -16,7 +16,7 @@ from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan
 from kuberay_scaler.core.model.ray import GangStrategy, RayNode, RayObservation, TaskDemand
-from kuberay_scaler.core.model.reasons import ScaleDown, ScaleDownKind
+from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.report import report_from_plan
 from tests.factories import (
@@ -103,6 +103,10 @@ def test_before_the_deadline_the_partial_gang_waits_and_is_reported() -> None:
     assert targets(result) == {"tpu-a": 4, "tpu-b": 0}
     [line] = result.gangs
     assert str(line) == "gang 4 × v6e-16: 3 up, 1 pending 4 min, deadline 15 min"
+    a = result.group("tpu-a")
+    assert a is not None
+    [kept] = [r for r in a.reasons if isinstance(r, Keep) and r.kind is KeepKind.GANG_WAITING]
+    assert str(kept) == f"3 idle slice(s) kept for a gang: {line}"
     assert (
         result.queue_wake_s is not None and abs(result.queue_wake_s - (900 - 240 + 1)) < 1
     )  # just past it

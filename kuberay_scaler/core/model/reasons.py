@@ -305,6 +305,9 @@ class KeepKind(StrEnum):
     # Unneeded, but launched for a slice reservation (ray.util.tpu) seen within the grace
     # (KUBERAY_SCALER_RESERVATION_GRACE_S): kept so the next reservation finds it (issue 32).
     RESERVATION_GRACE = "reservation_grace"
+    # Idle, but a pending placement group (a gang) waits for the rest of its slices here, not
+    # yet past its deadline (or elastic): kept for it (issue 32, planner/gang_deadline.py).
+    GANG_WAITING = "gang_waiting"
     GATE_NOT_DRAINED = "gate_not_drained"  # a live Ray node of the pod was not drained now
     GATE_ABSENT = "gate_absent"  # no Ray node, but not absent for the whole grace yet
     GATE_RAY_UNKNOWN = "gate_ray_unknown"  # Ray's view unknown: no running pod may go
@@ -328,6 +331,8 @@ class Keep:
             return f"keep slice {self.slice}: drain refused" + (
                 f" ({self.detail})" if self.detail else ""
             )
+        if self.kind is KeepKind.GANG_WAITING:
+            return f"{self.count} idle slice(s) kept for a gang: {self.detail}"
         if self.kind is KeepKind.BROKEN_BUT_BUSY:
             return f"keep broken slice {self.slice}: Ray nodes still busy ({self.detail})"
         if self.kind in _KEEP_SLICE_TEXT:

@@ -670,6 +670,8 @@ def _gang_deadlines(
     )
     for name, released in found.released.items():
         groups[name].released = released
+    for name, g in groups.items():
+        g.reasons += found.kept_in(name)
     return found
 
 

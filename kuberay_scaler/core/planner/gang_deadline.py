@@ -32,7 +32,7 @@ from kuberay_scaler.core.model.gangs import GangLine
 from kuberay_scaler.core.model.hosts import HostClock, HostPhase
 from kuberay_scaler.core.model.plan import DeleteKind, SliceDeletion
 from kuberay_scaler.core.model.ray import Bundle, GangDemand, GangStrategy, TaskDemand
-from kuberay_scaler.core.model.reasons import ScaleDown, ScaleDownKind, SliceFault
+from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind, SliceFault
 from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceMap, SliceState
 from kuberay_scaler.core.planner.availability import group_deadline_s
 from kuberay_scaler.core.planner.bins import (
@@ -58,7 +58,11 @@ class GangDeadlines:
 
     released: Mapping[str, tuple[SliceDeletion, ...]] = field(default_factory=lambda: _EMPTY)
     lines: tuple[GangLine, ...] = ()
+    kept: tuple[tuple[str, Keep], ...] = ()  # (group, why): idle slices kept for waiting gangs
     wake_s: float | None = None  # seconds until the first incomplete gang's deadline
+
+    def kept_in(self, group: str) -> tuple[Keep, ...]:
+        return tuple(why for name, why in self.kept if name == group)
 
     def keys(self, group: str) -> frozenset[str]:
         return frozenset(x.slice_key for x in self.released.get(group, ()))
@@ -110,9 +114,11 @@ def gang_deadlines(
             elif line.age_s <= line.deadline_s:
                 waits.append(line.deadline_s - line.age_s + 1.0)  # just past it
         lines.append(line)
+    waiting = [x for x in lines if x.up and not x.released and x.up < x.slices]
     return GangDeadlines(
         MappingProxyType({n: tuple(xs) for n, xs in released.items()}),
         tuple(lines),
+        tuple((x.group, Keep(KeepKind.GANG_WAITING, count=x.up, detail=str(x))) for x in waiting),
         min(waits) if waits else None,
     )
 
