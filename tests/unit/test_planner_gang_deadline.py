@@ -276,3 +276,16 @@ def test_the_gang_is_reported_in_ray_status_and_debug_slices() -> None:
     [failed] = [f for f in report.failed if "gang" in f.reason]
     assert failed.group == "tpu-a" and failed.count == 12  # 3 slices × 4 hosts handed back
     assert "released, re-planned whole" in failed.reason
+
+
+def test_ray_trains_request_for_the_whole_gang_is_shown_and_never_released() -> None:
+    """Ray Train v2 asks for its whole worker group through request_resources: a gang too,
+    elastic (a floor takes what fits), so it is reported but never released."""
+    pods, nodes = _world(age_s=1000)
+    result = plan_of(_cluster(), pods, state(nodes, constraint=[TaskDemand(WORKER, 16)]))
+    assert _released(result) == []
+    [line] = result.gangs
+    assert str(line) == (
+        "gang 4 × v6e-16: 3 up, 1 pending 17 min, deadline 15 min;"
+        " elastic (request_resources): past it, kept"
+    )

@@ -35,8 +35,9 @@ class GangLine:
         text = f"gang {self.slices} × {self.pod_type}: {', '.join(parts)}"
         if self.released:
             return f"{text}; past it after {_minutes(self.age_s)}: released, re-planned whole"
-        if self.elastic and self.age_s > self.deadline_s:
-            return f"{text}; past it, kept (elastic: request_resources)"
+        if self.elastic:
+            past = self.age_s > self.deadline_s and self.up < self.slices
+            return f"{text}; elastic (request_resources){': past it, kept' if past else ''}"
         return text
 
 

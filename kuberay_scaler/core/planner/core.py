@@ -654,7 +654,7 @@ def _gang_deadlines(
     now: datetime,
 ) -> GangDeadlines:
     """The gang deadline stage, its released slices noted on their groups."""
-    if not ray.gangs:
+    if not (ray.gangs or ray.constraint):
         return GangDeadlines()
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
     eligible = frozenset(n for n, g in groups.items() if not (g.hold_all or g.hold_down))

@@ -23,6 +23,7 @@ once). Pure: one frozen result, folded in by the planner.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -38,13 +39,15 @@ from kuberay_scaler.core.planner.availability import group_deadline_s
 from kuberay_scaler.core.planner.bins import (
     Bin,
     bins_for_new_slice,
+    bundle_key,
     bundle_size,
     copies_that_fit,
     gang_units,
+    needs_accelerator,
     take,
 )
 from kuberay_scaler.core.planner.scale_down import deletion
-from kuberay_scaler.core.planner.scale_up import gang_key
+from kuberay_scaler.core.planner.scale_up import gang_key, merge_tasks
 from kuberay_scaler.core.planner.shapes import SliceShape
 
 # A slice that never came up in time (broken for it): still one of the gang's coming slices.
@@ -88,8 +91,12 @@ def gang_deadlines(
     released: dict[str, list[SliceDeletion]] = {}
     lines: list[GangLine] = []
     waits: list[float] = []
-    # Largest first, then by what they ask (never the reply's order: same input, same plan).
-    for gang in sorted(gangs, key=lambda g: (-len(g.bundles), str(gang_key(g)))):
+    # Placement groups largest first, then by what they ask (never the reply's order: same
+    # input, same plan); then the request_resources floor's accelerator bundle sets, elastic.
+    placement_groups = sorted(gangs, key=lambda g: (-len(g.bundles), str(gang_key(g))))
+    wanted = (*(_of_placement_group(g) for g in placement_groups), *_of_floor(constraint))
+    for gang in wanted:
+        floor = gang.floor
         found = _home(gang, slice_map, shapes, free)
         if found is None:
             continue
@@ -99,6 +106,9 @@ def gang_deadlines(
         free[gs.group.name] = (coming[k:], up[len(members[1]) :])
         line = _line(gs, shape, k, members, clock, default_deadline_s, constraint)
         if not members[0] and not members[1]:
+            continue
+        if floor:  # Ray Train's whole gang through request_resources: shown, never released
+            lines.append(replace(line, elastic=True))
             continue
         avail = availability.get(gs.group.name)
         blocked = avail is not None and avail.blocks_launch
@@ -123,6 +133,36 @@ def gang_deadlines(
     )
 
 
+@dataclass(frozen=True)
+class _Gang:
+    """What one gang asks for: each distinct unit (a bundle a host must fit) with its count."""
+
+    units: tuple[tuple[Bundle, int], ...]
+    distinct: bool  # STRICT_SPREAD: a host each
+    floor: bool = False  # the request_resources floor's (elastic)
+
+
+def _of_placement_group(gang: GangDemand) -> _Gang:
+    first: dict[object, Bundle] = {}
+    counts: Counter[object] = Counter()
+    for unit in gang_units(gang):
+        key = bundle_key(unit)
+        first.setdefault(key, unit)
+        counts[key] += 1
+    units = tuple((first[k], n) for k, n in counts.items())
+    return _Gang(units, gang.strategy is GangStrategy.STRICT_SPREAD)
+
+
+def _of_floor(constraint: Sequence[TaskDemand]) -> list[_Gang]:
+    """The request_resources floor's accelerator bundles, each shape as one elastic gang (Ray
+    Train v2's autoscaling coordinator asks for its whole worker group this way)."""
+    return [
+        _Gang(((d.bundle, d.count),), distinct=False, floor=True)
+        for d in merge_tasks(constraint)
+        if needs_accelerator(d.bundle)
+    ]
+
+
 def _spare(gs: GroupSlices) -> tuple[tuple[Slice, ...], tuple[Slice, ...]]:
     """The group's slices a pending gang may be waiting on: coming ones (queued ones last),
     and complete ones whose every host is idle (busy slices run something else)."""
@@ -138,7 +178,7 @@ def _spare(gs: GroupSlices) -> tuple[tuple[Slice, ...], tuple[Slice, ...]]:
 
 
 def _home(
-    gang: GangDemand,
+    gang: _Gang,
     slice_map: SliceMap,
     shapes: Mapping[str, SliceShape],
     free: Mapping[str, tuple[tuple[Slice, ...], tuple[Slice, ...]]],
@@ -153,18 +193,19 @@ def _home(
         spare = sum(len(x) for x in free.get(name, ((), ())))
         if not spare or (best is not None and spare <= best[0]):
             continue  # checked first: cheap once every group's slices are attributed
-        mine = units_needing(gang, shape)
+        mine = units_needing(gang.units, shape)
         if mine:
-            k = slices_needed(mine, shape, gang.strategy is GangStrategy.STRICT_SPREAD)
-            best = (spare, gs, shape, k)
+            best = (spare, gs, shape, slices_needed(mine, shape, gang.distinct))
     return None if best is None else best[1:]
 
 
-def units_needing(gang: GangDemand, shape: SliceShape) -> list[Bundle]:
+def units_needing(
+    units: Sequence[tuple[Bundle, int]], shape: SliceShape
+) -> list[tuple[Bundle, int]]:
     """The gang's units a fresh slice of `shape` hosts, when any of them asks for its
     accelerators (else none: a CPU-only gang holds no slice)."""
-    mine = [u for u in gang_units(gang) if _hosts(shape, u)]
-    if any(shape.accelerators.intersection(u.resources) for u in mine):
+    mine = [(u, n) for u, n in units if _hosts(shape, u)]
+    if any(shape.accelerators.intersection(u.resources) for u, _ in mine):
         return mine
     return []
 
@@ -173,13 +214,16 @@ def _hosts(shape: SliceShape, unit: Bundle) -> bool:
     return any(copies_that_fit(unit, h.resources, h.labels) for h in shape.hosts)
 
 
-def slices_needed(units: Sequence[Bundle], shape: SliceShape, distinct: bool) -> int:
-    """Fresh slices of `shape` the units fill, largest first, first fit (a distinct host each
-    under STRICT_SPREAD), as the scale-up path opens them."""
+def slices_needed(units: Sequence[tuple[Bundle, int]], shape: SliceShape, distinct: bool) -> int:
+    """Fresh slices of `shape` the units (bundle, count) fill, largest first, first fit (a
+    distinct host each under STRICT_SPREAD), as the scale-up path opens them."""
+    if len(units) == 1:
+        return _slices_for_copies(*units[0], shape, distinct)
     bins: list[Bin] = []
     used: set[int] = set()
     opened = 0
-    for unit in sorted(units, key=bundle_size, reverse=True):
+    expanded = [u for u, n in units for _ in range(n)]
+    for unit in sorted(expanded, key=bundle_size, reverse=True):
         target = _first_fit(unit, bins, used if distinct else set())
         if target is None:
             fresh = bins_for_new_slice(shape.group, f"gang:{opened}", shape.hosts)
@@ -190,6 +234,14 @@ def slices_needed(units: Sequence[Bundle], shape: SliceShape, distinct: bool) ->
             take(target, unit)
             used.add(id(target))
     return opened
+
+
+def _slices_for_copies(unit: Bundle, count: int, shape: SliceShape, distinct: bool) -> int:
+    """`count` copies of one bundle: what a fresh slice takes, in one step (a floor of 10^4
+    bundles costs no more than one of 16)."""
+    fits = [min(copies_that_fit(unit, h.resources, h.labels), count) for h in shape.hosts]
+    per_slice = sum(min(1, n) if distinct else n for n in fits)
+    return -(-count // per_slice) if per_slice else 0
 
 
 def _first_fit(unit: Bundle, bins: Sequence[Bin], used: set[int]) -> Bin | None:
