@@ -289,3 +289,13 @@ def test_ray_trains_request_for_the_whole_gang_is_shown_and_never_released() -> 
         "gang 4 × v6e-16: 3 up, 1 pending 17 min, deadline 15 min;"
         " elastic (request_resources): past it, kept"
     )
+
+
+def test_a_gang_with_a_driver_bundle_still_needs_four_slices() -> None:
+    """A placement group with a CPU bundle beside its 16 TPU workers (mixed bundles: fitted
+    one by one): the CPU bundle shares a TPU host, k stays 4."""
+    pods, nodes = _world(age_s=240)
+    pg = gang(GangStrategy.PACK, selector_bundle({"CPU": 1}, {}), *([WORKER] * 16))
+    result = plan_of(_cluster(), pods, state(nodes, gangs=[pg]))
+    [line] = result.gangs
+    assert (line.slices, line.up, line.pending) == (4, 3, 1)
