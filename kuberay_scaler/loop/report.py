@@ -7,7 +7,7 @@ from kuberay_scaler.core.model.availability import Availability
 from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.core.model.ray import Bundle, GangDemand, TaskDemand
-from kuberay_scaler.core.model.reasons import DemandKind, Keep, KeepKind
+from kuberay_scaler.core.model.reasons import DemandKind, Keep, KeepKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.model.report import (
     AutoscalingReport,
     FailedRequest,
@@ -42,13 +42,14 @@ def report_from_plan(
     failed: list[FailedRequest] = []
     slice_map = plan.slice_map
     for decision in plan.groups:
+        gang = "; ".join(str(x) for x in plan.gangs if x.group == decision.group)
         pods_waiting = 0
         if slice_map and decision.group in slice_map.groups:
             cancelled = {x.slice_key for x in decision.deletions if x.kind is DeleteKind.CANCEL}
             for sl in slice_map.groups[decision.group].arriving:  # the others wait for none
                 if sl.key in cancelled:
                     continue  # cancelled: said under failed, not as launching
-                waiting = _waiting_pods(sl, decision.group, now_s)
+                waiting = _waiting_pods(sl, decision.group, now_s, gang)
                 pods_waiting += len(waiting)
                 pending.extend(waiting)
         without_pods = _launching(decision, launches_asked) - pods_waiting
@@ -66,6 +67,7 @@ def report_from_plan(
                 )
             )
         failed.extend(_broken_but_busy(decision, now_s))
+        failed.extend(_gangs_released(plan, decision, now_s))
         failed.extend(_unavailable(plan, decision, now_s))
     tasks, gangs, constraints = _infeasible(plan)
     return AutoscalingReport(
@@ -120,8 +122,24 @@ def _launching(decision: GroupDecision, launches_asked: bool) -> int:
     return decision.launching_hosts - (0 if launches_asked else decision.new_hosts)
 
 
-def _waiting_pods(sl: Slice, group: str, now_s: int) -> list[PendingPod]:
-    """Pods of a slice coming up whose Ray node has not joined, each with why."""
+def _gangs_released(plan: Plan, decision: GroupDecision, now_s: int) -> list[FailedRequest]:
+    """A gang past its deadline whose slices this plan hands back (issue 32): a failed launch,
+    the gang line as the reason."""
+    released = [
+        x
+        for x in decision.deletions
+        if isinstance(x.reason, ScaleDown) and x.reason.kind is ScaleDownKind.GANG_DEADLINE
+    ]
+    lines = [str(x) for x in plan.gangs if x.group == decision.group and x.released]
+    if not released or not lines:
+        return []
+    hosts = sum(len(x.pods) for x in released)
+    return [FailedRequest(decision.group, hosts, "; ".join(lines), now_s, now_s)]
+
+
+def _waiting_pods(sl: Slice, group: str, now_s: int, gang: str = "") -> list[PendingPod]:
+    """Pods of a slice coming up whose Ray node has not joined, each with why (and the gang
+    it comes for: "gang 4 × v6e-16: 3 up, 1 pending 4 min, deadline 15 min")."""
     if sl.state is SliceState.QUEUED:
         # `ray status`: "<pod>: <group>, queued in kueue (gate ...) for 4 min" — not launching.
         return [
@@ -129,8 +147,9 @@ def _waiting_pods(sl: Slice, group: str, now_s: int) -> list[PendingPod]:
         ]
     if sl.state not in (SliceState.PENDING, SliceState.PARTIAL):
         return []
+    extra = f"; {gang}" if gang else ""
     return [
-        PendingPod(h.pod_name, group, _pending_detail(h, now_s))
+        PendingPod(h.pod_name, group, _pending_detail(h, now_s) + extra)
         for h in sl.hosts
         if h.pod_name not in sl.nodes
     ]

@@ -87,6 +87,7 @@ def _group(g: Mapping[str, Any]) -> str:
         + _availability(g.get("availability") or {})
         + held_line
         + _rules(g.get("disruption"))
+        + _gangs(g.get("gangs") or [])
         + _slices_table(g.get("slices") or [])
         + decided
     )
@@ -106,6 +107,14 @@ def _availability(a: Mapping[str, Any]) -> str:
     elif a.get("probing"):
         line += "; probing now (one slice)"
     return f"<p>{line}</p>"
+
+
+def _gangs(gangs: Sequence[Mapping[str, Any]]) -> str:
+    """Pending placement groups' slices here (issue 32): "gang 4 × v6e-16: 3 up, 1 pending
+    4 min, deadline 15 min"."""
+    if not gangs:
+        return ""
+    return "<p>Gangs:</p>" + _list(str(x.get("text", "")) for x in gangs)
 
 
 def _rules(rules: Mapping[str, Any] | None) -> str:

@@ -15,6 +15,7 @@ from kuberay_scaler.core.model.availability import (
     said_by,
 )
 from kuberay_scaler.core.model.cluster import ClusterSpec, Problem
+from kuberay_scaler.core.model.gangs import GangLine
 from kuberay_scaler.core.model.hosts import Host, HostClock
 from kuberay_scaler.core.model.ray import GangDemand, TaskDemand
 from kuberay_scaler.core.model.reasons import (
@@ -304,6 +305,8 @@ class Plan:
     next_probe_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # Seconds until a queued slice's cancel or a reservation grace falls due.
     queue_wake_s: float | None = None
+    # Pending placement groups' slices per group and their deadline (planner/gang_deadline.py).
+    gangs: tuple[GangLine, ...] = ()
 
     @property
     def changes(self) -> bool:
@@ -389,6 +392,7 @@ class Plan:
                     "reasons": [_reason_doc(r) for r in g.reasons],
                     "slices": self._slices_doc(g.group),
                     "availability": self.availability_doc(g.group),
+                    "gangs": [gang_doc(x) for x in self.gangs if x.group == g.group],
                 }
                 for g in self.groups
             ],
@@ -410,6 +414,11 @@ class Plan:
                 {"kind": p.kind.value, "group": p.group, "text": str(p)} for p in self.problems
             ],
         }
+
+
+def gang_doc(line: GangLine) -> dict[str, Any]:
+    """A pending placement group's slices in one group, as /debug/plan and /debug/slices say."""
+    return {**asdict(line), "text": str(line)}
 
 
 def availability_doc(

@@ -195,6 +195,9 @@ class ScaleDownKind(StrEnum):
     # A queued slice (held by a scheduling gate: Kueue) no demand has used for the idle timeout:
     # cancelled whole, undrained (its pods never ran), before it is ever admitted.
     CANCEL_QUEUED = "cancel_queued"
+    # An idle slice of a gang (a pending placement group) still incomplete at its group's
+    # provisioning deadline: drained and handed back; the gang is planned again whole (issue 32).
+    GANG_DEADLINE = "gang_deadline"
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,11 @@ class ScaleDown:
             return (
                 f"cancel queued slice {self.slice}: no demand for it for {self.idle_s:.0f} s"
                 f" ≥ {self.timeout_s:.0f} s (its pods never ran)"
+            )
+        if self.kind is ScaleDownKind.GANG_DEADLINE:
+            return (
+                f"release idle slice {self.slice} of an incomplete gang past its deadline"
+                f" ({self.timeout_s:.0f} s): {self.detail}"
             )
         if self.kind is ScaleDownKind.RECORDED_DRAIN:
             return f"remove slice {self.slice}: finishing a drain recorded before a restart"
@@ -297,6 +305,9 @@ class KeepKind(StrEnum):
     # Unneeded, but launched for a slice reservation (ray.util.tpu) seen within the grace
     # (KUBERAY_SCALER_RESERVATION_GRACE_S): kept so the next reservation finds it.
     RESERVATION_GRACE = "reservation_grace"
+    # Idle, but a pending placement group (a gang) waits for the rest of its slices here, not
+    # yet past its deadline (or elastic): kept for it (issue 32, planner/gang_deadline.py).
+    GANG_WAITING = "gang_waiting"
     GATE_NOT_DRAINED = "gate_not_drained"  # a live Ray node of the pod was not drained now
     GATE_ABSENT = "gate_absent"  # no Ray node, but not absent for the whole grace yet
     GATE_RAY_UNKNOWN = "gate_ray_unknown"  # Ray's view unknown: no running pod may go
@@ -320,6 +331,8 @@ class Keep:
             return f"keep slice {self.slice}: drain refused" + (
                 f" ({self.detail})" if self.detail else ""
             )
+        if self.kind is KeepKind.GANG_WAITING:
+            return f"{self.count} idle slice(s) kept for a gang: {self.detail}"
         if self.kind is KeepKind.BROKEN_BUT_BUSY:
             return f"keep broken slice {self.slice}: Ray nodes still busy ({self.detail})"
         if self.kind in _KEEP_SLICE_TEXT:

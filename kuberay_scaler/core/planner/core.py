@@ -54,6 +54,8 @@ from kuberay_scaler.core.model.reasons import (
     FellBack,
     Hold,
     HoldKind,
+    Keep,
+    KeepKind,
     PlanProblem,
     ProblemKind,
     Reason,
@@ -65,7 +67,7 @@ from kuberay_scaler.core.model.reasons import (
     Waiting,
 )
 from kuberay_scaler.core.model.signals import CapacityEvent
-from kuberay_scaler.core.model.slices import GroupSlices, SliceMap
+from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.core.planner.availability import (
     AvailabilityPolicy,
     AvailabilityResult,
@@ -81,6 +83,7 @@ from kuberay_scaler.core.planner.disruption import (
     shown_rules,
 )
 from kuberay_scaler.core.planner.explain import why_unchanged
+from kuberay_scaler.core.planner.gang_deadline import GangDeadlines, gang_deadlines
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.pool import Pool
 from kuberay_scaler.core.planner.queued import QueuedCancels, queued_cancellations
@@ -175,6 +178,8 @@ class _Group:
     clear_wtd: bool = False
     reasons: list[Reason] = field(default_factory=list)
     availability: GroupAvailability | None = None
+    # Idle slices of a gang past its deadline, released (planner/gang_deadline.py).
+    released: tuple[SliceDeletion, ...] = ()
 
 
 def plan(
@@ -325,8 +330,9 @@ def _plan(
     shapes = {n: g.shape for n, g in groups.items() if g.shape}
     replacing = _replacing(groups, memory, tick) - unavailable
     demand = bool(ray.tasks or ray.gangs or ray.constraint)
+    gangs = _gang_deadlines(snapshot, slice_map, ray, groups, judged, policy, now)
     capacity = build_capacity(
-        slice_map,
+        _without_released(slice_map, gangs),
         ray,
         shapes,
         replacing,
@@ -442,7 +448,8 @@ def _plan(
         availability_changes=judged.changes,
         fallbacks=_fallbacks(rooms),
         next_probe_s=MappingProxyType(_next_probes(judged.groups, news.mono_s)),
-        queue_wake_s=queues.wake_s,
+        queue_wake_s=_first(queues.wake_s, gangs.wake_s),
+        gangs=gangs.lines,
     )
     timers = (next_deadline_s(result.memory, policy, tick), judged.next_deadline_s)
     result = replace(result, deadline_s=min((t for t in timers if t is not None), default=None))
@@ -639,6 +646,68 @@ def _unavailable_hold(name: str, avail: GroupAvailability, now: datetime, mono_s
     return Hold(HoldKind.GROUP_UNAVAILABLE, name, detail=str(avail), until=until)
 
 
+def _gang_deadlines(
+    snapshot: Snapshot,
+    slice_map: SliceMap,
+    ray: RayState,
+    groups: Mapping[str, _Group],
+    judged: AvailabilityResult,
+    policy: Policy,
+    now: datetime,
+) -> GangDeadlines:
+    """The gang deadline stage, its released slices noted on their groups."""
+    if not (ray.gangs or ray.constraint):
+        return GangDeadlines()
+    shapes = {n: g.shape for n, g in groups.items() if g.shape}
+    eligible = frozenset(n for n, g in groups.items() if not (g.hold_all or g.hold_down))
+    found = gang_deadlines(
+        slice_map,
+        ray.gangs,
+        ray.constraint,
+        shapes,
+        judged.groups,
+        _host_clock(snapshot, ray, now),
+        policy.timeouts.max_provision_s,
+        eligible,
+    )
+    for name, released in found.released.items():
+        groups[name].released = released
+    for name, g in groups.items():
+        g.reasons += found.kept_in(name)
+    return found
+
+
+def _without_released(slice_map: SliceMap, gangs: GangDeadlines) -> SliceMap:
+    """The slice map for capacity, the slices released for a gang in it as leaving (a broken
+    slice of a group that replaces nothing: no capacity, yet still a replica with pods), so
+    the gang is fitted whole again."""
+    if not gangs.released:
+        return slice_map
+    gone = gangs.all_keys
+    kept = {
+        name: GroupSlices(
+            gs.group,
+            tuple(replace(s, state=SliceState.BROKEN) if s.key in gone else s for s in gs.slices),
+        )
+        if name in gangs.released
+        else gs
+        for name, gs in slice_map.groups.items()
+    }
+    return replace(slice_map, groups=MappingProxyType(kept))
+
+
+def _first(*waits: float | None) -> float | None:
+    ahead = [w for w in waits if w is not None]
+    return min(ahead) if ahead else None
+
+
+def _host_clock(snapshot: Snapshot, ray: RayState | None, now: datetime) -> HostClock:
+    if snapshot.clock is not None:
+        return snapshot.clock
+    # One-shot use: the pods' own timestamps, as the slice map used.
+    return HostClock.from_timestamps(snapshot.hosts, ray.node_by_instance() if ray else {}, now)
+
+
 def _judge_availability(
     snapshot: Snapshot,
     slice_map: SliceMap,
@@ -648,11 +717,7 @@ def _judge_availability(
     now: datetime,
     news: _Capacity,
 ) -> AvailabilityResult:
-    clock = snapshot.clock
-    if clock is None:  # one-shot use: the pods' own timestamps, as the slice map used
-        clock = HostClock.from_timestamps(
-            snapshot.hosts, ray.node_by_instance() if ray else {}, now
-        )
+    clock = _host_clock(snapshot, ray, now)
     return judge_availability(
         slice_map,
         news.events,
@@ -785,8 +850,12 @@ def _decide(
             cancelled = cancellations(g.slices, g.availability, ev, virtual)
             deletions += cancelled.deletions
             reasons += cancelled.reasons
+        # A gang past its deadline hands its idle slices back (drained, like idle ones).
+        deletions += g.released
+        reasons += [x.reason for x in g.released]
+        released = frozenset(x.slice_key for x in g.released)
         deletions += replacements(
-            _without_slices(g.slices, cancelled.keys),
+            _without_slices(g.slices, cancelled.keys | released),
             backoff,
             policy.replace_backoff_s,
             policy.max_backoff_s,
@@ -801,17 +870,26 @@ def _decide(
         # up, turn idle and leave through the idle path, drained like any other slice.
         timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
         keep = group.effective_replicas + room.added - group.min_replicas - cancelled.replicas
+        keep -= len(g.released)
         refused = judged.memory.refused if judged else None
         # Queued slices no demand wants are cancelled first (they never ran); slices the
         # reservation grace keeps count as needed.
         queue = queue or _GroupQueue()
-        deletions += queue.cancels.deletions
-        reasons += queue.cancels.reasons
-        keep -= len(queue.cancels.deletions)
-        queued_gone = len(queue.cancels.deletions)
+        queued = _within_min(queue.cancels, keep, group.min_replicas)
+        deletions += queued.deletions
+        reasons += queued.reasons
+        keep -= len(queued.deletions)
+        queued_gone = len(queued.deletions)
         shielded = needed | queue.grace.refs if queue.grace.refs else needed
         deletions += idle_deletions(
-            g.slices, keep, shielded, timeout_s, reasons, refused, tick, wall_shift=shift
+            _without_slices(g.slices, released),
+            keep,
+            shielded,
+            timeout_s,
+            reasons,
+            refused,
+            tick,
+            wall_shift=shift,
         )
         reasons += queue.grace.reasons
     reasons += outdated_kept(g.slices, deletions)
@@ -852,6 +930,21 @@ def _decide(
 
 
 _TARGET_LOWERED = (DeleteKind.IDLE, DeleteKind.CANCEL)
+
+
+def _within_min(cancels: QueuedCancels, keep: int, min_replicas: int) -> QueuedCancels:
+    """The queued cancels that fit what the group may still lose after this plan's other
+    cancels and releases (`keep`): each path alone stops at minReplicas, together too."""
+    if len(cancels.deletions) <= max(0, keep):
+        return cancels
+    kept = cancels.deletions[: max(0, keep)]
+    keys = {x.slice_key for x in kept}
+    reasons: list[Reason] = [
+        r for r in cancels.reasons if not isinstance(r, ScaleDown) or r.slice in keys
+    ]
+    spared = len(cancels.deletions) - len(kept)
+    reasons.append(Keep(KeepKind.MIN_REPLICAS, spared, min_replicas=min_replicas))
+    return replace(cancels, deletions=kept, reasons=tuple(reasons))
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceState
 
 SliceRef = tuple[str | None, str | None]
 # Removals the budget, the delay and do-not-disrupt govern (the user's or our choice to remove).
-VOLUNTARY = frozenset({ScaleDownKind.IDLE})
+VOLUNTARY = frozenset({ScaleDownKind.IDLE, ScaleDownKind.GANG_DEADLINE})
 _SURPLUS = frozenset({ScaleDownKind.ABOVE_MAX, ScaleDownKind.PREEMPT, ScaleDownKind.PREEMPTED})
 
 
