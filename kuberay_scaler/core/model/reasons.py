@@ -192,6 +192,12 @@ class ScaleDownKind(StrEnum):
     # A host of the slice has the pod condition DisruptionTarget (eviction, preemption, taint
     # manager): the slice is going, its live hosts are drained for preemption now.
     DISRUPTION_TARGET = "disruption_target"
+    # A node of the slice has GKE maintenance within the preemption deadline (or the
+    # impending-node-termination taint): its live hosts are drained until the window (issue 33).
+    MAINTENANCE = "maintenance"
+    # An idle slice on a node with upcoming maintenance leaves in place of another idle slice
+    # the group removes (it leaves first, so maintenance runs on an empty slice).
+    MAINTENANCE_FIRST = "maintenance_first"
     # A queued slice (held by a scheduling gate: Kueue) no demand has used for the idle timeout:
     # cancelled whole, undrained (its pods never ran), before it is ever admitted (issue 32).
     CANCEL_QUEUED = "cancel_queued"
@@ -233,6 +239,13 @@ class ScaleDown:
             return (
                 f"drain slice {self.slice} for preemption until {until}: a host is going"
                 f" (DisruptionTarget: {self.cause or '?'})"
+            )
+        if self.kind is ScaleDownKind.MAINTENANCE:
+            return f"drain slice {self.slice} for preemption until {until}: {self.detail}"
+        if self.kind is ScaleDownKind.MAINTENANCE_FIRST:
+            return (
+                f"remove idle slice {self.slice} before the group's other idle slices:"
+                f" {self.detail}"
             )
         if self.kind is ScaleDownKind.PARTLY_DRAINED:
             return (
@@ -465,6 +478,8 @@ class DisruptionKind(StrEnum):
     NO_ROOM = "no_room_for_replacement"  # a going busy slice, but the group is at maxReplicas
     # Drained for a disruption that did not happen: replaced whole once its deadline passes.
     ABANDONED = "disruption_abandoned"
+    # A node of the slice announces GKE maintenance (detail names the window).
+    MAINTENANCE = "maintenance"
 
 
 @dataclass(frozen=True)
@@ -476,6 +491,7 @@ class Disruption:
     wait_s: float | None = None  # seconds until time alone changes it (delay end, a deadline)
     limit: int | None = None  # BUDGET: slices that may leave at once
     in_flight: int = 0  # BUDGET: slices of the group already leaving
+    cause: str = "DisruptionTarget"  # what says the slice is going: the condition, maintenance
 
     def __str__(self) -> str:
         return _disruption_text(self)
@@ -501,11 +517,10 @@ def _disruption_text(d: Disruption) -> str:
                 " and the slices without the annotation are already chosen"
             )
         case DisruptionKind.GOING:
-            return f"slice {d.slice} is going (DisruptionTarget: {d.detail})"
+            return f"slice {d.slice} is going ({d.cause}: {d.detail})"
         case DisruptionKind.REPLACED_AHEAD:
             return (
-                f"add a slice ahead for the work of going slice {d.slice} (DisruptionTarget:"
-                f" {d.detail})"
+                f"add a slice ahead for the work of going slice {d.slice} ({d.cause}: {d.detail})"
             )
         case DisruptionKind.SPARE_KEPT:
             return f"keep idle slice {d.slice}: it takes the work of a going slice ({d.detail})"
@@ -513,6 +528,8 @@ def _disruption_text(d: Disruption) -> str:
             return f"slice {d.slice} is no longer going (DisruptionTarget cleared): {d.detail}"
         case DisruptionKind.NO_ROOM:
             return f"no replacement for going slice {d.slice}: at maxReplicas ({d.detail})"
+        case DisruptionKind.MAINTENANCE:
+            return f"slice {d.slice} is on a node with upcoming maintenance: {d.detail}"
 
 
 Reason = (
