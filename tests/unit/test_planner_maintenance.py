@@ -190,3 +190,15 @@ def test_no_node_facts_change_nothing() -> None:
     with_facts = decision_of(run(pods, nodes, {"node-elsewhere": NodeMaintenance("x", 1)}))
     without = decision_of(run(pods, nodes, {}))
     assert with_facts.deletions == without.deletions and with_facts.target == without.target
+
+
+def test_debug_slices_names_the_window() -> None:
+    from kuberay_scaler.adapters.web.slices_page import render_slices
+
+    pods, nodes = tpu_slices(None, None)
+    result = run(pods, nodes, window_in(600))
+    doc = result.summary()
+    by_key = {s["slice"]: s for s in doc["groups"][0]["slices"]}
+    assert "GKE maintenance on node node-tpu-a-1" in by_key["tpu-a"]["maintenance"]
+    assert by_key["tpu-b"]["maintenance"] is None
+    assert "maintenance (GKE maintenance on node node-tpu-a-1" in render_slices(doc)

@@ -124,6 +124,8 @@ def _slice_reason(sl: Mapping[str, Any]) -> str:
     notes = [str(sl.get("reason", ""))]
     if sl.get("going"):
         notes.append(f"going (DisruptionTarget {sl['going']})")
+    if sl.get("maintenance"):
+        notes.append(f"maintenance ({sl['maintenance']})")
     if sl.get("do_not_disrupt"):
         notes.append(f"do-not-disrupt ({sl['do_not_disrupt']})")
     return "; ".join(n for n in notes if n)
