@@ -176,6 +176,8 @@ def test_an_idle_slice_on_a_maintenance_node_leaves_before_the_other_idle_slices
     assert isinstance(gone.reason, ScaleDown)
     assert gone.reason.kind is ScaleDownKind.MAINTENANCE_FIRST
     assert "in place of idle slice tpu-a" in str(gone.reason)
+    said = [r for r in d.reasons if isinstance(r, ScaleDown)]
+    assert [r.slice for r in said] == ["tpu-b"]  # nothing says tpu-a leaves
     assert d.target == 1  # no more slices leave than before
 
 

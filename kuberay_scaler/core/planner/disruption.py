@@ -588,4 +588,8 @@ def _maintenance_first(
             continue
         out.append(x)
     ordered = sorted(out, key=lambda x: x.slice_key not in nodes.windows)
-    return _Step(replace(decision, deletions=(*swapped, *ordered)), tuple(reasons))
+    # The idle path's reasons for the slices that now stay would say they leave: dropped.
+    given = {x.reason for x in decision.deletions if x not in out}
+    kept_reasons = tuple(r for r in decision.reasons if r not in given)
+    decision = replace(decision, deletions=(*swapped, *ordered), reasons=kept_reasons)
+    return _Step(decision, tuple(reasons))
