@@ -94,6 +94,10 @@ async def test_a_going_busy_slice_is_drained_and_replaced_before_its_pod_goes(
     )
     reasons = [line for line in daemon.events("decision") if "replaced_ahead" in str(line)]
     assert reasons, "the plan said why it added a slice"
+    # Under KubeRay's Role alone nodes are not read: said once, never asked for.
+    [access] = [line["mode"] for line in daemon.events("kubernetes access")]
+    assert "node maintenance not read (no get/list/watch nodes)" in access
+    assert await daemon.metric("kuberay_scaler_api_requests_total", resource="nodes") == 0
     world.assert_invariants()
 
 
