@@ -142,6 +142,27 @@ def test_a_far_window_only_names_it_and_wakes_the_loop_at_the_replace_ahead_lead
     assert said.wait_s is not None and abs(said.wait_s - (7200 - 1800)) < 1
 
 
+def test_within_the_lead_the_loop_wakes_one_preemption_deadline_before_the_window() -> None:
+    pods, nodes = tpu_slices(None, None)
+    result = run(pods, nodes, window_in(600))
+    (said,) = disruptions(decision_of(result), DisruptionKind.MAINTENANCE)
+    assert said.wait_s is not None and abs(said.wait_s - (600 - 30)) < 1
+    assert result.next_wake_s is not None and result.next_wake_s <= said.wait_s
+
+
+def test_the_replacement_is_kept_until_the_window_not_idled_out() -> None:
+    pods, nodes = tpu_slices(None, None)
+    first = run(pods, nodes, window_in(600))
+    assert decision_of(first).target == 3
+    # The replacement (tpu-c) came up and has been idle past the idle timeout since.
+    more_pods, more_nodes = tpu_slices(None, None, 900.0)
+    later = run(more_pods, more_nodes, window_in(300), replicas=3, memory=first.memory)
+    d = decision_of(later)
+    assert d.deletions == () and d.target == 3
+    (kept,) = disruptions(d, DisruptionKind.SPARE_KEPT)
+    assert kept.slice == "tpu-c" and "replaced ahead of GKE maintenance" in str(kept)
+
+
 def test_a_busy_slice_is_drained_one_preemption_deadline_before_the_window() -> None:
     pods, nodes = tpu_slices(None, None)
     # The monotonic clock is far from the wall: the deadline is the window on the tick's clock.

@@ -104,6 +104,7 @@ class _Nodes:
     causes: Mapping[str, _Cause]  # going slices (DisruptionTarget or maintenance due)
     ahead: frozenset[str]  # busy slices whose window is within the replace-ahead lead
     wall: datetime  # the wall clock of this plan (windows are wall times)
+    drain_lead_s: float  # a slice is going this long before its window: the preemption deadline
 
     @property
     def going(self) -> frozenset[str]:
@@ -329,11 +330,11 @@ def _homes(
     an idle slice of the group that nothing else needs (its idle scale-down, if planned, is
     dropped), else one slice added ahead while the group is below maxReplicas."""
     group = slices.group
-    homeless = [
-        s
-        for s in going
-        if s.key not in memory.replaced_ahead and (s.working_hosts or (group.name, s.key) in needed)
-    ]
+    working = [s for s in going if s.working_hosts or (group.name, s.key) in needed]
+    homeless = [s for s in working if s.key not in memory.replaced_ahead]
+    # A slice replaced ahead of a maintenance window (up to MAINTENANCE_REPLACE_AHEAD_S before
+    # it) keeps an idle slice until it goes: else its replacement would idle out first.
+    housed = [s for s in working if s.key in memory.replaced_ahead and s.key in nodes.windows]
     spares = [
         s
         for _, key, s in slices.idle_by_since
@@ -364,6 +365,12 @@ def _homes(
         else:
             limit = f"maxReplicas {group.max_replicas}"
             reasons.append(Disruption(DisruptionKind.NO_ROOM, sl.key, detail=limit))
+    for sl in housed:
+        if spares:
+            spare = spares.pop(0)
+            kept.add(spare.key)
+            detail = f"replaced ahead of {nodes.windows[sl.key].describe()}"
+            reasons.append(Disruption(DisruptionKind.SPARE_KEPT, spare.key, detail=detail))
     dropped = [x for x in decision.deletions if x.slice_key in kept and _voluntary(x)]
     reasons += [
         Disruption(DisruptionKind.GOING, s.key, detail=c.detail, cause=c.name)
@@ -516,7 +523,13 @@ def _nodes(
             causes[sl.key] = _Cause(window.describe(), window)
         elif left_s is not None and left_s <= MAINTENANCE_REPLACE_AHEAD_S and sl.working_hosts:
             ahead.add(sl.key)
-    return _Nodes(MappingProxyType(windows), MappingProxyType(causes), frozenset(ahead), wall)
+    return _Nodes(
+        MappingProxyType(windows),
+        MappingProxyType(causes),
+        frozenset(ahead),
+        wall,
+        rules.preempt_deadline_s,
+    )
 
 
 def _urgency(window: NodeMaintenance) -> float:
@@ -541,9 +554,10 @@ def _announced(nodes: _Nodes) -> tuple[Reason, ...]:
         if key in nodes.causes:
             continue
         left_s = _seconds_left(window, nodes.wall)
-        wait_s = None if left_s is None else max(0.0, left_s - MAINTENANCE_REPLACE_AHEAD_S)
-        if key in nodes.ahead or (wait_s is not None and wait_s <= 0):
-            wait_s = None  # the next wake-up is the drain, one preemption deadline before
+        wait_s = None
+        if left_s is not None:  # the next moment time alone changes it: the lead, the drain
+            lead = left_s - MAINTENANCE_REPLACE_AHEAD_S
+            wait_s = lead if lead > 0 else max(0.0, left_s - nodes.drain_lead_s)
         out.append(
             Disruption(DisruptionKind.MAINTENANCE, key, detail=window.describe(), wait_s=wait_s)
         )
