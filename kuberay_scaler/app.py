@@ -14,6 +14,7 @@ from kuberay_scaler.adapters.kube.access import detect_access
 from kuberay_scaler.adapters.kube.capacity import CapacityEventsReader
 from kuberay_scaler.adapters.kube.events import EventRecorder
 from kuberay_scaler.adapters.kube.informer import Informer, Source
+from kuberay_scaler.adapters.kube.nodes import NodeMaintenanceReader
 from kuberay_scaler.adapters.kube.raycluster import RayClusterView
 from kuberay_scaler.adapters.kube.session import SessionError, open_api
 from kuberay_scaler.adapters.kube.writer import RayClusterWriter
@@ -69,6 +70,7 @@ class Daemon:
         self._view: RayClusterView | None = None
         self._poller: GcsPoller | None = None
         self._capacity: CapacityEventsReader | None = None
+        self._nodes: NodeMaintenanceReader | None = None
         self._started = time.monotonic()
         self._give_up = GiveUp(after_s=settings.give_up_after_s)
         self.exit_code = 0
@@ -190,6 +192,12 @@ class Daemon:
             on_change=lambda: self.trigger.fire("capacity"),
             silent_timeout=s.watch_silence_timeout_s,
         )
+        self._nodes = NodeMaintenanceReader(
+            api,
+            enabled=access.read_nodes,
+            on_change=lambda: self.trigger.fire("nodes"),
+            silent_timeout=s.watch_silence_timeout_s,
+        )
         events = EventRecorder(
             api,
             namespace=s.cluster_namespace,
@@ -219,15 +227,17 @@ class Daemon:
             ),
             events=events,
             capacity=self._capacity,
+            nodes=self._nodes,
         )
         if s.dry_run:
             log.info("dry run: plans are logged and served, nothing is drained or patched")
 
     async def _supervise(self, group: asyncio.TaskGroup) -> None:
-        assert self._pods and self._view and self._poller and self._capacity
+        assert self._pods and self._view and self._poller and self._capacity and self._nodes
         workers = [
             group.create_task(self._pods.run()),
             group.create_task(self._capacity.run()),
+            group.create_task(self._nodes.run()),
             group.create_task(self._view.run()),
             group.create_task(self._poller.run()),
             group.create_task(self._watch_target()),
@@ -345,4 +355,6 @@ class Daemon:
         document = self.reconciler.document() if self.reconciler else None
         if document is not None and self._capacity is not None:
             document["capacity_signals"] = self._capacity.document()
+        if document is not None and self._nodes is not None:
+            document["node_maintenance"] = self._nodes.document()
         return document

@@ -9,6 +9,9 @@ writes:
 - `events.json`: an EventList of the Events the daemon would judge (the cluster-autoscaler's on
   these pods, KubeRay's on this RayCluster; docs/capacity-signals.md), when the token may list
   events (else `capture.json` says why there is none);
+- `nodes.json`: a NodeList of the nodes the pods run on, each slimmed to its name and GKE
+  maintenance label/taint (core/parse/nodes.py), when the token may list nodes
+  (deploy/node-maintenance; else `capture.json` says why there is none);
 - `capture.json`: when, from where, and what was redacted.
 
 Secrets are never written: every container env `value`, every annotation value (but the
@@ -42,6 +45,7 @@ from kuberay_scaler.adapters.ray_gcs.client import GcsClient, TlsFiles
 from kuberay_scaler.core.defaults import rayclusters_path
 from kuberay_scaler.core.model.labels import LABEL_CLUSTER
 from kuberay_scaler.core.parse.events import CLUSTER_AUTOSCALER, parse_event, worker_group_names
+from kuberay_scaler.core.parse.nodes import slim_node
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.runtime.settings import Settings
 
@@ -49,6 +53,7 @@ RAYCLUSTER_FILE = "raycluster.json"
 PODS_FILE = "pods.json"
 RAY_STATE_FILE = "ray-state.json"
 EVENTS_FILE = "events.json"
+NODES_FILE = "nodes.json"
 META_FILE = "capture.json"
 REDACTED = "<redacted by kuberay-scaler capture>"
 _SECRET_WORDS = ("password", "token", "secret", "key", "credential")
@@ -105,6 +110,7 @@ async def capture(settings: Settings, out_dir: Path, now: datetime | None = None
             query={"labelSelector": f"{LABEL_CLUSTER}={settings.cluster_name}"},
         )
         events, events_note = await _capacity_events(api, settings, raycluster, pods)
+        nodes, nodes_note = await _nodes(api, pods)
     finally:
         await api.close()
     gcs = _gcs_client(settings)
@@ -126,8 +132,10 @@ async def capture(settings: Settings, out_dir: Path, now: datetime | None = None
             "gcs_cluster_id": cluster_id,
             "kuberay_scaler_version": __version__,
             "events": events_note,
+            "nodes": nodes_note,
         },
         events=events,
+        nodes=nodes,
     )
 
 
@@ -163,6 +171,22 @@ async def _capacity_events(
     return judged, f"{len(judged)} judged of {len(found)} listed"
 
 
+async def _nodes(api: Any, pods: Mapping[str, Any]) -> tuple[list[Any] | None, str]:
+    """The nodes the pods run on, slimmed to their GKE maintenance facts; None (and why) when
+    the token may not list nodes (KubeRay's Role)."""
+    try:
+        reply = await request_json(api, Target("list", "nodes"), "GET", "/api/v1/nodes")
+    except ApiError as err:
+        if err.status not in (403, 404):
+            raise
+        why = "may not list" if err.status == 403 else "found no nodes API to list"
+        return None, f"not read: the token {why} nodes (deploy/node-maintenance adds it)"
+    used = {(p.get("spec") or {}).get("nodeName") for p in pods.get("items") or []}
+    listed = reply.get("items") or []
+    kept = [slim_node(n) for n in listed if (n.get("metadata") or {}).get("name") in used]
+    return kept, f"{len(kept)} of {len(listed)} listed (the pods' nodes)"
+
+
 def write_capture(
     out_dir: Path,
     raycluster: Mapping[str, Any],
@@ -170,6 +194,7 @@ def write_capture(
     ray_state: Mapping[str, Any],
     meta: Mapping[str, Any],
     events: list[Any] | None = None,
+    nodes: list[Any] | None = None,
 ) -> Path:
     """Write the inputs (redacted) and the meta file, readable by the owner only; returns
     `out_dir`. `events` None: none were read (no file is written)."""
@@ -187,6 +212,11 @@ def write_capture(
     else:
         with contextlib.suppress(FileNotFoundError):  # an older capture's would mislead
             (out_dir / EVENTS_FILE).unlink()
+    if nodes is not None:
+        _dump(out_dir / NODES_FILE, {"apiVersion": "v1", "kind": "NodeList", "items": nodes})
+    else:
+        with contextlib.suppress(FileNotFoundError):  # an older capture's would mislead
+            (out_dir / NODES_FILE).unlink()
     _dump(out_dir / META_FILE, {**meta, "pods": len(items), "redacted": found.paths})
     return out_dir
 

@@ -128,6 +128,14 @@ def _parser() -> argparse.ArgumentParser:
         " daemon judges them (docs/capacity-signals.md)",
     )
     plan.add_argument(
+        "--nodes",
+        type=Path,
+        help="Nodes (kubectl get nodes -o json; `-`: stdin): GKE maintenance announced on them"
+        " (label cloud.google.com/scheduled-maintenance-time, taint"
+        " cloud.google.com/impending-node-termination), judged as the daemon does where it may"
+        " read nodes (docs/capacity-signals.md)",
+    )
+    plan.add_argument(
         "--capture",
         type=Path,
         help="a directory written by `capture`: its three files, replanned at the captured moment",
@@ -238,12 +246,19 @@ def _plan(args: argparse.Namespace) -> int:
         if args.capture is not None:
             if args.events is not None:
                 raise InputError("--events goes with --raycluster: a capture has its events.json")
+            if args.nodes is not None:
+                raise InputError("--nodes goes with --raycluster: a capture has its nodes.json")
             document = plan_capture(args.capture, policy)
         elif args.raycluster is None:
             raise InputError("--raycluster (or --capture DIR) is required")
         else:
             document = plan_files(
-                args.raycluster, args.pods, args.ray_state, policy, events=args.events
+                args.raycluster,
+                args.pods,
+                args.ray_state,
+                policy,
+                events=args.events,
+                nodes=args.nodes,
             )
     except InputError as err:
         print(f"kuberay-scaler plan: {err}", file=sys.stderr)

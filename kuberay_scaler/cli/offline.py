@@ -15,8 +15,9 @@ from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation, RayState, epoch_ms
-from kuberay_scaler.core.model.signals import CapacityEvent
+from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 from kuberay_scaler.core.parse.events import capacity_events, worker_group_names
+from kuberay_scaler.core.parse.nodes import node_maintenance
 from kuberay_scaler.core.parse.pods import pod_items
 from kuberay_scaler.core.planner.core import Policy
 
@@ -297,6 +298,27 @@ def load_events(
     return tuple(e for e in judged if e.pod is None or e.pod in names)
 
 
+def load_nodes(path: Path | None) -> dict[str, NodeMaintenance]:
+    """GKE maintenance announced by the nodes in a NodeList (`kubectl get nodes -o json`), as
+    the daemon reads it where it may read nodes. No file means none (the daemon without the
+    nodes ClusterRole)."""
+    if path is None:
+        return {}
+    docs = load_documents(path, "Nodes")
+    items = docs[0].get("items") if len(docs) == 1 and isinstance(docs[0], Mapping) else None
+    if isinstance(items, list):
+        docs = items
+    elif len(docs) == 1 and isinstance(docs[0], list):
+        docs = docs[0]
+    found: dict[str, NodeMaintenance] = {}
+    for index, doc in enumerate(docs):
+        if not isinstance(doc, Mapping) or doc.get("kind", "Node") != "Node":
+            raise InputError(f"Nodes {shown(path)}: item {index} is not a Node object")
+        if (m := node_maintenance(doc)) is not None:
+            found[m.node] = m
+    return found
+
+
 def plan_files(
     raycluster: Path,
     pods: Path | None,
@@ -304,13 +326,14 @@ def plan_files(
     policy: Policy,
     now: datetime | None = None,
     events: Path | None = None,
+    nodes: Path | None = None,
 ) -> dict[str, Any]:
     """Plan once from files and return the document the `plan` command prints.
 
     The same `decide()` the daemon runs: the writes include the draining-intent record and the
     drains, exactly as the daemon would send them for these inputs.
     """
-    stdin = [p for p in (raycluster, pods, ray_state, events) if p == STDIN]
+    stdin = [p for p in (raycluster, pods, ray_state, events, nodes) if p == STDIN]
     if len(stdin) > 1:
         raise InputError("only one input can be read from standard input (-)")
     rc = load_raycluster(raycluster)
@@ -319,12 +342,23 @@ def plan_files(
     gcs = RayObservation(state, observed_at=0.0) if state is not None else None  # None: unknown
     pod_list = load_pods(pods)
     capacity = load_events(events, rc, pod_list)
-    observed = Observation(raycluster=rc, pods=pod_list, gcs=gcs, capacity_events=capacity)
+    windows = load_nodes(nodes)
+    observed = Observation(
+        raycluster=rc,
+        pods=pod_list,
+        gcs=gcs,
+        capacity_events=capacity,
+        node_maintenance=windows,
+    )
     decision = decide(observed, Memory(), policy, now)
     if decision.error is not None:  # cannot happen for a plan made from this very object
         raise InputError(decision.error)
     document = decision.document()
     judged = {"capacity_events": [_event_document(e) for e in capacity]} if events else {}
+    if nodes is not None:  # the node facts judged, as /debug/plan's node_maintenance says them
+        judged["node_maintenance"] = [
+            {"node": m.node, "window": m.describe()} for m in windows.values()
+        ]
     return {
         "cluster": document.pop("cluster"),
         "patch": document.pop("patch"),
@@ -350,6 +384,7 @@ def plan_capture(directory: Path, policy: Policy) -> dict[str, Any]:
     """Replan the files `capture` wrote, at the moment they were captured."""
     from kuberay_scaler.cli.capture import (
         EVENTS_FILE,
+        NODES_FILE,
         PODS_FILE,
         RAY_STATE_FILE,
         RAYCLUSTER_FILE,
@@ -359,6 +394,7 @@ def plan_capture(directory: Path, policy: Policy) -> dict[str, Any]:
     if not (directory / RAYCLUSTER_FILE).is_file():
         raise InputError(f"capture {directory}: no {RAYCLUSTER_FILE} (not a capture directory)")
     events = directory / EVENTS_FILE  # absent in captures older than it, or without the Role
+    nodes = directory / NODES_FILE  # absent without the nodes ClusterRole
     return plan_files(
         directory / RAYCLUSTER_FILE,
         directory / PODS_FILE,
@@ -366,6 +402,7 @@ def plan_capture(directory: Path, policy: Policy) -> dict[str, Any]:
         policy,
         now=read_captured_at(directory),
         events=events if events.is_file() else None,
+        nodes=nodes if nodes.is_file() else None,
     )
 
 

@@ -52,7 +52,7 @@ from kuberay_scaler.core.model.reasons import (
     ScaleDown,
     ScaleDownKind,
 )
-from kuberay_scaler.core.model.signals import CapacityEvent
+from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.intent import clear_ops, read_draining, record_ops, with_record
@@ -86,6 +86,11 @@ class Observation:
     spec: ClusterSpec | None = None  # `raycluster` already parsed (the daemon parses it once)
     # Capacity news read from Events (empty where the Role cannot read them), oldest first.
     capacity_events: tuple[CapacityEvent, ...] = ()
+    # GKE maintenance announced on nodes, node name → window (empty without the nodes
+    # permission: deploy/node-maintenance).
+    node_maintenance: Mapping[str, NodeMaintenance] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 @dataclass(frozen=True)
@@ -231,7 +236,10 @@ def decide(
     grace_s = policy.timeouts.missing_node_grace_s
     ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
     events = observed.capacity_events
-    result = plan(snapshot, ray, memory, policy, now, ev, mono_s=mono_s, events=events)
+    nodes = observed.node_maintenance
+    result = plan(
+        snapshot, ray, memory, policy, now, ev, mono_s=mono_s, events=events, maintenance=nodes
+    )
     if ray_problem is not None:
         result = replace(result, problems=(*result.problems, ray_problem))
     # The gate also honours deadlines this plan set (preemptions it starts).

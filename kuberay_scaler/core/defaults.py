@@ -23,6 +23,10 @@ DRAIN_DEADLINE_S = 30.0
 # VM gets on GCE and a pod's default termination grace, so work written for preemption gets the
 # notice it expects, and the slice is still gone within KubeRay's e2e budget of 60 s.
 PREEMPT_DEADLINE_S = 30.0
+# A busy slice on a node with GKE maintenance scheduled gets its replacement launched this long
+# before the window: a TPU slice takes minutes to come up, and a replacement added
+# days ahead would only idle out. Its drain starts PREEMPT_DEADLINE_S before the window.
+MAINTENANCE_REPLACE_AHEAD_S = 1800.0
 # Disruption (docs/planner.md "Disruption"). A group that added a slice removes no idle
 # slice for this long: about what a TPU slice takes to come up on GKE (node pool scale-up, image
 # pull, Ray join: minutes), so no slice is removed sooner than a new one could come back. Shorter

@@ -26,7 +26,7 @@ from kuberay_scaler.core.parse.pod_cache import PodCache
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.loop.expectations import Expectations
 from kuberay_scaler.loop.handsoff import HandsOff, Overridden, OverrideBackoff, hands_off
-from kuberay_scaler.loop.ports import CapacityFeed, ClusterView, PodStore
+from kuberay_scaler.loop.ports import CapacityFeed, ClusterView, NodeFeed, PodStore
 
 # Input sources the loop can be blind to (the `source` label of kuberay_scaler_blind_seconds).
 SOURCES = ("gcs", "pods", "raycluster")
@@ -73,10 +73,12 @@ class Observer:
         cluster: ClusterView,
         config: ObserveConfig,
         capacity: CapacityFeed | None = None,
+        nodes: NodeFeed | None = None,
     ) -> None:
         self._pods = pods
         self._cluster = cluster
         self._capacity = capacity  # None: no Events source (tests, `plan`)
+        self._nodes = nodes  # None: no nodes source (tests, `plan`)
         self._config = config
         self.expectations = Expectations(timeout=config.expectation_timeout_s)
         self.hands_off = HandsOff()
@@ -130,6 +132,7 @@ class Observer:
         synced = self._pods.synced and self._cluster.synced
         ray = self._ray_view(now.mono)
         capacity = self._capacity.events() if self._capacity is not None else ()
+        maintenance = self._nodes.maintenance() if self._nodes is not None else {}
         blind, unknown = self.blindness(now.mono, found=True)
         observation = Observation(
             raycluster=raw,
@@ -140,6 +143,7 @@ class Observer:
             parsed_pods=(hosts, problems),
             spec=spec,
             capacity_events=capacity,
+            node_maintenance=maintenance,
         )
         meta = raw.get("metadata") or {}
         inputs = (
@@ -151,6 +155,7 @@ class Observer:
             synced,
             tuple(sorted((g, str(h)) for g, h in holds.items())),
             capacity,
+            tuple(sorted(maintenance.values(), key=lambda m: m.node)),
         )
         return Snapshot(observation, inputs, blind, unknown, overridden, recreated)
 

@@ -16,7 +16,7 @@ from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Plan
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.report import AutoscalingReport
-from kuberay_scaler.core.model.signals import CapacityEvent
+from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.handsoff import Overridden
 from kuberay_scaler.loop.health import LoopStatus, Outcome, Want
@@ -64,6 +64,15 @@ class CapacityFeed(Protocol):
 
     def events(self) -> tuple[CapacityEvent, ...]:
         """Oldest first."""
+
+
+class NodeFeed(Protocol):
+    """GKE maintenance announced on nodes (kube.nodes.NodeMaintenanceReader); empty where the
+    token may not read nodes."""
+
+    def maintenance(self) -> Mapping[str, NodeMaintenance]:
+        """Node name → its announcement, for the nodes that announce one."""
+        ...
 
 
 class Gcs(Protocol):

@@ -41,6 +41,7 @@ from kuberay_scaler.loop.ports import (
     Events,
     Gcs,
     GcsFeed,
+    NodeFeed,
     PodStore,
     Sink,
     Writer,
@@ -71,12 +72,13 @@ class Reconciler:
         monotonic: Callable[[], float] = time.monotonic,
         sink: Sink | None = None,
         capacity: CapacityFeed | None = None,
+        nodes: NodeFeed | None = None,
     ) -> None:
         self._config, self._policy = config, policy
         self._cluster, self._feed, self._gcs, self._writer = cluster, feed, gcs, writer
         self._wall, self._monotonic = wall, monotonic
         self._pods = pods
-        self.observer = Observer(pods, cluster, config.observing(policy), capacity)
+        self.observer = Observer(pods, cluster, config.observing(policy), capacity, nodes)
         progress = Progress(monotonic(), config.unhealthy_after_s, config.unhealthy_after_failures)
         self.sink: Sink = sink or Recorder(events, progress, wall)
         self.memory = Memory()

@@ -123,7 +123,7 @@ def _launching(decision: GroupDecision, launches_asked: bool) -> int:
 
 
 def _gangs_released(plan: Plan, decision: GroupDecision, now_s: int) -> list[FailedRequest]:
-    """A gang past its deadline whose slices this plan hands back (issue 32): a failed launch,
+    """A gang past its deadline whose slices this plan hands back: a failed launch,
     the gang line as the reason."""
     released = [
         x

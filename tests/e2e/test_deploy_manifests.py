@@ -36,6 +36,8 @@ PATHS = {
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
     "RayCluster": "/apis/ray.io/v1/namespaces/{ns}/rayclusters",
     "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
 }
 
 
@@ -86,7 +88,8 @@ async def test_manifests_pass_strict_validation(plane: ControlPlane, admin: Kube
     same manifest applies on every KubeRay from 1.1."""
     ns = await _namespace(admin)
     manifests = [*render(SIDECAR_EXAMPLE), _load(DROP_IN), _load(NETWORK_POLICY)]
-    for obj in [*manifests, *render(DEPLOY / "capacity-events")]:
+    optional = [*render(DEPLOY / "capacity-events"), *render(DEPLOY / "node-maintenance")]
+    for obj in [*manifests, *optional]:
         await _create(admin, ns, obj, DRY_RUN)
     listed = await admin.ok("GET", PATHS["RayCluster"].format(ns=ns))
     assert listed["items"] == [], "dry run stored nothing"

@@ -37,7 +37,8 @@ KUBERAY_AUTOSCALER_RULES = [
 ]
 RESTRICTED_MODE = (
     "RayCluster by GET on pod events + periodic refresh (no list/watch rayclusters); "
-    "Events off (no create events); capacity Events not read (no get/list/watch events)"
+    "Events off (no create events); capacity Events not read (no get/list/watch events); "
+    "node maintenance not read (no get/list/watch nodes)"
 )
 
 
@@ -155,7 +156,8 @@ async def test_idle_slice_deleted_whole_in_sidecar_mode(world: World) -> None:
     assert not await probe.workers()
     modes = [line.get("mode") for line in daemon.events("kubernetes access")]
     assert modes == [
-        "RayCluster by watch; Events on; capacity Events not read (no get/list/watch events)"
+        "RayCluster by watch; Events on; capacity Events not read (no get/list/watch events);"
+        " node maintenance not read (no get/list/watch nodes)"
     ]
     events = await world.admin.ok("GET", f"/api/v1/namespaces/{world.namespace}/events")
     ours = [e for e in events["items"] if e.get("reason") == "ScaledDown"]

@@ -159,6 +159,7 @@ async def test_capture_replans_offline_to_the_daemons_own_decision(
     assert any(p.endswith("env[0].value") for p in meta["redacted"])
     # KubeRay's Role (the harness's token) lists no events: none written, and it says why.
     assert meta["events"].startswith("not read") and not (out / "events.json").exists()
+    assert meta["nodes"].startswith("not read") and not (out / "nodes.json").exists()
 
     offline = plan_capture(out, Policy())
     assert _essence(offline) == _essence(daemons)

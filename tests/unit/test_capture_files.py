@@ -267,3 +267,45 @@ def test_events_of_pods_not_captured_or_not_events_at_all(tmp_path: Path) -> Non
     events.write_text(json.dumps({"kind": "EventList", "items": [{"kind": "Pod"}]}))
     with pytest.raises(InputError, match="item 0 is not an Event"):
         plan_files(rc_file, pods, None, Policy(), now=NOW, events=events)
+
+
+def test_the_nodes_maintenance_is_captured_and_replanned(tmp_path: Path) -> None:
+    """capture keeps the pods' nodes slimmed to their GKE maintenance facts; `plan` judges them
+    as the daemon does: the idle slice on the node with a window leaves first."""
+    from kuberay_scaler.cli.capture import NODES_FILE
+    from kuberay_scaler.core.parse.nodes import slim_node
+
+    rc = cluster(group("cpu", replicas=2, min_replicas=1, max_replicas=3))
+    pods = [pod("cpu-0", "cpu"), pod("cpu-1", "cpu")]
+    for p in pods:
+        p["spec"]["nodeName"] = f"node-{p['metadata']['name']}"
+    idle = [*cpu_nodes(["cpu-0"], idle_s=900), *cpu_nodes(["cpu-1"], idle_s=100)]
+    reply = json_format.MessageToDict(reply_of(state([head_node(), *idle])))
+    start = int(NOW.timestamp()) + 7200
+    raw = {
+        "kind": "Node",
+        "metadata": {
+            "name": "node-cpu-1",
+            "labels": {"cloud.google.com/scheduled-maintenance-time": str(start), "a": "b"},
+        },
+        "spec": {"taints": []},
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.9"}]},
+    }
+    meta = {"captured_at": NOW.isoformat(), "cluster": "rc"}
+    out = write_capture(tmp_path / "cap", rc, {"items": pods}, reply, meta, nodes=[slim_node(raw)])
+    written = out / NODES_FILE
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert "10.0.0.9" not in written.read_text()  # only the maintenance facts are kept
+    doc = plan_capture(out, Policy())
+    [announced] = doc["node_maintenance"]
+    assert announced["node"] == "node-cpu-1" and "GKE maintenance" in announced["window"]
+    assert "maintenance" in json.dumps(doc["groups"])
+    patch = json.dumps(doc["patch"])
+    assert "cpu-1" in patch and "cpu-0" not in patch
+    without = plan_files(
+        out / "raycluster.json", out / "pods.json", out / "ray-state.json", Policy(), now=NOW
+    )
+    patch = json.dumps(without["patch"])  # without the node facts the longest idle leaves
+    assert "cpu-0" in patch and "cpu-1" not in patch
+    write_capture(out, rc, {"items": pods}, reply, meta, nodes=None)
+    assert not written.exists()

@@ -228,3 +228,26 @@ def test_the_optional_events_role_grants_exactly_what_the_daemon_asks_for() -> N
         "name": role["metadata"]["name"],
     }
     assert [s["kind"] for s in binding["subjects"]] == ["ServiceAccount"]
+
+
+def test_the_optional_nodes_cluster_role_grants_exactly_what_the_daemon_asks_for() -> None:
+    """deploy/node-maintenance: nodes get/list/watch (cluster-scoped), nothing else, bound to a
+    ServiceAccount with its namespace; the verbs are the ones the daemon's access review checks."""
+    from kuberay_scaler.adapters.kube.access import READ_NODES
+
+    objects = render(DEPLOY / "node-maintenance")
+    [role] = [d for d in objects if d["kind"] == "ClusterRole"]
+    [binding] = [d for d in objects if d["kind"] == "ClusterRoleBinding"]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert {(p.group, p.resource, p.verb) for p in READ_NODES} == {
+        ("", "nodes", verb) for verb in role["rules"][0]["verbs"]
+    }
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    [subject] = binding["subjects"]
+    assert subject["kind"] == "ServiceAccount" and subject["namespace"]

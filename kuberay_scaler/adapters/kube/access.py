@@ -45,6 +45,12 @@ READ_EVENTS = (
     Permission("list", "", "events"),
     Permission("watch", "", "events"),
 )
+# Reading GKE's maintenance signals on nodes (cluster-scoped): deploy/node-maintenance.
+READ_NODES = (
+    Permission("get", "", "nodes"),
+    Permission("list", "", "nodes"),
+    Permission("watch", "", "nodes"),
+)
 REQUIRED = (
     Permission("list", "", "pods"),
     Permission("watch", "", "pods"),
@@ -61,6 +67,7 @@ class Access:
     create_events: bool
     missing: tuple[str, ...] = ()
     read_events: bool = False  # list+watch events: capacity signals from Events
+    read_nodes: bool = False  # get/list/watch nodes: GKE maintenance signals
 
     @property
     def description(self) -> str:
@@ -76,8 +83,13 @@ class Access:
             if self.read_events
             else "capacity Events not read (no get/list/watch events)"
         )
+        nodes = (
+            "node maintenance read"
+            if self.read_nodes
+            else "node maintenance not read (no get/list/watch nodes)"
+        )
         missing = f"; MISSING: {', '.join(self.missing)}" if self.missing else ""
-        return f"{raycluster}; {events}; {reading}{missing}"
+        return f"{raycluster}; {events}; {reading}; {nodes}{missing}"
 
 
 async def detect_access(
@@ -109,20 +121,23 @@ async def detect_access(
 
 
 async def _review_all(api: ApiClient, namespace: str, name: str) -> Access:
-    checks = (*WATCH_RAYCLUSTERS, *CREATE_EVENTS, *READ_EVENTS, *REQUIRED)
+    checks = (*WATCH_RAYCLUSTERS, *CREATE_EVENTS, *READ_EVENTS, *READ_NODES, *REQUIRED)
     answers = await asyncio.gather(*(_allowed(api, namespace, check, name) for check in checks))
     allowed = dict(zip(checks, answers, strict=True))
     return Access(
         watch_rayclusters=all(allowed[p] for p in WATCH_RAYCLUSTERS),
         create_events=all(allowed[p] for p in CREATE_EVENTS),
         read_events=all(allowed[p] for p in READ_EVENTS),
+        read_nodes=all(allowed[p] for p in READ_NODES),
         missing=tuple(str(p) for p in REQUIRED if not allowed[p]),
     )
 
 
 async def _allowed(api: ApiClient, namespace: str, permission: Permission, name: str) -> bool:
+    # Nodes are cluster-scoped: asked without a namespace, as the list itself is authorized (a
+    # RoleBinding to a ClusterRole naming nodes would pass a namespaced review, not the list).
     attributes = {
-        "namespace": namespace,
+        "namespace": "" if permission.resource == "nodes" else namespace,
         "verb": permission.verb,
         "group": permission.group,
         "resource": permission.resource,

@@ -110,7 +110,7 @@ def _availability(a: Mapping[str, Any]) -> str:
 
 
 def _gangs(gangs: Sequence[Mapping[str, Any]]) -> str:
-    """Pending placement groups' slices here (issue 32): "gang 4 × v6e-16: 3 up, 1 pending
+    """Pending placement groups' slices here: "gang 4 × v6e-16: 3 up, 1 pending
     4 min, deadline 15 min"."""
     if not gangs:
         return ""
@@ -133,6 +133,8 @@ def _slice_reason(sl: Mapping[str, Any]) -> str:
     notes = [str(sl.get("reason", ""))]
     if sl.get("going"):
         notes.append(f"going (DisruptionTarget {sl['going']})")
+    if sl.get("maintenance"):
+        notes.append(f"maintenance ({sl['maintenance']})")
     if sl.get("do_not_disrupt"):
         notes.append(f"do-not-disrupt ({sl['do_not_disrupt']})")
     return "; ".join(n for n in notes if n)

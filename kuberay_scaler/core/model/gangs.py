@@ -1,4 +1,4 @@
-"""A gang as the report shows it: k slices of one type wanted together (issue 32)."""
+"""A gang as the report shows it: k slices of one type wanted together."""
 
 from __future__ import annotations
 

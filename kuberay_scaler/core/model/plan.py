@@ -356,7 +356,24 @@ class Plan:
 
     def _slices_doc(self, group: str) -> list[dict[str, Any]]:
         gs = self.slice_map.groups.get(group) if self.slice_map else None
-        return [slice_doc(sl, self.now_ms) for sl in gs.slices] if gs else []
+        windows = self._maintenance(group)
+        return (
+            [{**slice_doc(sl, self.now_ms), "maintenance": windows.get(sl.key)} for sl in gs.slices]
+            if gs
+            else []
+        )
+
+    def _maintenance(self, group: str) -> dict[str, str]:
+        """Slice key → the GKE maintenance window the disruption stage judged it by."""
+        d = self.group(group)
+        reasons = d.reasons if d is not None else ()
+        return {
+            r.slice: r.detail
+            for r in reasons
+            if isinstance(r, Disruption)
+            and r.slice is not None
+            and (r.kind is DisruptionKind.MAINTENANCE or r.cause == "maintenance")
+        }
 
     def summary(self) -> dict[str, Any]:
         """The plan as the `plan` command and /debug/plan print it (without the patch)."""

@@ -192,11 +192,17 @@ class ScaleDownKind(StrEnum):
     # A host of the slice has the pod condition DisruptionTarget (eviction, preemption, taint
     # manager): the slice is going, its live hosts are drained for preemption now.
     DISRUPTION_TARGET = "disruption_target"
+    # A node of the slice has GKE maintenance within the preemption deadline (or the
+    # impending-node-termination taint): its live hosts are drained until the window.
+    MAINTENANCE = "maintenance"
+    # An idle slice on a node with upcoming maintenance leaves in place of another idle slice
+    # the group removes (it leaves first, so maintenance runs on an empty slice).
+    MAINTENANCE_FIRST = "maintenance_first"
     # A queued slice (held by a scheduling gate: Kueue) no demand has used for the idle timeout:
     # cancelled whole, undrained (its pods never ran), before it is ever admitted.
     CANCEL_QUEUED = "cancel_queued"
     # An idle slice of a gang (a pending placement group) still incomplete at its group's
-    # provisioning deadline: drained and handed back; the gang is planned again whole (issue 32).
+    # provisioning deadline: drained and handed back; the gang is planned again whole.
     GANG_DEADLINE = "gang_deadline"
 
 
@@ -241,6 +247,13 @@ class ScaleDown:
             return (
                 f"drain slice {self.slice} for preemption until {until}: a host is going"
                 f" (DisruptionTarget: {self.cause or '?'})"
+            )
+        if self.kind is ScaleDownKind.MAINTENANCE:
+            return f"drain slice {self.slice} for preemption until {until}: {self.detail}"
+        if self.kind is ScaleDownKind.MAINTENANCE_FIRST:
+            return (
+                f"remove idle slice {self.slice} before the group's other idle slices:"
+                f" {self.detail}"
             )
         if self.kind is ScaleDownKind.PARTLY_DRAINED:
             return (
@@ -306,7 +319,7 @@ class KeepKind(StrEnum):
     # (KUBERAY_SCALER_RESERVATION_GRACE_S): kept so the next reservation finds it.
     RESERVATION_GRACE = "reservation_grace"
     # Idle, but a pending placement group (a gang) waits for the rest of its slices here, not
-    # yet past its deadline (or elastic): kept for it (issue 32, planner/gang_deadline.py).
+    # yet past its deadline (or elastic): kept for it (planner/gang_deadline.py).
     GANG_WAITING = "gang_waiting"
     GATE_NOT_DRAINED = "gate_not_drained"  # a live Ray node of the pod was not drained now
     GATE_ABSENT = "gate_absent"  # no Ray node, but not absent for the whole grace yet
@@ -478,6 +491,8 @@ class DisruptionKind(StrEnum):
     NO_ROOM = "no_room_for_replacement"  # a going busy slice, but the group is at maxReplicas
     # Drained for a disruption that did not happen: replaced whole once its deadline passes.
     ABANDONED = "disruption_abandoned"
+    # A node of the slice announces GKE maintenance (detail names the window).
+    MAINTENANCE = "maintenance"
 
 
 @dataclass(frozen=True)
@@ -489,6 +504,7 @@ class Disruption:
     wait_s: float | None = None  # seconds until time alone changes it (delay end, a deadline)
     limit: int | None = None  # BUDGET: slices that may leave at once
     in_flight: int = 0  # BUDGET: slices of the group already leaving
+    cause: str = "DisruptionTarget"  # what says the slice is going: the condition, maintenance
 
     def __str__(self) -> str:
         return _disruption_text(self)
@@ -514,11 +530,10 @@ def _disruption_text(d: Disruption) -> str:
                 " and the slices without the annotation are already chosen"
             )
         case DisruptionKind.GOING:
-            return f"slice {d.slice} is going (DisruptionTarget: {d.detail})"
+            return f"slice {d.slice} is going ({d.cause}: {d.detail})"
         case DisruptionKind.REPLACED_AHEAD:
             return (
-                f"add a slice ahead for the work of going slice {d.slice} (DisruptionTarget:"
-                f" {d.detail})"
+                f"add a slice ahead for the work of going slice {d.slice} ({d.cause}: {d.detail})"
             )
         case DisruptionKind.SPARE_KEPT:
             return f"keep idle slice {d.slice}: it takes the work of a going slice ({d.detail})"
@@ -526,6 +541,8 @@ def _disruption_text(d: Disruption) -> str:
             return f"slice {d.slice} is no longer going (DisruptionTarget cleared): {d.detail}"
         case DisruptionKind.NO_ROOM:
             return f"no replacement for going slice {d.slice}: at maxReplicas ({d.detail})"
+        case DisruptionKind.MAINTENANCE:
+            return f"slice {d.slice} is on a node with upcoming maintenance: {d.detail}"
 
 
 Reason = (

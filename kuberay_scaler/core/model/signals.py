@@ -10,6 +10,7 @@ clock, epoch ms): they order signals and are shown to users, they never license 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 
 
@@ -38,3 +39,27 @@ class CapacityEvent:
     pod: str | None = None  # the involved pod, when the Event is about a pod
     group: str | None = None  # the worker group, when the Event names it (else found by pod)
     count: int = 1
+
+
+# GKE's upcoming-maintenance signals on nodes (docs/capacity-signals.md, "GKE maintenance"):
+# a node label (Unix epoch seconds: the start of the Compute Engine maintenance window, set
+# while the maintenance is scheduled but not active), and the taint GKE's maintenance handler
+# puts on a node about to be terminated.
+SCHEDULED_MAINTENANCE_TIME = "cloud.google.com/scheduled-maintenance-time"
+IMPENDING_NODE_TERMINATION = "cloud.google.com/impending-node-termination"
+
+
+@dataclass(frozen=True)
+class NodeMaintenance:
+    """What a node says about maintenance coming to it."""
+
+    node: str
+    window_start_ms: int | None = None  # epoch ms: the scheduled maintenance window's start
+    impending: bool = False  # tainted impending-node-termination: going now
+
+    def describe(self) -> str:
+        """Names the window (for reasons, Events and /debug/slices)."""
+        if self.impending:
+            return f"node {self.node} tainted {IMPENDING_NODE_TERMINATION}"
+        start = datetime.fromtimestamp((self.window_start_ms or 0) / 1000, UTC)
+        return f"GKE maintenance on node {self.node} at {start.isoformat()}"

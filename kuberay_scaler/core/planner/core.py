@@ -66,7 +66,7 @@ from kuberay_scaler.core.model.reasons import (
     ScaleUp,
     Waiting,
 )
-from kuberay_scaler.core.model.signals import CapacityEvent
+from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
 from kuberay_scaler.core.planner.availability import (
     AvailabilityPolicy,
@@ -162,6 +162,8 @@ class _Capacity:
 
     events: tuple[CapacityEvent, ...] = ()
     mono_s: float = 0.0
+    # GKE maintenance on nodes, node name → announcement (empty without the nodes permission).
+    maintenance: Mapping[str, NodeMaintenance] = field(default_factory=lambda: MappingProxyType({}))
 
 
 _NO_NEWS = _Capacity()
@@ -192,6 +194,7 @@ def plan(
     *,
     mono_s: float | None = None,
     events: tuple[CapacityEvent, ...] = (),
+    maintenance: Mapping[str, NodeMaintenance] | None = None,
 ) -> Plan:
     """The plan for every group; a group whose planning raises is held with a named problem
     and the others are planned without it (one bad group never stops the others).
@@ -200,9 +203,11 @@ def plan(
     monotonic clock, for every duration that licenses a deletion (`tick_of`; None: `now`).
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
     built it (`decide()` does, so it is built once per frame); otherwise built here.
-    `events`: capacity Events, oldest first (availability backoffs run on `mono_s` too)."""
+    `events`: capacity Events, oldest first (availability backoffs run on `mono_s` too).
+    `maintenance`: GKE maintenance announced on nodes (node name → window), where readable."""
     at = _At(now, tick_of(mono_s, now))
-    news = _Capacity(events, now.timestamp() if mono_s is None else mono_s)
+    mono = now.timestamp() if mono_s is None else mono_s
+    news = _Capacity(events, mono, MappingProxyType(dict(maintenance or {})))
     try:
         result = _plan(snapshot, ray, memory, policy, at, evidence, news)
     except Exception:  # a planner bug reached by one group's numbers: find the group
@@ -394,6 +399,8 @@ def _plan(
             tick,  # its deadlines join Memory.preempting: the monotonic tick
             news.mono_s,
             wall_shift=now - tick,  # what its reasons show: the wall clock
+            maintenance=news.maintenance,
+            wall=now,  # maintenance windows are wall times
         )
         for d in decisions
     ]

@@ -16,8 +16,15 @@ first for a slice that is going anyway. In order (docs/planner.md, "Disruption")
    (terminating, recorded as draining, drained for preemption, deleted by this plan for any
    other reason) count, and only the idle scale-downs beyond it wait.
 
-Only idle scale-down (`ScaleDownKind.IDLE`) is voluntary disruption here; a rollover of
-outdated slices, where present, joins `VOLUNTARY`.
+GKE maintenance (where the daemon may read nodes; `maintenance`, node name → its window): a
+slice on a node whose window starts within the preemption deadline (or tainted
+impending-node-termination) is going like one with DisruptionTarget, its drain's deadline the
+window's start; a busy one gets its home (a kept spare or a slice added ahead) once the window is
+within MAINTENANCE_REPLACE_AHEAD_S; an idle one leaves in place of another idle slice the group
+removes (`MAINTENANCE_FIRST`, still voluntary: do-not-disrupt, the delay and the budget apply).
+
+Only idle scale-down (`ScaleDownKind.IDLE`, `MAINTENANCE_FIRST`) is voluntary disruption here;
+a rollover of outdated slices, where present, joins `VOLUNTARY`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
+from kuberay_scaler.core.defaults import MAINTENANCE_REPLACE_AHEAD_S
 from kuberay_scaler.core.model.cluster import Budget
 from kuberay_scaler.core.model.plan import (
     DeleteKind,
@@ -44,11 +52,15 @@ from kuberay_scaler.core.model.reasons import (
     ScaleDown,
     ScaleDownKind,
 )
+from kuberay_scaler.core.model.signals import NodeMaintenance
 from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceState
 
 SliceRef = tuple[str | None, str | None]
 # Removals the budget, the delay and do-not-disrupt govern (the user's or our choice to remove).
-VOLUNTARY = frozenset({ScaleDownKind.IDLE, ScaleDownKind.GANG_DEADLINE})
+VOLUNTARY = frozenset(
+    {ScaleDownKind.IDLE, ScaleDownKind.MAINTENANCE_FIRST, ScaleDownKind.GANG_DEADLINE}
+)
+_NO_NODES: Mapping[str, NodeMaintenance] = MappingProxyType({})
 _SURPLUS = frozenset({ScaleDownKind.ABOVE_MAX, ScaleDownKind.PREEMPT, ScaleDownKind.PREEMPTED})
 
 
@@ -75,6 +87,33 @@ class Disrupted:
 
 
 @dataclass(frozen=True)
+class _Cause:
+    """Why a slice is going: a pod's DisruptionTarget, or maintenance on one of its nodes."""
+
+    detail: str
+    window: NodeMaintenance | None = None  # maintenance; None: DisruptionTarget
+
+    @property
+    def name(self) -> str:
+        return "DisruptionTarget" if self.window is None else "maintenance"
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """The group's slices as GKE maintenance sees them, at this plan's moment."""
+
+    windows: Mapping[str, NodeMaintenance]  # slice key → its earliest maintenance
+    causes: Mapping[str, _Cause]  # going slices (DisruptionTarget or maintenance due)
+    ahead: frozenset[str]  # busy slices whose window is within the replace-ahead lead
+    wall: datetime  # the wall clock of this plan (windows are wall times)
+    drain_lead_s: float  # a slice is going this long before its window: the preemption deadline
+
+    @property
+    def going(self) -> frozenset[str]:
+        return frozenset(self.causes)
+
+
+@dataclass(frozen=True)
 class _Step:
     decision: GroupDecision
     reasons: tuple[Reason, ...] = ()
@@ -89,11 +128,16 @@ def disruption_stage(
     now: datetime,
     mono_s: float,
     *,
+    maintenance: Mapping[str, NodeMaintenance] = _NO_NODES,
+    wall: datetime | None = None,
     wall_shift: timedelta = timedelta(0),
 ) -> Disrupted:
-    """Apply the disruption rules to one group's decision (see the module docstring). `now` is
-    the monotonic tick (`tick_of`): preemption deadlines are kept on it (Memory.preempting);
-    `now + wall_shift` is the wall clock the reasons show them on."""
+    """Apply the disruption rules to one group's decision (see the module docstring).
+
+    `now`: the monotonic tick (`tick_of`): preemption deadlines are kept on it
+    (Memory.preempting), and `now + wall_shift` is the wall clock the reasons show them on;
+    `wall`: the wall clock the maintenance windows are compared with (None: `now` stands for
+    it); `maintenance`: node name → its announcement."""
     name = decision.group
     if decision.held is not None and decision.held.kind is not HoldKind.WORKERS_TO_DELETE_PENDING:
         # Held (e.g. our last write unseen): nothing decided, nothing forgotten.
@@ -103,17 +147,20 @@ def disruption_stage(
         return Disrupted(
             shown, memory.scaled_up_at.get(name), _ahead_kept(memory, slices), {}, kept
         )
-    going = _going(decision, slices, rules, memory, needed, now, wall_shift)
-    step = _do_not_disrupt(going.step.decision, slices)
+    nodes = _nodes(slices, maintenance, rules, now if wall is None else wall)
+    going = _going(decision, slices, rules, memory, needed, now, nodes, wall_shift)
+    first = _maintenance_first(going.step.decision, slices, nodes, needed)
+    step = _do_not_disrupt(first.decision, slices, nodes.going)
     # A slice added ahead for a going one is no growth: it does not start the delay (the going
     # slice's replica comes back once its pods are gone; the idle one of them leaves as usual).
     added = decision.new_hosts > 0
     last_add = mono_s if added else memory.scaled_up_at.get(name)
-    delay_step = _delay(step.decision, last_add, rules.delay_s, mono_s, _going_keys(slices))
-    budget_step = _budget(delay_step.decision, slices, rules.budget, memory)
+    delay_step = _delay(step.decision, last_add, rules.delay_s, mono_s, nodes.going)
+    budget_step = _budget(delay_step.decision, slices, rules.budget, memory, nodes.going)
     surplus = _surplus_despite(budget_step.decision, slices)
     reasons = (
         *going.step.reasons,
+        *first.reasons,
         *step.reasons,
         *delay_step.reasons,
         *budget_step.reasons,
@@ -122,7 +169,7 @@ def disruption_stage(
     out = replace(
         budget_step.decision,
         reasons=(*budget_step.decision.reasons, *reasons),
-        rules=shown_rules(rules, in_flight(budget_step.decision, slices, memory)),
+        rules=shown_rules(rules, in_flight(budget_step.decision, slices, memory, nodes.going)),
     )
     remembered = last_add if last_add is not None and mono_s - last_add < rules.delay_s else None
     return Disrupted(out, remembered, going.ahead, going.preempting, going.drained)
@@ -164,16 +211,17 @@ def _going(
     memory: Memory,
     needed: Set[SliceRef],
     now: datetime,
+    nodes: _Nodes,
     wall_shift: timedelta,
 ) -> _Going:
     handled = {x.slice_key for x in (*decision.deletions, *decision.preempt)}
     going = [
         s
         for s in slices.slices
-        if s.going and s.state is not SliceState.TERMINATING and s.key not in handled
+        if s.key in nodes.causes and s.state is not SliceState.TERMINATING and s.key not in handled
     ]
-    abandoned = _abandoned(slices, memory, handled, now, wall_shift)
-    drains = tuple(_drain(s, rules, memory, now, wall_shift) for s in going)
+    abandoned = _abandoned(slices, memory, handled, now, nodes.going, wall_shift)
+    drains = tuple(_drain(s, rules, memory, now, nodes, wall_shift) for s in going)
     preempt = tuple(d.drain for d in drains if d.new)
     deadlines = {
         d.drain.slice_key: d.deadline
@@ -188,10 +236,11 @@ def _going(
         preempt=(*decision.preempt, *preempt),
         deletions=(*decision.deletions, *abandoned.deletions),
     )
-    homes = _homes(decision, slices, going, memory, needed)
+    moving = [*going, *(s for s in slices.slices if s.key in nodes.ahead and s.key not in handled)]
+    homes = _homes(decision, slices, moving, memory, needed, nodes)
     drained = {k for k, g in memory.disrupted.items() if g == slices.group.name} | set(deadlines)
     return _Going(
-        _Step(homes.decision, (*said, *abandoned.reasons, *homes.reasons)),
+        _Step(homes.decision, (*said, *abandoned.reasons, *homes.reasons, *_announced(nodes))),
         (*_ahead_kept(memory, slices), *homes.ahead),
         MappingProxyType(deadlines),
         tuple(sorted(drained & {s.key for s in slices.slices})),
@@ -205,7 +254,12 @@ class _Abandoned:
 
 
 def _abandoned(
-    slices: GroupSlices, memory: Memory, handled: Set[str], now: datetime, wall_shift: timedelta
+    slices: GroupSlices,
+    memory: Memory,
+    handled: Set[str],
+    now: datetime,
+    going: Set[str],
+    wall_shift: timedelta,
 ) -> _Abandoned:
     """Slices drained for a disruption that did not happen (DisruptionTarget cleared: the
     pod was not deleted after all). Ray has no undrain: their hosts stay DRAINING, so once
@@ -216,7 +270,7 @@ def _abandoned(
     reasons: list[Reason] = []
     for sl in slices.slices:
         deadline = memory.preempting.get(sl.key)
-        if memory.disrupted.get(sl.key) != name or sl.going or deadline is None:
+        if memory.disrupted.get(sl.key) != name or sl.key in going or deadline is None:
             continue
         if sl.state is SliceState.TERMINATING or sl.key in handled:
             continue
@@ -229,7 +283,8 @@ def _abandoned(
             )
             continue
         cause = (
-            "drained for a disruption that did not happen (DisruptionTarget cleared); its hosts"
+            "drained for a disruption that did not happen (DisruptionTarget or maintenance"
+            " cleared); its hosts"
             " stay drained in Ray"
         )
         why = Replace(sl.key, None, cause)
@@ -246,16 +301,33 @@ class _Drain:
 
 
 def _drain(
-    sl: Slice, rules: DisruptionRules, memory: Memory, now: datetime, wall_shift: timedelta
+    sl: Slice,
+    rules: DisruptionRules,
+    memory: Memory,
+    now: datetime,
+    nodes: _Nodes,
+    wall_shift: timedelta,
 ) -> _Drain:
-    """The preemption drain of a going slice; its reason says the deadline on the wall clock."""
+    """The preemption drain of a going slice; its reason says the deadline on the wall clock.
+    For maintenance the deadline is the window's start (on the tick's clock), at most the
+    preemption deadline away; for a tainted node, the preemption deadline."""
     known = memory.preempting.get(sl.key)
-    deadline = known or now + timedelta(seconds=rules.preempt_deadline_s)
-    cause = (sl.going or "").split(": ", 1)[-1]
+    cause = nodes.causes[sl.key]
+    window = cause.window
+    lead_s = rules.preempt_deadline_s
+    if window is not None and not window.impending and window.window_start_ms is not None:
+        lead_s = min(lead_s, max(0.0, window.window_start_ms / 1000 - nodes.wall.timestamp()))
+    deadline = known or now + timedelta(seconds=lead_s)
     on_wall = deadline + wall_shift
-    why = ScaleDown(
-        ScaleDownKind.DISRUPTION_TARGET, sl.key, len(sl.hosts), deadline=on_wall, cause=cause
-    )
+    if window is not None:
+        why = ScaleDown(
+            ScaleDownKind.MAINTENANCE, sl.key, len(sl.hosts), deadline=on_wall, detail=cause.detail
+        )
+    else:
+        reason = cause.detail.split(": ", 1)[-1]
+        why = ScaleDown(
+            ScaleDownKind.DISRUPTION_TARGET, sl.key, len(sl.hosts), deadline=on_wall, cause=reason
+        )
     drain = SliceDeletion(sl.key, sl.pod_names, sl.node_ids, DeleteKind.PREEMPT, why)
     return _Drain(drain, deadline, known is None and bool(sl.node_ids))
 
@@ -274,27 +346,34 @@ def _homes(
     going: list[Slice],
     memory: Memory,
     needed: Set[SliceRef],
+    nodes: _Nodes,
 ) -> _Homes:
     """A home for the work of each going slice that has work (busy, or demand placed on it):
     an idle slice of the group that nothing else needs (its idle scale-down, if planned, is
     dropped), else one slice added ahead while the group is below maxReplicas."""
     group = slices.group
-    homeless = [
-        s
-        for s in going
-        if s.key not in memory.replaced_ahead and (s.working_hosts or (group.name, s.key) in needed)
-    ]
+    working = [s for s in going if s.working_hosts or (group.name, s.key) in needed]
+    homeless = [s for s in working if s.key not in memory.replaced_ahead]
+    # A slice replaced ahead of a maintenance window (up to MAINTENANCE_REPLACE_AHEAD_S before
+    # it) keeps an idle slice until it goes: else its replacement would idle out first.
+    housed = [s for s in working if s.key in memory.replaced_ahead and s.key in nodes.windows]
     spares = [
         s
         for _, key, s in slices.idle_by_since
-        if not s.going and (group.name, key) not in needed and not s.do_not_disrupt
+        if key not in nodes.going
+        and key not in nodes.windows
+        and (group.name, key) not in needed
+        and not s.do_not_disrupt
     ][::-1]  # the least idle first: the longest idle are the ones scale-down removes first
     reasons: list[Reason] = []
     kept: set[str] = set()
     ahead: list[str] = []
     target = decision.target
     for sl in homeless:
-        detail = sl.going or ""
+        cause = nodes.causes.get(sl.key) or _Cause(
+            nodes.windows[sl.key].describe(), nodes.windows[sl.key]
+        )
+        detail = cause.detail
         if spares:
             spare = spares.pop(0)
             kept.add(spare.key)
@@ -302,12 +381,24 @@ def _homes(
         elif not group.suspend and target < group.max_replicas:
             target += 1
             ahead.append(sl.key)
-            reasons.append(Disruption(DisruptionKind.REPLACED_AHEAD, sl.key, detail=detail))
+            reasons.append(
+                Disruption(DisruptionKind.REPLACED_AHEAD, sl.key, detail=detail, cause=cause.name)
+            )
         else:
             limit = f"maxReplicas {group.max_replicas}"
             reasons.append(Disruption(DisruptionKind.NO_ROOM, sl.key, detail=limit))
+    for sl in housed:
+        if spares:
+            spare = spares.pop(0)
+            kept.add(spare.key)
+            detail = f"replaced ahead of {nodes.windows[sl.key].describe()}"
+            reasons.append(Disruption(DisruptionKind.SPARE_KEPT, spare.key, detail=detail))
     dropped = [x for x in decision.deletions if x.slice_key in kept and _voluntary(x)]
-    reasons += [Disruption(DisruptionKind.GOING, s.key, detail=s.going or "") for s in going]
+    reasons += [
+        Disruption(DisruptionKind.GOING, s.key, detail=c.detail, cause=c.name)
+        for s in going
+        if (c := nodes.causes.get(s.key)) is not None
+    ]
     decision = replace(
         decision,
         target=target + len(dropped),
@@ -342,9 +433,8 @@ def _keep(decision: GroupDecision, kept: list[SliceDeletion]) -> GroupDecision:
     )
 
 
-def _do_not_disrupt(decision: GroupDecision, slices: GroupSlices) -> _Step:
+def _do_not_disrupt(decision: GroupDecision, slices: GroupSlices, going: Set[str]) -> _Step:
     protected = {s.key: s.do_not_disrupt for s in slices.slices if s.do_not_disrupt}
-    going = _going_keys(slices)
     kept = [x for x in decision.deletions if _voluntary(x, going) and x.slice_key in protected]
     reasons = tuple(
         Disruption(DisruptionKind.DO_NOT_DISRUPT, x.slice_key, detail=protected[x.slice_key] or "")
@@ -370,10 +460,15 @@ def _delay(
     return _Step(_keep(decision, kept), (why,))
 
 
-def in_flight(decision: GroupDecision, slices: GroupSlices, memory: Memory) -> int:
+def in_flight(
+    decision: GroupDecision,
+    slices: GroupSlices,
+    memory: Memory,
+    going: Set[str] | None = None,
+) -> int:
     """Slices of the group already leaving: terminating, recorded as draining, drained for
     preemption, or deleted or drained by this plan for a reason other than voluntary."""
-    going = _going_keys(slices)
+    going = _going_keys(slices) if going is None else going
     planned = {
         x.slice_key for x in (*decision.deletions, *decision.preempt) if not _voluntary(x, going)
     }
@@ -392,12 +487,14 @@ def _leaving(slices: GroupSlices, memory: Memory) -> set[str]:
     return leaving | (keys & set(memory.preempting))
 
 
-def _budget(decision: GroupDecision, slices: GroupSlices, budget: Budget, memory: Memory) -> _Step:
-    chosen = [x for x in decision.deletions if _voluntary(x, _going_keys(slices))]
+def _budget(
+    decision: GroupDecision, slices: GroupSlices, budget: Budget, memory: Memory, going: Set[str]
+) -> _Step:
+    chosen = [x for x in decision.deletions if _voluntary(x, going)]
     if not chosen:
         return _Step(decision)
     limit = budget.allowed(len(slices.slices))
-    busy = in_flight(decision, slices, memory)
+    busy = in_flight(decision, slices, memory, going)
     kept = chosen[max(0, limit - busy) :]  # the first ones are the longest idle
     if not kept:
         return _Step(decision)
@@ -419,3 +516,116 @@ def _surplus_despite(decision: GroupDecision, slices: GroupSlices) -> tuple[Reas
         and isinstance(x.reason, ScaleDown)
         and x.reason.kind in _SURPLUS
     )
+
+
+# --- GKE maintenance ----------------------------------------------------------------------------
+
+
+def _nodes(
+    slices: GroupSlices,
+    maintenance: Mapping[str, NodeMaintenance],
+    rules: DisruptionRules,
+    wall: datetime,
+) -> _Nodes:
+    """Each slice's earliest maintenance, and which slices are going (DisruptionTarget, or a
+    window within the preemption deadline, or the taint) or due a replacement ahead."""
+    windows: dict[str, NodeMaintenance] = {}
+    for sl in slices.slices:
+        found = [maintenance[n] for h in sl.hosts if (n := h.node_name) and n in maintenance]
+        if found:
+            windows[sl.key] = min(found, key=_urgency)
+    causes: dict[str, _Cause] = {}
+    ahead: set[str] = set()
+    for sl in slices.slices:
+        window = windows.get(sl.key)
+        left_s = _seconds_left(window, wall) if window is not None else None
+        if sl.going:
+            causes[sl.key] = _Cause(sl.going)
+        elif window is not None and left_s is not None and left_s <= rules.preempt_deadline_s:
+            causes[sl.key] = _Cause(window.describe(), window)
+        elif left_s is not None and left_s <= MAINTENANCE_REPLACE_AHEAD_S and sl.working_hosts:
+            ahead.add(sl.key)
+    return _Nodes(
+        MappingProxyType(windows),
+        MappingProxyType(causes),
+        frozenset(ahead),
+        wall,
+        rules.preempt_deadline_s,
+    )
+
+
+def _urgency(window: NodeMaintenance) -> float:
+    return -1.0 if window.impending else float(window.window_start_ms or 0)
+
+
+def _seconds_left(window: NodeMaintenance, wall: datetime) -> float | None:
+    """Seconds until the window starts (0: tainted, going now); None: no start known."""
+    if window.impending:
+        return 0.0
+    if window.window_start_ms is None:
+        return None
+    return window.window_start_ms / 1000 - wall.timestamp()
+
+
+def _announced(nodes: _Nodes) -> tuple[Reason, ...]:
+    """One reason per slice on a node with upcoming maintenance that is not going yet: it names
+    the window, and wakes the loop when the window comes within the replace-ahead lead, then
+    within the preemption deadline."""
+    out: list[Reason] = []
+    for key, window in sorted(nodes.windows.items()):
+        if key in nodes.causes:
+            continue
+        left_s = _seconds_left(window, nodes.wall)
+        wait_s = None
+        if left_s is not None:  # the next moment time alone changes it: the lead, the drain
+            lead = left_s - MAINTENANCE_REPLACE_AHEAD_S
+            wait_s = lead if lead > 0 else max(0.0, left_s - nodes.drain_lead_s)
+        out.append(
+            Disruption(DisruptionKind.MAINTENANCE, key, detail=window.describe(), wait_s=wait_s)
+        )
+    return tuple(out)
+
+
+def _maintenance_first(
+    decision: GroupDecision,
+    slices: GroupSlices,
+    nodes: _Nodes,
+    needed: Set[SliceRef],
+) -> _Step:
+    """An idle slice on a node with upcoming maintenance leaves before any other idle slice:
+    each idle removal of a slice without maintenance is given to one with it (nothing needs
+    it, no do-not-disrupt), the earliest window first; then the maintenance removals go first
+    (the budget keeps the first ones). The group removes no more slices than it did."""
+    name = slices.group.name
+    chosen = {x.slice_key for x in (*decision.deletions, *decision.preempt)}
+    candidates = sorted(
+        (
+            s
+            for _, key, s in slices.idle_by_since
+            if key in nodes.windows
+            and key not in nodes.going
+            and key not in chosen
+            and (name, key) not in needed
+            and not s.do_not_disrupt
+        ),
+        key=lambda s: _urgency(nodes.windows[s.key]),
+    )
+    swapped: list[SliceDeletion] = []
+    out: list[SliceDeletion] = []
+    reasons: list[Reason] = []
+    for x in decision.deletions:
+        idle = isinstance(x.reason, ScaleDown) and x.reason.kind is ScaleDownKind.IDLE
+        if idle and x.slice_key not in nodes.windows and candidates:
+            sl = candidates.pop(0)
+            detail = f"{nodes.windows[sl.key].describe()} (in place of idle slice {x.slice_key})"
+            why = ScaleDown(ScaleDownKind.MAINTENANCE_FIRST, sl.key, len(sl.hosts), detail=detail)
+            swapped.append(SliceDeletion(sl.key, sl.pod_names, sl.node_ids, DeleteKind.IDLE, why))
+            reasons.append(why)
+            continue
+        out.append(x)
+    ordered = sorted(out, key=lambda x: x.slice_key not in nodes.windows)
+    # The idle path's reasons for the slices that now stay would say they leave: dropped.
+    given = {x.reason for x in decision.deletions if x not in out}
+    kept_reasons = tuple(r for r in decision.reasons if r not in given)
+    decision = replace(decision, deletions=(*swapped, *ordered), reasons=kept_reasons)
+    return _Step(decision, tuple(reasons))

@@ -1,4 +1,4 @@
-"""The gang deadline (issue 32): a partial gang past its group's provisioning deadline hands
+"""The gang deadline: a partial gang past its group's provisioning deadline hands
 its slices back, and the whole gang is planned again.
 
 A gang is a pending placement group (`RayState.gangs`) whose bundles need k slices of one
