@@ -13,8 +13,10 @@ pods what the real one posts in a stockout. The daemon, as KubeRay's autoscaler 
   operator's `FailedToCreateWorkerPod` Event on the RayCluster is read as `quota` of that group
   (named by the refused pod's name).
 
-`test_fallback_*` (v6e stuck → demand served by v5e; v6e Nodes appear → the probe moves new demand
-back) needs the planner side of issue 29 (the capacity-plan branch): it skips without it.
+`test_fallback_*` (v5e stuck → demand served by v6e) need the planner side of issue 29 (the
+capacity-plan branch): they skip without it. Both deploy modes: with the events Role (the fast
+path: the stand-in's stockout; then v5e Nodes appear → the probe moves new demand back) and
+drop-in under KubeRay's Role alone (the deadline path: v5e-16's own provisioning deadline).
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ import pytest
 import yaml
 from pydantic import AliasChoices
 
+from kuberay_scaler.core import defaults
 from kuberay_scaler.core.model import reasons
+from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.runtime.settings import Settings
 from kuberay_standins.ca_standin import ACCELERATOR, ClusterAutoscalerStandIn, Mode
+from kuberay_standins.ray_local import RayDriver
 from tests.e2e.controlplane import REPO, RESTRICTED_USER, ControlPlane, tpu_node
 from tests.e2e.procs import Daemon
 from tests.e2e.ray_bridge import GROUP, labels_of, pod_name
@@ -43,6 +48,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 EVENTS_ROLE = REPO / "deploy" / "capacity-events" / "role.yaml"
 V5E = {ACCELERATOR: "tpu-v5-lite-podslice", "cloud.google.com/gke-tpu-topology": "4x4"}
 STUCK = "v5e-16"
+FALLBACK = "v6e-16"
+DEADLINE_S = 20  # v5e-16's own provisioning deadline in the drop-in test
 QUOTA_GROUP = "v6e-quota"
 V6E_16 = {ACCELERATOR: "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4"}
 # The real scheduler's words for a pod no Node's labels fit (pkg/scheduler/framework/plugins/
@@ -252,23 +259,54 @@ def running_pods(world: World, group: str) -> int:
     return sum((p.get("status") or {}).get("phase") == "Running" for p in group_pods(world, group))
 
 
+def stuck_then_fallback(*, stuck_deadline_s: str | None = None) -> dict[str, Any]:
+    """Two groups of the same 4-host shape, the stuck one first in spec order (the e2e
+    operator's CRD, v1.6.1, has no `priority`): v5e-16 (no Nodes in the plane; its own
+    provisioning deadline when `stuck_deadline_s`) and v6e-16."""
+    cluster = tpu_raycluster()
+    with_group(cluster, STUCK, V5E, replicas=0, minReplicas=0, maxReplicas=1)
+    groups = cluster["spec"]["workerGroupSpecs"]
+    fallback = copy.deepcopy(groups[0])
+    fallback["groupName"] = FALLBACK
+    fallback["template"]["spec"]["nodeSelector"] = dict(V6E_16)
+    groups.append(fallback)
+    if stuck_deadline_s is not None:
+        meta = groups[0]["template"].setdefault("metadata", {})
+        meta.setdefault("annotations", {})[ANNOTATION_MAX_PROVISION] = stuck_deadline_s
+    return cluster
+
+
+async def served_by_the_fallback(world: World, driver: RayDriver) -> None:
+    """The daemon opens v5e-16 for the demand, its pods are really Unschedulable; then the
+    demand is served by v6e-16 (a whole slice Running, its 4 Ray hosts joined, the placement
+    group placed) and v5e-16's never-ran slice is cancelled: exactly its pods named in
+    workersToDelete, nothing else."""
+    await world.wait_for(lambda: world.replicas(STUCK) == 1, 90, "v5e-16 opened first")
+    await world.wait_for(
+        lambda: all_unschedulable(group_pods(world, STUCK)), 90, "its pods Unschedulable"
+    )
+    stuck = {pod_name(p) for p in group_pods(world, STUCK)}
+    await world.wait_for(lambda: world.replicas(FALLBACK) == 1, 120, "fallback to v6e")
+    await world.wait_for(lambda: "PLACED" in driver.output(), SLICE_UP_S, "demand served")
+    await world.wait_for(lambda: not group_pods(world, STUCK), 120, "v5e slice cancelled")
+    assert world.replicas(STUCK) == 0
+    # Ray may place the group before the bridge has seen every `ray start` return.
+    await world.wait_for(lambda: world.running_slices(FALLBACK), 60, "v6e-16's hosts joined")
+    assert len(world.running_slices(FALLBACK)) == 1
+    # Cancelled whole, and only what never ran: no v5e pod was ever scheduled (no Node fits).
+    assert world.observer.ever_deleted == stuck
+
+
 @pytest.mark.skipif(
     not FALLBACK_READY, reason="needs capacity-plan's fallback (issue 29 planner side)"
 )
 async def test_fallback_from_a_stuck_group_and_back_when_its_nodes_appear(world: World) -> None:
-    """Two groups of the same 4-host shape, the stuck one first in spec order (the e2e
-    operator's CRD, v1.6.1, has no `priority`): v5e-16 (no Nodes in the plane) and v6e-16.
-    Demand for 4 x {TPU: 4}: the daemon opens v5e-16, its pods are really Unschedulable, the
-    stand-in posts the stockout, the daemon cancels that slice and serves the demand with
-    v6e-16. Then v5e Nodes appear and the stand-in falls silent: once the group's backoff ends,
-    the probe opens v5e-16 again for new demand, and its slice comes up."""
-    cluster = tpu_raycluster()
-    with_group(cluster, STUCK, V5E, replicas=0, minReplicas=0, maxReplicas=1)
-    fallback = copy.deepcopy(cluster["spec"]["workerGroupSpecs"][0])
-    fallback["groupName"] = "v6e-16"
-    fallback["template"]["spec"]["nodeSelector"] = dict(V6E_16)
-    cluster["spec"]["workerGroupSpecs"].append(fallback)
-    await world.create_raycluster(cluster)
+    """v5e-16 (no Nodes) and v6e-16 (stuck_then_fallback). Demand for 4 x {TPU: 4}: the
+    daemon opens v5e-16, its pods are really Unschedulable, the stand-in posts the stockout,
+    the daemon cancels that slice and serves the demand with v6e-16. Then v5e Nodes appear and
+    the stand-in falls silent: once the group's backoff ends, the probe opens v5e-16 again for
+    new demand, and its slice comes up."""
+    await world.create_raycluster(stuck_then_fallback())
     await world.ray_up()
     await bind_events_role(world, RESTRICTED_USER)
     settings = {BACKOFF_ENV: "20"} if BACKOFF_ENV else {}
@@ -277,14 +315,7 @@ async def test_fallback_from_a_stuck_group_and_back_when_its_nodes_appear(world:
         async with autoscaler(world, {V5E[ACCELERATOR]: "stockout"}) as ca:
             daemon = await world.start_daemon(RESTRICTED_USER, **settings)
             first = await world.start_driver(DEMAND)
-            await world.wait_for(lambda: world.replicas(STUCK) == 1, 90, "v5e-16 opened first")
-            await world.wait_for(
-                lambda: all_unschedulable(group_pods(world, STUCK)), 90, "its pods Unschedulable"
-            )
-            await world.wait_for(lambda: world.replicas("v6e-16") == 1, 120, "fallback to v6e")
-            await world.wait_for(lambda: "PLACED" in first.output(), SLICE_UP_S, "demand served")
-            await world.wait_for(lambda: not group_pods(world, STUCK), 120, "v5e slice cancelled")
-            assert world.replicas(STUCK) == 0
+            await served_by_the_fallback(world, first)
             if BACKOFF_ENV is None:
                 pytest.skip("no backoff setting: the probe half would wait the 180 s default")
             # v5e Nodes appear; the real autoscaler would now succeed: it says nothing more.
@@ -300,3 +331,50 @@ async def test_fallback_from_a_stuck_group_and_back_when_its_nodes_appear(world:
         world.assert_invariants()
     finally:
         await asyncio.to_thread(delete_nodes, world.plane, nodes)
+
+
+@pytest.mark.skipif(
+    not FALLBACK_READY, reason="needs capacity-plan's fallback (issue 29 planner side)"
+)
+async def test_fallback_by_the_provisioning_deadline_under_kuberays_role_alone(
+    world: World,
+) -> None:
+    """The drop-in deploy mode's path: KubeRay's autoscaler Role alone, so no Events are read
+    and the group's own provisioning deadline (20 s, its template annotation) is all that
+    judges v5e-16's Unschedulable slice: past it, the group is unavailable
+    (provisioning-deadline), its never-ran slice cancelled, the demand served by v6e-16."""
+    await world.create_raycluster(stuck_then_fallback(stuck_deadline_s=str(DEADLINE_S)))
+    await world.ray_up()
+    daemon = await world.start_daemon(RESTRICTED_USER)
+    await world.wait_for(lambda: capacity_signals(daemon), 60, "/debug/plan", async_ok=True)
+    signals = await capacity_signals(daemon)
+    assert signals["events"].startswith("not read"), signals
+    assert "provisioning deadline" in signals["signals"], signals
+
+    driver = await world.start_driver(DEMAND)
+    await served_by_the_fallback(world, driver)
+
+    async def judged() -> dict[str, Any]:
+        plan = await daemon.plan() or {}
+        groups: list[dict[str, Any]] = plan.get("groups") or []
+        found: dict[str, Any] = next((g["availability"] for g in groups if g["name"] == STUCK), {})
+        return found if found.get("state") == "unavailable" else {}
+
+    await world.wait_for(judged, 30, "v5e-16 unavailable in /debug/plan", async_ok=True)
+    availability = await judged()
+    assert availability["cause"] == "provisioning-deadline", availability
+    # Judged by the group's own deadline (long before the cluster default), not before it.
+    late = re.search(r"not up after (\d+) s\b", availability["text"])
+    assert late, availability
+    assert DEADLINE_S <= int(late.group(1)) < defaults.MAX_PROVISION_TIME_S, availability
+    # The morning log: one line says it all, the cancelled slice and where the demand went.
+    [marked] = [
+        line
+        for line in daemon.events("capacity")
+        if line["group"] == STUCK and line["change"] == "marked_unavailable"
+    ]
+    assert "unavailable (provisioning-deadline)" in marked["text"], marked
+    assert "1 pending slice(s) cancelled" in marked["text"], marked
+    assert f"demand → {FALLBACK}" in marked["text"], marked
+    assert await daemon.metric("kuberay_scaler_api_requests_total", resource="events") == 0
+    world.assert_invariants()
