@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.adapters.kube.informer import Change, Informer, Source
+from kuberay_scaler.adapters.kube.informer import Change, Informer, Source, notify
 from kuberay_scaler.core.defaults import WATCH_SILENCE_TIMEOUT_S
 from kuberay_scaler.core.model.signals import CapacityEvent
 from kuberay_scaler.core.parse.events import (
@@ -178,9 +178,4 @@ class CapacityEventsReader:
             self._notify()
 
     def _notify(self) -> None:
-        if self._on_change is None:
-            return
-        try:
-            self._on_change()
-        except Exception:  # a consumer's bug must not stop the watch
-            log.exception("capacity on_change callback failed")
+        notify(self._on_change, log, "capacity on_change callback failed")

@@ -58,6 +58,17 @@ ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 RawObject = dict[str, Any]
 
 
+def notify(on_change: Callable[..., None] | None, logger: Any, failed: str, *args: object) -> None:
+    """Call a consumer's callback, if any: its bug is logged (`failed`), never lets it stop the
+    watch or view that calls it."""
+    if on_change is None:
+        return
+    try:
+        on_change(*args)
+    except Exception:
+        logger.exception(failed)
+
+
 @dataclass(frozen=True)
 class Source:
     """What to list and watch: a collection path plus optional selectors.
@@ -364,12 +375,7 @@ class Informer:
         self._notify([])
 
     def _notify(self, changes: Sequence[Change]) -> None:
-        if self._on_change is None:
-            return
-        try:
-            self._on_change(changes)
-        except Exception:  # a consumer's bug must not kill the watch
-            self._log.exception("on_change callback failed")
+        notify(self._on_change, self._log, "on_change callback failed", changes)
 
     def _restart(self, cause: str) -> None:
         WATCH_RESTARTS.labels(resource=self.source.resource, cause=cause).inc()

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.adapters.kube.informer import Change, Informer, Source
+from kuberay_scaler.adapters.kube.informer import Change, Informer, Source, notify
 from kuberay_scaler.core.defaults import WATCH_SILENCE_TIMEOUT_S
 from kuberay_scaler.core.model.signals import NodeMaintenance
 from kuberay_scaler.core.parse.nodes import node_maintenance, slim_node
@@ -113,9 +113,4 @@ class NodeMaintenanceReader:
             self._notify()
 
     def _notify(self) -> None:
-        if self._on_change is None:
-            return
-        try:
-            self._on_change()
-        except Exception:  # a consumer's bug must not stop the watch
-            log.exception("node maintenance on_change callback failed")
+        notify(self._on_change, log, "node maintenance on_change callback failed")

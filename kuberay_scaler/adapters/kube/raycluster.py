@@ -25,7 +25,13 @@ from typing import Any, Literal
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from kuberay_scaler.adapters.kube.informer import CONNECT_RETRY_MAX_S, Change, Informer, Source
+from kuberay_scaler.adapters.kube.informer import (
+    CONNECT_RETRY_MAX_S,
+    Change,
+    Informer,
+    Source,
+    notify,
+)
 from kuberay_scaler.adapters.kube.transport import ApiError, NoResponse, Target, request_json
 from kuberay_scaler.core import defaults as D
 from kuberay_scaler.core.backoff import Backoff
@@ -248,12 +254,7 @@ class RayClusterView:
         self._notify()
 
     def _notify(self) -> None:
-        if self._on_change is None:
-            return
-        try:
-            self._on_change()
-        except Exception:  # a consumer's bug must not stop the view
-            self._log.exception("on_change callback failed")
+        notify(self._on_change, self._log, "on_change callback failed")
 
 
 def _uid(obj: RawObject) -> str | None:
