@@ -27,12 +27,14 @@ from kuberay_scaler.core.parse.events import worker_group_names
 from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.handsoff import OverrideBackoff
-from kuberay_scaler.loop.health import Access, GiveUp, target_problem
+from kuberay_scaler.loop.health import Access, GiveUp, Progress, target_problem
 from kuberay_scaler.loop.reconciler import Reconciler
+from kuberay_scaler.loop.record import Recorder
 from kuberay_scaler.loop.trigger import Trigger
 from kuberay_scaler.runtime import heap
 from kuberay_scaler.runtime.limits import raise_open_files_limit
 from kuberay_scaler.runtime.logs import configure_logging, register_secret
+from kuberay_scaler.runtime.metrics import Metrics
 from kuberay_scaler.runtime.policy import policy_from_settings
 from kuberay_scaler.runtime.settings import ConfigError, Settings, credentials_hint
 
@@ -65,7 +67,9 @@ class Daemon:
         self.settings = settings
         self.stop = asyncio.Event()
         self.trigger = Trigger()
+        self.metrics = Metrics()  # the recorder's and /metrics'
         self.reconciler: Reconciler | None = None
+        self._recorder: Recorder | None = None  # says each reconcile; keeps what the probes read
         self._pods: Informer | None = None
         self._view: RayClusterView | None = None
         self._poller: GcsPoller | None = None
@@ -102,7 +106,8 @@ class Daemon:
         address = self.settings.http_address
         cap = connection_cap(self._open_files)
         try:
-            runner = await start_server(make_app(probes), address, max_connections=cap)
+            app = make_app(probes, self.metrics)
+            runner = await start_server(app, address, max_connections=cap)
         except OSError as err:
             # A port already taken (say by Ray's metrics export in the same pod) is a setting to
             # fix, not a crash: one line and exit 2, like every other configuration error.
@@ -205,6 +210,11 @@ class Daemon:
             involved=self._view.current,
             instance=s.head_pod_name,
         )
+        self._recorder = Recorder(
+            events,
+            Progress(time.monotonic(), s.unhealthy_after_s, s.unhealthy_after_failures),
+            metrics=self.metrics,
+        )
         self.reconciler = Reconciler(
             config=LoopConfig(
                 dry_run=s.dry_run,
@@ -225,7 +235,7 @@ class Daemon:
             writer=RayClusterWriter(
                 api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
             ),
-            events=events,
+            recorder=self._recorder,
             capacity=self._capacity,
             nodes=self._nodes,
         )
@@ -280,15 +290,15 @@ class Daemon:
             await asyncio.sleep(TARGET_CHECK_EVERY_S)
             problem = self._target_problem()
             say, give_up = self._give_up.check(problem, time.monotonic())
-            if problem is None or self.reconciler is None:
+            recorder = self._recorder
+            if problem is None or recorder is None:
                 continue
-            sink = self.reconciler.sink
             if say:
-                sink.not_served(
+                recorder.not_served(
                     problem, event=self._view is not None and self._view.current() is not None
                 )
             if give_up:
-                sink.giving_up(problem, self.settings.give_up_after_s)
+                recorder.giving_up(problem, self.settings.give_up_after_s)
                 self.exit_code = EXIT_TARGET_NOT_SERVED
                 self._request_stop("target not served")
                 return
@@ -331,10 +341,10 @@ class Daemon:
     def _healthy(self) -> tuple[bool, str]:
         """Alive unless reconciles keep failing or none succeeded for a while (see LoopStatus)."""
         limit = max(60.0, 3 * self.settings.resync_interval_s)
-        if self.reconciler is None:
+        if self._recorder is None:
             waited = time.monotonic() - self._started
             return waited < 5 * limit, f"starting for {waited:.0f} s"
-        return self.reconciler.health()
+        return self._recorder.health()
 
     def _ready(self) -> tuple[bool, str]:
         if not (self._pods and self._view and self._poller):
@@ -352,7 +362,7 @@ class Daemon:
         return True, "synced and GCS fresh"
 
     def _plan_document(self) -> dict[str, Any] | None:
-        document = self.reconciler.document() if self.reconciler else None
+        document = self._recorder.document() if self._recorder else None
         if document is not None and self._capacity is not None:
             document["capacity_signals"] = self._capacity.document()
         if document is not None and self._nodes is not None:

@@ -1,8 +1,8 @@
-"""What the control loop needs from the outside world, as Protocols over plain data.
+"""What the loop needs from the outside world, as Protocols over plain data.
 
 The adapters (kube/, ray_gcs/) implement these; tests use the fakes in tests/control/fakes.py.
 The loop never constructs an adapter (app.py wires them in) and never imports one: what crosses
-these seams is the core's data (model/), so no protobuf and no HTTP type reaches control/.
+these seams is the core's data (model/), so no protobuf and no HTTP type reaches loop/.
 """
 
 from __future__ import annotations
@@ -10,16 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from kuberay_scaler.core.decision import Decision
 from kuberay_scaler.core.model.drains import DrainReason, SliceDrainResult
 from kuberay_scaler.core.model.outcome import PatchOutcome
-from kuberay_scaler.core.model.plan import Plan
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.report import AutoscalingReport
 from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
-from kuberay_scaler.core.planner.gate import Blocked
-from kuberay_scaler.loop.handsoff import Overridden
-from kuberay_scaler.loop.health import LoopStatus, Outcome, Want
 
 RawObject = dict[str, Any]
 
@@ -115,47 +110,3 @@ class Events(Protocol):
     """Kubernetes Events on the RayCluster (kube.events.EventRecorder); never raises."""
 
     async def record(self, reason: str, message: str) -> None: ...
-
-
-class Sink(Protocol):
-    """Where the loop says what happened: metrics, logs, Events and the status the probes read
-    (control.record.Recorder). Never raises."""
-
-    @property
-    def status(self) -> LoopStatus: ...
-
-    def published(self, decision: Decision) -> None: ...
-
-    def blocked(self, blocked: Sequence[Blocked]) -> None: ...
-
-    def carrying_out(self, decision: Decision) -> None: ...
-
-    def sent(self, ops: Sequence[Mapping[str, Any]]) -> None: ...
-
-    def applied(self, result: Plan) -> None: ...
-
-    def drains_only(self, result: Plan) -> None: ...
-
-    def not_written(self, result: Plan) -> None: ...
-
-    def replanning(self, error: str) -> None: ...
-
-    def refresh_failed(self, error: str) -> None: ...
-
-    def forbidden(self, message: str) -> None: ...
-
-    def overridden(self, notice: Overridden) -> None: ...
-
-    def recreated(self, old_uid: str, uid: str) -> None: ...
-
-    def crashed(self, error: BaseException) -> None: ...
-
-    def not_served(self, problem: str, *, event: bool) -> None: ...
-
-    def giving_up(self, problem: str, after_s: float) -> None: ...
-
-    def blind(self, seconds: Mapping[str, float]) -> None: ...
-
-    def wanted(self, wants: Mapping[str, Want], now: float) -> None: ...
-
-    def reconciled(self, outcome: Outcome, *, seconds: float, now: float) -> None: ...

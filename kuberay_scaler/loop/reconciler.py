@@ -2,12 +2,13 @@
 
 The Reconciler only sequences the steps; each lives in its own room and is tested alone:
 `observe.Observer.snapshot` reads every input once, `decision.decide` plans, `execute.execute`
-carries the writes out, and `_record` remembers what became of them (the loop's memory,
-expectations, the write backoff) and says it through the `Sink` (`record.Recorder`: metrics,
-logs, Events, the status the probes read); `health` names how the reconcile ended. Per reconcile
-there is one GCS observation (the one the poller last pushed) and one `now` (wall clock for the
-planner, monotonic for freshness and expectations); a replan after a stale patch re-reads only
-the RayCluster. Every collaborator is a Protocol (loop/ports.py).
+carries the writes out, and `_remember` keeps what became of them (the loop's memory,
+expectations, the write backoff). Each step returns a value; the reconcile folds them into one
+`ReconcileReport` (loop/reconcile_report.py) and hands it to the one `record.Recorder` at its end
+(metrics, logs, Events, the status the probes read); `health` names how the reconcile ended. Per
+reconcile there is one GCS observation (the one the poller last pushed) and one `now` (wall clock
+for the planner, monotonic for freshness and expectations); a replan after a stale patch re-reads
+only the RayCluster. Every collaborator is a Protocol (loop/ports.py).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from kuberay_scaler.loop.health import (
     LoopStatus,
     Outcome,
     Progress,
+    Reading,
     Step,
-    judge_wants,
     reading_of,
 )
 from kuberay_scaler.loop.observe import Instant, Observer, Snapshot
@@ -43,12 +44,19 @@ from kuberay_scaler.loop.ports import (
     GcsFeed,
     NodeFeed,
     PodStore,
-    Sink,
     Writer,
 )
-from kuberay_scaler.loop.record import Recorder
+from kuberay_scaler.loop.reconcile_report import (
+    Attempt,
+    Carried,
+    ReconcileReport,
+    Recreated,
+    Seen,
+)
+from kuberay_scaler.loop.record import Recorder, say_carrying_out
 from kuberay_scaler.loop.report import report_for
 from kuberay_scaler.loop.trigger import Schedule
+from kuberay_scaler.runtime.metrics import Metrics
 
 __all__ = ["Instant", "Reconciler"]
 
@@ -67,30 +75,46 @@ class Reconciler:
         feed: GcsFeed,
         gcs: Gcs,
         writer: Writer,
-        events: Events,
+        events: Events | None = None,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
-        sink: Sink | None = None,
+        recorder: Recorder | None = None,
+        metrics: Metrics | None = None,
         capacity: CapacityFeed | None = None,
         nodes: NodeFeed | None = None,
     ) -> None:
+        """`recorder` says every reconcile (app.py builds it); without one, a recorder of its
+        own is made from `events` and `metrics` (a fresh `Metrics` when none is given)."""
         self._config, self._policy = config, policy
         self._cluster, self._feed, self._gcs, self._writer = cluster, feed, gcs, writer
         self._wall, self._monotonic = wall, monotonic
         self._pods = pods
         self.observer = Observer(pods, cluster, config.observing(policy), capacity, nodes)
-        progress = Progress(monotonic(), config.unhealthy_after_s, config.unhealthy_after_failures)
-        self.sink: Sink = sink or Recorder(events, progress, wall)
+        if recorder is None:
+            if events is None:
+                raise TypeError("a Reconciler needs a recorder, or the Events to make one")
+            progress = Progress(
+                monotonic(), config.unhealthy_after_s, config.unhealthy_after_failures
+            )
+            recorder = Recorder(
+                events, progress, wall, metrics=metrics or Metrics(), monotonic=monotonic
+            )
+        self.recorder = recorder
         self.memory = Memory()
         self._backoff = WriteBackoff()
         self._drain_errors = DrainErrors()
         self.schedule = Schedule()  # when time alone asks for a plan; what settled last
         self.skipped = 0  # reconciles skipped because nothing the plan reads had changed
         self._unknown: dict[str, float] = {}  # this reconcile's sources not fresh → seconds
+        self._last_plan: Plan | None = None  # the last decision's plan (a skip settles on it)
 
     @property
     def status(self) -> LoopStatus:
-        return self.sink.status
+        return self.recorder.status
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.recorder.metrics
 
     def observe_gcs(self, observation: RayObservation) -> None:
         """The poller pushes every observation here; a reconcile uses the latest one."""
@@ -101,11 +125,11 @@ class Reconciler:
         self.observer.ray_changed()
 
     def health(self) -> tuple[bool, str]:
-        return self.status.progress.health(self._monotonic())
+        return self.recorder.health()
 
     def document(self) -> dict[str, Any] | None:
         """/debug/plan."""
-        return self.status.document(self._monotonic())
+        return self.recorder.document()
 
     def seconds_to_wake(self) -> float | None:
         """How long until a decision that time alone brings is due (an idle slice reaching its
@@ -114,84 +138,96 @@ class Reconciler:
         return self.schedule.seconds_to_wake(self._monotonic())
 
     async def reconcile(self, reasons: set[str] | None = None) -> Plan | None:
-        """Run one reconcile; errors are recorded, never raised.
+        """Run one reconcile and say it (the recorder); errors are recorded, never raised."""
+        report = await self.run(reasons)
+        self.recorder.record(report)
+        return report.plan
+
+    async def run(self, reasons: set[str] | None = None) -> ReconcileReport:
+        """One reconcile, as its report (not yet said); errors are reported, never raised.
 
         `reasons` are what woke it (see Trigger). Woken by a change alone, it is skipped when
         nothing the plan reads differs from the last settled reconcile; the timer (or no
         reasons) always plans: idle clocks and deadlines move with time alone.
         """
         now = Instant(self._wall(), self._monotonic())
-        try:
-            outcome, result = await self._reconcile(now, timer=not reasons or "timer" in reasons)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            self.sink.crashed(err)
+        report = await self._reconcile(now, timer=not reasons or "timer" in reasons)
+        if report.crashed is not None:
             self._backoff.crashed(self._monotonic())
-            outcome = Outcome(Step.ERROR, f"{type(err).__name__}: {err}", type(err).__name__)
-            result = None
-        if outcome.step is Step.SKIPPED:
+        if report.skipped:
             self.skipped += 1
-        else:
-            self._judge_wants(outcome, result, now)
-        self.sink.reconciled(outcome, seconds=self._monotonic() - now.mono, now=self._monotonic())
-        return result
+            return replace(report, ended=self._monotonic())
+        reading = self._reading(report.outcome, report.plan, now)
+        return replace(report, reading=reading, ended=self._monotonic())
 
-    def _judge_wants(self, outcome: Outcome, result: Plan | None, now: Instant) -> None:
-        """Health by outcome: the unmet wants after this reconcile (health.judge_wants)."""
+    def _reading(self, outcome: Outcome, result: Plan | None, now: Instant) -> Reading:
+        """What health judges the unmet wants by after this reconcile (health.judge_wants)."""
         failed = outcome.failed or outcome.step is Step.BACKOFF
         # A dry run wants nothing of the cluster: only its inputs can be unmet.
         plan = replace(result, groups=()) if result and self._config.dry_run else result
         # Slices the plan will retry: their refused-drain backoff (monotonic) is still running.
         tick = tick_of(now.mono, now.wall)
         retried = {k for k, v in self.memory.refused.items() if v.until > tick}
-        reading = reading_of(plan, self._unknown, failed=failed, refused=retried)
-        wants = judge_wants(self.status.progress.wants, reading, self._monotonic())
-        self.sink.wanted(wants, self._monotonic())
+        return reading_of(plan, self._unknown, failed=failed, refused=retried)
 
-    async def _reconcile(self, now: Instant, *, timer: bool) -> tuple[Outcome, Plan | None]:
-        seen = self._observe(now)
-        if seen is None:
-            return Outcome(Step.BLIND, _NOT_FOUND), None
-        if not timer and self.schedule.unchanged(seen.inputs, now.mono):
-            return Outcome(Step.SKIPPED, "skipped"), self.status.last_plan
-        for _ in range(MAX_REPLANS):
-            # In a worker thread: however long planning takes, probes and watches keep running.
-            decision = await asyncio.to_thread(self.decide, seen, now)
-            self._publish(decision, now)
-            outcome = await self._execute(decision, seen, now)
-            outcome = self._drain_errors.judge(outcome, self.memory.refused)
-            await self._report(decision, now)
-            if outcome is not None:
-                # Nothing written: the same inputs would give the same plan.
-                quiet = not decision.writes or self._config.dry_run
-                self.schedule.settled(seen.inputs if quiet and not outcome.failed else None)
-                return outcome, decision.plan
-            await self._refresh()
-            seen = self._observe(now)
+    async def _reconcile(self, now: Instant, *, timer: bool) -> ReconcileReport:
+        done: tuple[Attempt, ...] = ()  # the passes finished (a replan starts another)
+        attempt: Attempt | None = None  # the pass under way
+
+        def ended(outcome: Outcome, plan: Plan | None = None) -> ReconcileReport:
+            so_far = (*done, attempt) if attempt is not None else done
+            return ReconcileReport(outcome, so_far, plan, began=now.mono)
+
+        try:
+            seen, attempt = self._observe(now)
             if seen is None:
-                return Outcome(Step.BLIND, _NOT_FOUND), None
-        self.schedule.settled(None)
-        return Outcome(Step.FAILED, f"still stale after {MAX_REPLANS} replans", "stale"), None
+                return ended(Outcome(Step.BLIND, _NOT_FOUND))
+            if not timer and self.schedule.unchanged(seen.inputs, now.mono):
+                return ended(Outcome(Step.SKIPPED, "skipped"), self._last_plan)
+            for _ in range(MAX_REPLANS):
+                # In a worker thread: however long planning takes, probes and watches keep running.
+                decision = await asyncio.to_thread(self.decide, seen, now)
+                attempt = replace(attempt, decision=decision)
+                self._publish(decision, now)
+                attempt, outcome = await self._execute(attempt, decision, seen, now)
+                outcome = self._drain_errors.judge(outcome, self.memory.refused)
+                await self._report(decision, now)
+                if outcome is not None:
+                    # Nothing written: the same inputs would give the same plan.
+                    quiet = not decision.writes or self._config.dry_run
+                    self.schedule.settled(seen.inputs if quiet and not outcome.failed else None)
+                    return ended(outcome, decision.plan)
+                done, attempt = (
+                    (*done, replace(attempt, refresh_failed=await self._refresh())),
+                    None,
+                )
+                seen, attempt = self._observe(now)
+                if seen is None:
+                    return ended(Outcome(Step.BLIND, _NOT_FOUND))
+            self.schedule.settled(None)
+            failed = Outcome(Step.FAILED, f"still stale after {MAX_REPLANS} replans", "stale")
+            return ended(failed)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            error = Outcome(Step.ERROR, f"{type(err).__name__}: {err}", type(err).__name__)
+            return replace(ended(error), crashed=err)
 
     # --- observe ---------------------------------------------------------------------------------
 
-    def _observe(self, now: Instant) -> Snapshot | None:
+    def _observe(self, now: Instant) -> tuple[Snapshot | None, Attempt]:
         seen = self.observer.snapshot(now)
         if seen is None:
             blind, unknown = self.observer.blindness(now.mono, found=False)
             self._unknown = {s: blind[s] for s in unknown}
-            self.sink.blind(blind)
-            return None
+            return None, Attempt(Seen(blind))
         self._unknown = {s: seen.blind[s] for s in seen.unknown}
-        self.sink.blind(seen.blind)
+        recreated = None
         if seen.recreated is not None:
             uid = seen.observation.spec.uid if seen.observation.spec else ""
-            self.sink.recreated(seen.recreated, uid)
+            recreated = Recreated(seen.recreated, uid)
             self.memory = Memory()
-        for notice in seen.overridden:
-            self.sink.overridden(notice)
-        return seen
+        return seen, Attempt(Seen(seen.blind, recreated, tuple(seen.overridden)))
 
     # --- decide ----------------------------------------------------------------------------------
 
@@ -206,7 +242,7 @@ class Reconciler:
         )
 
     def _publish(self, decision: Decision, now: Instant) -> None:
-        self.sink.published(decision)  # the plan, its writes and what the gate dropped
+        self._last_plan = decision.plan
         # Memory that time alone moves is kept from every decision, written or not.
         kept = decision.plan.memory
         self.memory = replace(
@@ -220,20 +256,25 @@ class Reconciler:
 
     # --- execute ---------------------------------------------------------------------------------
 
-    async def _execute(self, decision: Decision, seen: Snapshot, now: Instant) -> Outcome | None:
-        """Carry the decision out; None when the RayCluster changed under it (replan)."""
+    async def _execute(
+        self, attempt: Attempt, decision: Decision, seen: Snapshot, now: Instant
+    ) -> tuple[Attempt, Outcome | None]:
+        """Carry the decision out; the outcome is None when the RayCluster changed under it
+        (replan)."""
         if decision.error is not None:
-            self.sink.replanning(decision.error)
-            return None
+            return replace(attempt, carried=Carried.REPLAN), None
         held = Outcome.blind(seen.unknown, self.observer.demand_pending())
         if not decision.writes or self._config.dry_run:
-            self.sink.not_written(decision.plan)
+            attempt = replace(attempt, carried=Carried.NOT_WRITTEN)
             if self._config.dry_run:
-                return held or Outcome(Step.DRY_RUN, "dry run")
-            return held or Outcome.done("no change")
+                return attempt, held or Outcome(Step.DRY_RUN, "dry run")
+            return attempt, held or Outcome.done("no change")
         if not self._backoff.open(now.mono):
-            return Outcome(Step.BACKOFF, "write backoff", demand=True)
-        self.sink.carrying_out(decision)
+            return replace(attempt, carried=Carried.BACKOFF), Outcome(
+                Step.BACKOFF, "write backoff", demand=True
+            )
+        # Said before the first write: a drain may take a while, and the log reads in order.
+        say_carrying_out(decision)
         executed = await execute(
             decision,
             writer=self._writer,
@@ -242,45 +283,41 @@ class Reconciler:
             view=self._cluster,
             pods=self._pods,
         )
-        return self._record(executed, held, planned_at=now.mono)
+        attempt = replace(attempt, carried=Carried.SENT, executed=executed)
+        return attempt, self._remember(executed, held, planned_at=now.mono)
 
-    # --- record ----------------------------------------------------------------------------------
+    # --- remember --------------------------------------------------------------------------------
 
-    def _record(
+    def _remember(
         self, executed: Executed, held: Outcome | None, *, planned_at: float
     ) -> Outcome | None:
-        """What became of the writes, remembered and said; None: replan."""
+        """What became of the writes, remembered (memory, schedule, backoff); None: replan."""
         self.memory = executed.remembered(self.memory)
         # Deadlines set once the drains answered (a partly drained slice) wake the loop too.
         self.schedule.planned(executed.plan.next_wake_s, planned_at)
-        self.sink.blocked(executed.blocked)
-        if executed.step == "patch" and executed.sent:
-            self.sink.sent(executed.sent)
         if executed.replan:
             return None
         self._drain_errors.answered(executed.answered, executed.drain_errors)
         failed = Outcome.step_failed(executed.record_failed, executed.drain_errors)
         outcome = executed.outcome
         if outcome is None:  # every slice kept and nothing else to write
-            self.sink.drains_only(executed.plan)
             return failed or held or Outcome.done("nothing to patch")
         if not executed.applied:
             self._backoff.failed(outcome, self._monotonic())
-            if outcome.kind == "forbidden":
-                self.sink.forbidden(outcome.message)
             return Outcome.write_failed(outcome, executed.step)
         self.observer.wrote(executed.plan, self._monotonic())
         if outcome.obj is not None:
             self._cluster.observe(outcome.obj)
         self._backoff.applied()
-        self.sink.applied(executed.plan)
         return failed or held or Outcome.done("applied")
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> str | None:
+        """Re-read the RayCluster before a replan; the error, when the read failed."""
         try:
             await self._cluster.refresh()
         except Exception as err:  # the view's own errors: the next reconcile retries
-            self.sink.refresh_failed(str(err))
+            return str(err)
+        return None
 
     # --- report to Ray ---------------------------------------------------------------------------
 

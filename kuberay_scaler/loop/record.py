@@ -1,13 +1,16 @@
-"""Record: what the loop did, into metrics, logs, Events and the status the probes read.
+"""Record: one reconcile's report into metrics, logs, Events and the status the probes read.
 
-`Recorder` is the daemon's `Sink` (loop/ports.py): the reconciler calls it and nothing else
-to say what happened, so the loop's steps stay free of metrics, logging and Events. Events are
-sent in the background (they never hold up a reconcile); the Events port never raises.
+`Recorder.record` takes the `ReconcileReport` each reconcile returns (loop/reconcile_report.py)
+and says all of it, in the order it happened: so the loop's steps stay free of metrics, logging
+and Events, and a test can hand a recorder a report built by hand. The metrics are the
+recorder's own (`runtime.metrics.Metrics`, made by the composition root). Events are sent in the
+background (they never hold up a reconcile); the Events port never raises.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -20,24 +23,12 @@ from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.core.model.reasons import Action
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.planner.gate import Blocked
+from kuberay_scaler.loop.execute import Executed
 from kuberay_scaler.loop.handsoff import Overridden
-from kuberay_scaler.loop.health import LoopStatus, Outcome, Progress, Step, Want
+from kuberay_scaler.loop.health import LoopStatus, Outcome, Progress, Step, Want, judge_wants
 from kuberay_scaler.loop.ports import Events
-from kuberay_scaler.runtime.metrics import (
-    BLIND_SECONDS,
-    DECISIONS,
-    DELETIONS_BLOCKED,
-    FALLBACKS,
-    GROUP_AVAILABLE,
-    LAST_SUCCESSFUL_RECONCILE,
-    OLDEST_UNMET_WANT,
-    OVERRIDES,
-    RECONCILE_FAILURES,
-    RECONCILE_SECONDS,
-    RECONCILES,
-    SLICES,
-    TARGET_REPLICAS,
-)
+from kuberay_scaler.loop.reconcile_report import Attempt, Carried, ReconcileReport, Seen
+from kuberay_scaler.runtime.metrics import Metrics
 
 log = structlog.get_logger("kuberay_scaler.loop.reconciler")
 
@@ -53,36 +44,118 @@ _RECONCILE_OUTCOME = {
 }
 
 
+def say_carrying_out(decision: Decision) -> None:
+    """The one line said before a reconcile ends: the writes about to go, logged before the
+    first of them (a drain may take a while), so the log reads in the order things happen."""
+    log.info(
+        "decided",
+        groups=[
+            f"{d.group}: {d.action.value} {d.current}->{d.target}"
+            + (f" ({'; '.join(map(str, d.reasons))})" if d.reasons else "")
+            for d in decision.plan.groups
+            if d.changes
+        ],
+        writes=[_write_text(w) for w in decision.writes],
+    )
+
+
 class Recorder:
-    """Implements `control.ports.Sink`."""
+    """Says each reconcile's report; keeps the status the probes and /debug pages read."""
 
     def __init__(
         self,
         events: Events,
         progress: Progress,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        *,
+        metrics: Metrics,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._events = events
-        self._wall = wall
+        self._wall, self._monotonic = wall, monotonic
+        self.metrics = metrics
         self.status = LoopStatus(progress)
         self._background: set[asyncio.Task[None]] = set()
         self._outdated: frozenset[tuple[str, str]] = frozenset()  # outdated slices said
         self._queued: frozenset[tuple[str, str]] = frozenset()  # (group, slice) queued last
 
-    def published(self, decision: Decision) -> None:
+    def health(self) -> tuple[bool, str]:
+        """/healthz: judged by progress and the unmet wants (health.Progress.health)."""
+        return self.status.progress.health(self._monotonic())
+
+    def document(self) -> dict[str, Any] | None:
+        """/debug/plan and /debug/slices: the last decision and what became of it."""
+        return self.status.document(self._monotonic())
+
+    def record(self, report: ReconcileReport) -> None:
+        """Say one reconcile: each pass in order, then how it ended and what health reads."""
+        for attempt in report.attempts:
+            self._attempt(attempt)
+        if report.crashed is not None:
+            log.error("reconcile failed", exc_info=report.crashed)
+        if report.reading is not None:
+            previous = self.status.progress.wants
+            self._wanted(judge_wants(previous, report.reading, report.ended), report.ended)
+        self._reconciled(report.outcome, seconds=report.seconds, now=report.ended)
+
+    async def settle(self) -> None:
+        """Wait for the Events sent so far (tests; the daemon never waits on them)."""
+        while self._background:
+            await asyncio.gather(*list(self._background))
+
+    def _attempt(self, attempt: Attempt) -> None:
+        self._seen(attempt.seen)
+        decision = attempt.decision
+        if decision is None:
+            return
+        self._published(decision)
+        if attempt.carried is Carried.REPLAN:
+            log.info("plan no longer fits the RayCluster: replanning", error=decision.error)
+        elif attempt.carried is Carried.NOT_WRITTEN and decision.plan.changes:
+            self._decisions(decision.plan, dry_run=True)
+        elif attempt.executed is not None:
+            self._executed(attempt.executed)
+        if attempt.refresh_failed is not None:
+            log.warning("RayCluster refresh failed", error=attempt.refresh_failed)
+
+    def _seen(self, seen: Seen) -> None:
+        for source, value in seen.blind.items():
+            self.metrics.blind_seconds.labels(source).set(value)
+        if seen.recreated is not None:
+            old, uid = seen.recreated.old_uid, seen.recreated.uid
+            log.warning("RayCluster recreated: dropping memory", old_uid=old, uid=uid)
+        for notice in seen.overridden:
+            self._overridden(notice)
+
+    def _published(self, decision: Decision) -> None:
         self.status.last_decision = decision
-        self.blocked(decision.blocked)
+        self._blocked(decision.blocked)
         result = decision.plan
         for d in result.groups:
-            TARGET_REPLICAS.labels(d.group).set(d.target)
+            self.metrics.target_replicas.labels(d.group).set(d.target)
         self._availability(result)
         if result.slice_map is None:
             return
         for name, gs in result.slice_map.groups.items():
             for state in SliceState:
-                SLICES.labels(name, state.value).set(len(gs.by_state(state)))
+                self.metrics.slices.labels(name, state.value).set(len(gs.by_state(state)))
         self._say_outdated(result)
         self._queue_transitions(result)
+
+    def _executed(self, executed: Executed) -> None:
+        """What became of the writes: the patch sent, then as it ended."""
+        self._blocked(executed.blocked)
+        if executed.step == "patch" and executed.sent:
+            self.status.last_patch = [dict(op) for op in executed.sent]
+        outcome = executed.outcome
+        if executed.replan:
+            return
+        if outcome is None:  # nothing patched: slices drained for preemption say so
+            self._drains_only(executed.plan)
+        elif executed.applied:
+            self._applied(executed.plan)
+        elif outcome.kind == "forbidden":
+            log.error("not allowed to patch the RayCluster", error=outcome.message)
 
     def _say_outdated(self, result: Plan) -> None:
         """A spec edit that left slices built to the older spec is said at once, once per
@@ -102,14 +175,15 @@ class Recorder:
     def _availability(self, result: Plan) -> None:
         """Each group's availability as a gauge; each transition said once (log and Event)."""
         if result.held is None:
-            GROUP_AVAILABLE.clear()  # a group's cause label changes: no stale series left
+            # A group's cause label changes: no stale series left.
+            self.metrics.group_available.clear()
             for d in result.groups:
                 a = result.memory.availability.get(d.group)
                 cause = _cause_label(
                     a.state.value if a else "", a.cause.value if a and a.cause else ""
                 )
                 up = a is None or a.state is not Availability.UNAVAILABLE
-                GROUP_AVAILABLE.labels(d.group, cause).set(1 if up else 0)
+                self.metrics.group_available.labels(d.group, cause).set(1 if up else 0)
         for line, change in capacity_lines(result):
             # Suspect comes with every new TPU slice (Unschedulable until its node exists).
             said = log.warning if change.kind in _LOSSES else log.info
@@ -133,10 +207,10 @@ class Recorder:
             log.info("slice left the queue", group=group, slice=key, state=state)
         self._queued = queued
 
-    def blocked(self, blocked: Sequence[Blocked]) -> None:
+    def _blocked(self, blocked: Sequence[Blocked]) -> None:
         """The gate dropped a deletion a planner path made: a planner bug, said loudly."""
         for b in blocked:
-            DELETIONS_BLOCKED.labels(b.path).inc()
+            self.metrics.deletions_blocked.labels(b.path).inc()
             log.error(
                 "deletion gate dropped a slice a planner path chose",
                 group=b.group,
@@ -146,52 +220,23 @@ class Recorder:
                 path=b.path,
             )
 
-    def carrying_out(self, decision: Decision) -> None:
-        """Said before the first write, so the log reads in the order things happen."""
-        log.info(
-            "decided",
-            groups=[
-                f"{d.group}: {d.action.value} {d.current}->{d.target}"
-                + (f" ({'; '.join(map(str, d.reasons))})" if d.reasons else "")
-                for d in decision.plan.groups
-                if d.changes
-            ],
-            writes=[_write_text(w) for w in decision.writes],
-        )
-
-    def sent(self, ops: Sequence[Mapping[str, Any]]) -> None:
-        self.status.last_patch = [dict(op) for op in ops]
-
-    def applied(self, result: Plan) -> None:
+    def _applied(self, result: Plan) -> None:
         self._decisions(result, dry_run=False)
         for f in result.fallbacks:
-            FALLBACKS.labels(f.from_group, f.to_group, f.cause).inc(f.slices)
+            self.metrics.fallbacks.labels(f.from_group, f.to_group, f.cause).inc(f.slices)
         for d in result.groups:
             if d.changes:
                 self._event(_event_reason(d), _event_text(d))
 
-    def drains_only(self, result: Plan) -> None:
+    def _drains_only(self, result: Plan) -> None:
         """Nothing to patch, but slices were drained for preemption: said as an Event too."""
         for d in result.groups:
             if d.preempt:
                 self._event(_event_reason(d), _event_text(d))
 
-    def not_written(self, result: Plan) -> None:
-        if result.changes:
-            self._decisions(result, dry_run=True)
-
-    def replanning(self, error: str) -> None:
-        log.info("plan no longer fits the RayCluster: replanning", error=error)
-
-    def refresh_failed(self, error: str) -> None:
-        log.warning("RayCluster refresh failed", error=error)
-
-    def forbidden(self, message: str) -> None:
-        log.error("not allowed to patch the RayCluster", error=message)
-
-    def overridden(self, notice: Overridden) -> None:
+    def _overridden(self, notice: Overridden) -> None:
         managers = notice.managers
-        OVERRIDES.labels(notice.group).inc()
+        self.metrics.overrides.labels(notice.group).inc()
         log.warning(
             "replicas overridden by another writer",
             group=notice.group,
@@ -208,11 +253,33 @@ class Recorder:
             f" leaves the group alone for {notice.hands_off_s:.0f} s (override {notice.count})",
         )
 
-    def recreated(self, old_uid: str, uid: str) -> None:
-        log.warning("RayCluster recreated: dropping memory", old_uid=old_uid, uid=uid)
+    def _wanted(self, wants: Mapping[str, Want], now: float) -> None:
+        """The unmet wants judged after a reconcile (health.judge_wants): kept for the probes,
+        their ages as a metric (a group whose want is met reads 0)."""
+        progress = self.status.progress
+        for group in set(progress.wants) - set(wants):
+            self.metrics.oldest_unmet_want.labels(group).set(0)
+        for group, want in wants.items():
+            self.metrics.oldest_unmet_want.labels(group).set(want.age(now))
+        progress.wants = dict(wants)
 
-    def crashed(self, error: BaseException) -> None:
-        log.error("reconcile failed", exc_info=error)
+    def _reconciled(self, outcome: Outcome, *, seconds: float, now: float) -> None:
+        status, metrics = self.status, self.metrics
+        status.reconciles += 1
+        metrics.reconcile_seconds.observe(seconds)
+        for group, want in status.progress.wants.items():  # ages grow on skipped ones too
+            metrics.oldest_unmet_want.labels(group).set(want.age(now))
+        if outcome.step is Step.SKIPPED:
+            return
+        metrics.reconciles.labels(_RECONCILE_OUTCOME[outcome.step]).inc()
+        status.last_outcome = outcome.text
+        if outcome.failed:
+            metrics.reconcile_failures.labels(outcome.cause or outcome.step.value).inc()
+        status.progress.record(outcome, now)
+        if outcome.achieved:
+            metrics.last_successful_reconcile.set(self._wall().timestamp())
+
+    # --- the target, watched by the composition root (not a reconcile) -------------------------
 
     def not_served(self, problem: str, *, event: bool) -> None:
         """The target does not exist or is not served (said once a minute by the caller)."""
@@ -223,43 +290,13 @@ class Recorder:
     def giving_up(self, problem: str, after_s: float) -> None:
         log.error("giving up: target not served", problem=problem, after_s=after_s)
 
-    def blind(self, seconds: Mapping[str, float]) -> None:
-        for source, value in seconds.items():
-            BLIND_SECONDS.labels(source).set(value)
-
-    def wanted(self, wants: Mapping[str, Want], now: float) -> None:
-        """The unmet wants judged after a reconcile (health.judge_wants): kept for the probes,
-        their ages as a metric (a group whose want is met reads 0)."""
-        progress = self.status.progress
-        for group in set(progress.wants) - set(wants):
-            OLDEST_UNMET_WANT.labels(group).set(0)
-        for group, want in wants.items():
-            OLDEST_UNMET_WANT.labels(group).set(want.age(now))
-        progress.wants = dict(wants)
-
-    def reconciled(self, outcome: Outcome, *, seconds: float, now: float) -> None:
-        status = self.status
-        status.reconciles += 1
-        RECONCILE_SECONDS.observe(seconds)
-        for group, want in status.progress.wants.items():  # ages grow on skipped ones too
-            OLDEST_UNMET_WANT.labels(group).set(want.age(now))
-        if outcome.step is Step.SKIPPED:
-            return
-        RECONCILES.labels(_RECONCILE_OUTCOME[outcome.step]).inc()
-        status.last_outcome = outcome.text
-        if outcome.failed:
-            RECONCILE_FAILURES.labels(outcome.cause or outcome.step.value).inc()
-        status.progress.record(outcome, now)
-        if outcome.achieved:
-            LAST_SUCCESSFUL_RECONCILE.set(self._wall().timestamp())
-
     # --- the parts ------------------------------------------------------------------------------
 
     def _decisions(self, result: Plan, *, dry_run: bool) -> None:
         for d in result.groups:
             if not d.changes:
                 continue
-            DECISIONS.labels(d.group, d.action.value, d.reason_code).inc()
+            self.metrics.decisions.labels(d.group, d.action.value, d.reason_code).inc()
             self.status.recent.append(
                 {
                     "at": self._wall().isoformat(timespec="seconds"),

@@ -1,44 +1,19 @@
-"""Prometheus metrics, all in one registry so tests and the web layer share them.
+"""Prometheus metrics. Nothing reads these back for decisions.
 
-Every adapter records what it did here; nothing reads these back for decisions.
+`Metrics` holds what the loop says (reconciles, decisions, slices, health, availability) in a
+registry of its own: the composition root (app.py) makes one and hands it to the recorder
+(loop/record.py) and to the web server (/metrics); a test makes its own and reads it without
+touching any other. The adapters' request counters below are still process-wide (`REGISTRY`):
+every `Metrics` serves them too, so /metrics shows all of them from one registry.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+# --- the adapters (kube/, ray_gcs/): process-wide, registered into every `Metrics` ----------
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-RECONCILE_SECONDS = Histogram(
-    "kuberay_scaler_reconcile_duration_seconds",
-    "Wall time of one reconcile (snapshot, plan, drain, patch).",
-    registry=REGISTRY,
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)
-RECONCILES = Counter(
-    "kuberay_scaler_reconciles_total",
-    "Reconciles by outcome (ok, held, error).",
-    ["outcome"],
-    registry=REGISTRY,
-)
-DECISIONS = Counter(
-    "kuberay_scaler_decisions_total",
-    "Scaling decisions by group, action and reason code.",
-    ["group", "action", "reason"],
-    registry=REGISTRY,
-)
-SLICES = Gauge(
-    "kuberay_scaler_slices",
-    "Slices per worker group by state.",
-    ["group", "state"],
-    registry=REGISTRY,
-)
-TARGET_REPLICAS = Gauge(
-    "kuberay_scaler_target_replicas",
-    "Replicas (slices) the last plan asked for, per group.",
-    ["group"],
-    registry=REGISTRY,
-)
 API_REQUESTS = Counter(
     "kuberay_scaler_api_requests_total",
     "Kubernetes API requests by verb, resource and HTTP code ('error' when no response).",
@@ -81,63 +56,113 @@ GCS_CONNECTED = Gauge(
     "1 while the last GCS poll got an answer, 0 while the GCS is unreachable or refusing.",
     registry=REGISTRY,
 )
-LAST_SUCCESSFUL_RECONCILE = Gauge(
-    "kuberay_scaler_last_successful_reconcile_timestamp_seconds",
-    "Unix time of the last reconcile whose inputs were fresh and whose planned writes were all"
-    " done (a held or backed-off reconcile does not count).",
-    registry=REGISTRY,
-)
-RECONCILE_FAILURES = Counter(
-    "kuberay_scaler_reconcile_failures_total",
-    "Failed reconciles by cause (the exception type, or patch_<outcome>, or stale).",
-    ["cause"],
-    registry=REGISTRY,
-)
-OVERRIDES = Counter(
-    "kuberay_scaler_overrides_total",
-    "Times another writer reset a group's replicas after ours (we then back off for the group).",
-    ["group"],
-    registry=REGISTRY,
+_ADAPTERS = (
+    API_REQUESTS,
+    WATCH_RESTARTS,
+    GCS_RTT_SECONDS,
+    GCS_ERRORS,
+    DRAINS,
+    PATCHES,
+    GCS_CONNECTED,
 )
 
-# --- the deletion gate (core/planner/gate.py) ---
-DELETIONS_BLOCKED = Counter(
-    "kuberay_scaler_deletions_blocked_total",
-    "Slice deletions the deletion gate dropped, by the planner path that made them; non-zero"
-    " means a planner path disagreed with the gate (each is logged at error).",
-    ["path"],
-    registry=REGISTRY,
-)
 
-# --- the loop: health by progress -----------------------------------------------------------
-BLIND_SECONDS = Gauge(
-    "kuberay_scaler_blind_seconds",
-    "Seconds an input has been unknown or stale (0 while fresh), by source (gcs, pods,"
-    " raycluster).",
-    ["source"],
-    registry=REGISTRY,
-)
-OLDEST_UNMET_WANT = Gauge(
-    "kuberay_scaler_oldest_unmet_want_seconds",
-    "Age of the oldest want the plan has had of a group (replicas, deletions) that the cluster"
-    ' does not show yet, by group (0: none); group "*" while an input is unknown. /healthz'
-    " fails past KUBERAY_SCALER_UNHEALTHY_AFTER_S.",
-    ["group"],
-    registry=REGISTRY,
-)
+class Metrics:
+    """The loop's metrics in a registry of their own (plus the adapters' shared ones)."""
 
-# --- group availability and fallback ---------------------------------------------------------
-GROUP_AVAILABLE = Gauge(
-    "kuberay_scaler_group_available",
-    "1 while a worker group can get capacity (available or suspect), 0 while it is unavailable;"
-    " cause: none, suspect, or why it is unavailable (stockout, quota, unschedulable, image,"
-    " provisioning-deadline).",
-    ["group", "cause"],
-    registry=REGISTRY,
-)
-FALLBACKS = Counter(
-    "kuberay_scaler_fallbacks_total",
-    "Slices opened in group `to` for demand that prefers the unavailable group `from`.",
-    ["from", "to", "cause"],
-    registry=REGISTRY,
-)
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.reconcile_seconds = Histogram(
+            "kuberay_scaler_reconcile_duration_seconds",
+            "Wall time of one reconcile (snapshot, plan, drain, patch).",
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.reconciles = Counter(
+            "kuberay_scaler_reconciles_total",
+            "Reconciles by outcome (ok, held, error).",
+            ["outcome"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "kuberay_scaler_decisions_total",
+            "Scaling decisions by group, action and reason code.",
+            ["group", "action", "reason"],
+            registry=r,
+        )
+        self.slices = Gauge(
+            "kuberay_scaler_slices",
+            "Slices per worker group by state.",
+            ["group", "state"],
+            registry=r,
+        )
+        self.target_replicas = Gauge(
+            "kuberay_scaler_target_replicas",
+            "Replicas (slices) the last plan asked for, per group.",
+            ["group"],
+            registry=r,
+        )
+        for collector in _ADAPTERS:
+            r.register(collector)
+        self.last_successful_reconcile = Gauge(
+            "kuberay_scaler_last_successful_reconcile_timestamp_seconds",
+            "Unix time of the last reconcile whose inputs were fresh and whose planned writes"
+            " were all done (a held or backed-off reconcile does not count).",
+            registry=r,
+        )
+        self.reconcile_failures = Counter(
+            "kuberay_scaler_reconcile_failures_total",
+            "Failed reconciles by cause (the exception type, or patch_<outcome>, or stale).",
+            ["cause"],
+            registry=r,
+        )
+        self.overrides = Counter(
+            "kuberay_scaler_overrides_total",
+            "Times another writer reset a group's replicas after ours (we then back off for the"
+            " group).",
+            ["group"],
+            registry=r,
+        )
+        # --- the deletion gate (core/planner/gate.py) ---
+        self.deletions_blocked = Counter(
+            "kuberay_scaler_deletions_blocked_total",
+            "Slice deletions the deletion gate dropped, by the planner path that made them;"
+            " non-zero means a planner path disagreed with the gate (each is logged at error).",
+            ["path"],
+            registry=r,
+        )
+        # --- health by progress ---
+        self.blind_seconds = Gauge(
+            "kuberay_scaler_blind_seconds",
+            "Seconds an input has been unknown or stale (0 while fresh), by source (gcs, pods,"
+            " raycluster).",
+            ["source"],
+            registry=r,
+        )
+        self.oldest_unmet_want = Gauge(
+            "kuberay_scaler_oldest_unmet_want_seconds",
+            "Age of the oldest want the plan has had of a group (replicas, deletions) that the"
+            ' cluster does not show yet, by group (0: none); group "*" while an input is'
+            " unknown. /healthz fails past KUBERAY_SCALER_UNHEALTHY_AFTER_S.",
+            ["group"],
+            registry=r,
+        )
+        # --- group availability and fallback ---
+        self.group_available = Gauge(
+            "kuberay_scaler_group_available",
+            "1 while a worker group can get capacity (available or suspect), 0 while it is"
+            " unavailable; cause: none, suspect, or why it is unavailable (stockout, quota,"
+            " unschedulable, image, provisioning-deadline).",
+            ["group", "cause"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "kuberay_scaler_fallbacks_total",
+            "Slices opened in group `to` for demand that prefers the unavailable group `from`.",
+            ["from", "to", "cause"],
+            registry=r,
+        )
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        """One sample's value (tests, and anything reading its own metrics back)."""
+        return self.registry.get_sample_value(name, labels)

@@ -11,6 +11,7 @@ from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import Blocked
+from kuberay_scaler.loop.reconcile_report import ReconcileReport
 from tests.control.fakes import Loop, make_loop, reply_of
 from tests.control.test_faults import kill_between_record_and_patch, restarted
 from tests.control.test_reconciler import spec_group, workers_to_delete
@@ -264,15 +265,15 @@ def _answer_late(loop: Loop, meanwhile: Any) -> None:
 
 
 def _gate_blocks(loop: Loop) -> list[Blocked]:
-    """Every deletion the gate drops from here on, as the loop hands them to its Sink."""
+    """Every deletion the gate drops from here on, as each reconcile's report says them."""
     seen: list[Blocked] = []
-    said = loop.reconciler.sink.blocked
+    record = loop.reconciler.recorder.record
 
-    def blocked(found: Any) -> None:
-        seen.extend(found)
-        said(found)
+    def said(report: ReconcileReport) -> None:
+        seen.extend(report.blocked)
+        record(report)
 
-    loop.reconciler.sink.blocked = blocked  # type: ignore[method-assign]
+    loop.reconciler.recorder.record = said  # type: ignore[method-assign]
     return seen
 
 

@@ -16,7 +16,6 @@ from kuberay_scaler.app import Daemon
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.loop.config import LoopConfig
-from kuberay_scaler.runtime.metrics import REGISTRY
 from kuberay_scaler.runtime.settings import load_settings
 from tests.control.fakes import Loop, WriteCall, make_loop
 from tests.control.test_reconciler import spec_group, workers_to_delete
@@ -124,12 +123,13 @@ async def test_a_slow_plan_never_blocks_the_event_loop(monkeypatch: pytest.Monke
 def daemon_probing(loop: Loop) -> Daemon:
     """The daemon's real probes and /debug/plan, reading this loop."""
     daemon = Daemon(load_settings({"RAY_CLUSTER_NAME": "rc"}))
-    daemon.reconciler = loop.reconciler
+    daemon.reconciler, daemon._recorder = loop.reconciler, loop.reconciler.recorder
     return daemon
 
 
-def failures_metric(cause: str) -> float:
-    value = REGISTRY.get_sample_value("kuberay_scaler_reconcile_failures_total", {"cause": cause})
+def failures_metric(loop: Loop, cause: str) -> float:
+    metrics = loop.reconciler.metrics
+    value = metrics.sample("kuberay_scaler_reconcile_failures_total", {"cause": cause})
     return value or 0.0
 
 
@@ -142,7 +142,7 @@ async def test_a_loop_that_keeps_failing_fails_healthz_and_says_why(
     await loop.reconciler.reconcile()
     assert daemon._healthy()[0]
     real = loop.reconciler.decide
-    before = failures_metric("RuntimeError")
+    before = failures_metric(loop, "RuntimeError")
 
     def broken(*_: Any) -> Any:
         raise RuntimeError("planner bug")
@@ -158,14 +158,15 @@ async def test_a_loop_that_keeps_failing_fails_healthz_and_says_why(
     assert not healthy and "3 reconciles failed" in why and "planner bug" in why
     document = daemon._plan_document()
     assert document is not None and "planner bug" in document["last_error"]
-    assert failures_metric("RuntimeError") == before + 3
+    assert failures_metric(loop, "RuntimeError") == before + 3
     assert loop.writer.calls == []  # nothing was written meanwhile
 
     monkeypatch.setattr(loop.reconciler, "decide", real)
     loop.clock.advance(1)
     await loop.reconciler.reconcile()
     assert daemon._healthy()[0]  # recovered
-    stamp = REGISTRY.get_sample_value("kuberay_scaler_last_successful_reconcile_timestamp_seconds")
+    metrics = loop.reconciler.metrics
+    stamp = metrics.sample("kuberay_scaler_last_successful_reconcile_timestamp_seconds")
     assert stamp == loop.clock.wall().timestamp()
 
 
@@ -207,7 +208,7 @@ async def test_a_write_that_keeps_failing_counts_as_a_failed_reconcile() -> None
         state([head_node()], [tasks({"CPU": 8}, 2)]),
         config=LoopConfig(unhealthy_after_failures=2),
     )
-    before = failures_metric("patch_forbidden")
+    before = failures_metric(loop, "patch_forbidden")
     for _ in range(2):
         loop.writer.answer(403)
         loop.clock.advance(120)  # past the write backoff
@@ -215,7 +216,7 @@ async def test_a_write_that_keeps_failing_counts_as_a_failed_reconcile() -> None
         await loop.reconciler.reconcile()
     healthy, why = loop.reconciler.health()
     assert not healthy and "forbidden" in why
-    assert failures_metric("patch_forbidden") == before + 2
+    assert failures_metric(loop, "patch_forbidden") == before + 2
     assert spec_group(loop)["replicas"] == 0  # nothing was applied
 
 
@@ -373,8 +374,9 @@ async def test_restart_after_the_record_keeps_a_slice_that_turned_busy() -> None
     assert DRAINING_ANNOTATION not in again.server.obj["metadata"]["annotations"]
 
 
-def overrides_metric(group_name: str) -> float:
-    value = REGISTRY.get_sample_value("kuberay_scaler_overrides_total", {"group": group_name})
+def overrides_metric(loop: Loop, group_name: str) -> float:
+    metrics = loop.reconciler.metrics
+    value = metrics.sample("kuberay_scaler_overrides_total", {"group": group_name})
     return value or 0.0
 
 
@@ -385,7 +387,7 @@ async def test_another_writer_resetting_replicas_is_named_and_not_fought() -> No
     loop = make_loop(cluster(group("cpu", max_replicas=5)), [], demand)
     await loop.reconciler.reconcile()
     assert spec_group(loop)["replicas"] == 2 and len(loop.writer.applied) == 1
-    before = overrides_metric("cpu")
+    before = overrides_metric(loop, "cpu")
 
     async def reset_by_gitops() -> None:
         loop.server.edit(["spec", "workerGroupSpecs", 0, "replicas"], 0)
@@ -400,9 +402,10 @@ async def test_another_writer_resetting_replicas_is_named_and_not_fought() -> No
     await reset_by_gitops()
     with capture_logs() as logs:
         await minutes(1)
+    await loop.reconciler.recorder.settle()  # Events are said at the reconcile's end
     assert [e for e in logs if e["event"] == "replicas overridden by another writer"]
     assert any(reason == "OverriddenByAnotherWriter" for reason, _ in loop.events.recorded)
-    assert overrides_metric("cpu") == before + 1
+    assert overrides_metric(loop, "cpu") == before + 1
     assert len(loop.writer.applied) == 1, "re-patched right after the other writer's reset"
     assert spec_group(loop)["replicas"] == 0  # their value stands for now
     await minutes(2)  # the first backoff (2 min) passes: we try once more
@@ -410,7 +413,7 @@ async def test_another_writer_resetting_replicas_is_named_and_not_fought() -> No
     await reset_by_gitops()
     await minutes(3)  # second override: the backoff doubles (4 min), no write in 3 min
     assert len(loop.writer.applied) == 2 and spec_group(loop)["replicas"] == 0
-    assert overrides_metric("cpu") == before + 2
+    assert overrides_metric(loop, "cpu") == before + 2
     decision = loop.reconciler.status.last_decision
     assert decision is not None
     held = decision.plan.group("cpu")

@@ -15,7 +15,6 @@ import pytest
 
 from kuberay_scaler.core.model.drains import DrainReason, SliceDrainResult
 from kuberay_scaler.loop.config import LoopConfig
-from kuberay_scaler.runtime.metrics import REGISTRY
 from tests.control.fakes import FakeGcs, Loop, make_loop
 from tests.control.test_reconciler import spec_group, workers_to_delete
 from tests.factories import (
@@ -52,14 +51,15 @@ async def every(loop: Loop, seconds: float, ray: Any, step: float = 2.0) -> list
     return health
 
 
-def blind_seconds(source: str) -> float:
-    value = REGISTRY.get_sample_value("kuberay_scaler_blind_seconds", {"source": source})
+def blind_seconds(loop: Loop, source: str) -> float:
+    value = loop.reconciler.metrics.sample("kuberay_scaler_blind_seconds", {"source": source})
     assert value is not None
     return value
 
 
-def last_success() -> float:
-    value = REGISTRY.get_sample_value("kuberay_scaler_last_successful_reconcile_timestamp_seconds")
+def last_success(loop: Loop) -> float:
+    metrics = loop.reconciler.metrics
+    value = metrics.sample("kuberay_scaler_last_successful_reconcile_timestamp_seconds")
     return value or 0.0
 
 
@@ -105,8 +105,8 @@ async def test_gcs_unreachable_with_demand_pending_fails_healthz_and_stops_the_s
     health = await every(loop, 60, None)
     assert spec_group(loop)["replicas"] == 2  # blind: nothing written
     assert not health[-1], f"healthz 200 after 60 s blind with demand: {loop.reconciler.health()}"
-    assert last_success() <= blind_from, "held reconciles counted as successes"
-    assert blind_seconds("gcs") >= 55 and blind_seconds("pods") == 0
+    assert last_success(loop) <= blind_from, "held reconciles counted as successes"
+    assert blind_seconds(loop, "gcs") >= 55 and blind_seconds(loop, "pods") == 0
 
 
 async def test_pods_unreadable_with_demand_pending_fails_healthz() -> None:
@@ -131,4 +131,4 @@ async def test_write_failures_that_recover_are_healthy_again() -> None:
     loop.writer._script.clear()
     health = await every(loop, 120, demand)
     assert health[-1] and spec_group(loop)["replicas"] == 2
-    assert last_success() == loop.clock.wall().timestamp()  # fresh and written: progress
+    assert last_success(loop) == loop.clock.wall().timestamp()  # fresh and written: progress

@@ -14,7 +14,6 @@ from typing import Any
 
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.health import INPUTS, GroupView, Reading, Want, judge_wants
-from kuberay_scaler.runtime.metrics import REGISTRY
 from tests.control.fakes import Loop, make_loop
 from tests.control.test_faults import daemon_probing
 from tests.control.test_reconciler import spec_group, workers_to_delete
@@ -62,8 +61,9 @@ def first_unhealthy(probes: list[tuple[float, bool, str]]) -> tuple[float, str] 
     return next(((at, why) for at, healthy, why in probes if not healthy), None)
 
 
-def want_age(group: str) -> float | None:
-    return REGISTRY.get_sample_value("kuberay_scaler_oldest_unmet_want_seconds", {"group": group})
+def want_age(loop: Loop, group: str) -> float | None:
+    metrics = loop.reconciler.metrics
+    return metrics.sample("kuberay_scaler_oldest_unmet_want_seconds", {"group": group})
 
 
 def assert_nothing_deleted_undrained(loop: Loop) -> None:
@@ -85,7 +85,7 @@ async def test_every_patch_500_for_60_s_fails_healthz_within_bound_and_recovers(
     assert at <= RECONCILE_EVERY_S + UNHEALTHY_AFTER_S + RECONCILE_EVERY_S, at
     assert "group tpu" in why and "replicas 1->0" in why and "HTTP 500" in why, why
     assert all(not healthy for t, healthy, _ in probes if t > at), "flapped back to 200"
-    assert (want_age("tpu") or 0) > UNHEALTHY_AFTER_S
+    assert (want_age(loop, "tpu") or 0) > UNHEALTHY_AFTER_S
     document = daemon_probing(loop)._plan_document()
     assert document is not None and document["unmet_wants"][0]["group"] == "tpu"
 
@@ -94,7 +94,7 @@ async def test_every_patch_500_for_60_s_fails_healthz_within_bound_and_recovers(
     assert probes[-1][1], f"still unhealthy after the server recovered: {probes[-1]}"
     assert spec_group(loop)["replicas"] == 0 and workers_to_delete(loop)
     assert_nothing_deleted_undrained(loop)
-    assert want_age("tpu") == 0
+    assert want_age(loop, "tpu") == 0
 
 
 async def test_gcs_blind_for_60_s_fails_healthz_and_recovers() -> None:
@@ -108,10 +108,10 @@ async def test_gcs_blind_for_60_s_fails_healthz_and_recovers() -> None:
     assert at <= UNHEALTHY_AFTER_S + 2 * RECONCILE_EVERY_S, at
     assert "gcs not fresh" in why, why
     assert loop.writer.calls == [] and loop.gcs.drains == []  # blind: nothing written
-    assert (want_age(INPUTS) or 0) > UNHEALTHY_AFTER_S
+    assert (want_age(loop, INPUTS) or 0) > UNHEALTHY_AFTER_S
     probes = await probe_for(loop, 10, busy)
     assert probes[-1][1], probes[-1]
-    assert want_age(INPUTS) == 0
+    assert want_age(loop, INPUTS) == 0
 
 
 async def test_a_drain_ray_refuses_for_minutes_is_no_unmet_want() -> None:

@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from kuberay_scaler.adapters.web.server import Probes, make_app, start_server
 from kuberay_scaler.cli.offline import plan_files
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.runtime.metrics import Metrics
 from tests.control.fakes import make_loop, reply_of
 from tests.factories import (
     NOW,
@@ -59,7 +60,7 @@ def _plan_command(tmp_path: Path, rc: Any, pods: Any, reply: Any) -> dict[str, A
 
 async def _debug_plan(source: Any) -> dict[str, Any]:
     probes = Probes(healthy=lambda: (True, ""), ready=lambda: (True, ""), plan=source)
-    runner = await start_server(make_app(probes), "127.0.0.1:0")
+    runner = await start_server(make_app(probes, Metrics()), "127.0.0.1:0")
     try:
         host, port = runner.addresses[0][:2]
         async with (

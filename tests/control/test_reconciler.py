@@ -15,7 +15,6 @@ from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import MAX_REPLANS
 from kuberay_scaler.loop.trigger import WAKE_MARGIN_S
-from kuberay_scaler.runtime.metrics import REGISTRY
 from tests.control.fakes import Loop, WriteCall, make_loop, reply_of
 from tests.factories import (
     cluster,
@@ -236,10 +235,10 @@ async def test_recreated_raycluster_drops_memory_and_expectations() -> None:
 
 async def test_decision_metrics_are_labelled_from_the_enums() -> None:
     labels = {"group": "tpu", "action": "scale_down", "reason": "idle"}
-    before = REGISTRY.get_sample_value("kuberay_scaler_decisions_total", labels) or 0.0
     loop = idle_slices_loop("tpu-a")
+    before = loop.reconciler.metrics.sample("kuberay_scaler_decisions_total", labels) or 0.0
     await loop.reconciler.reconcile()
-    after = REGISTRY.get_sample_value("kuberay_scaler_decisions_total", labels)
+    after = loop.reconciler.metrics.sample("kuberay_scaler_decisions_total", labels)
     assert after == before + 1
     assert Action.SCALE_DOWN.value == labels["action"]
     assert ScaleDownKind.IDLE.value == labels["reason"]

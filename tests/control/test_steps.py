@@ -27,10 +27,11 @@ from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop import reconciler as reconciler_module
 from kuberay_scaler.loop.execute import Executed, WriteBackoff, execute
 from kuberay_scaler.loop.health import DrainErrors, Outcome, Progress, Step
+from kuberay_scaler.loop.reconcile_report import Attempt, Carried, ReconcileReport, Seen
 from kuberay_scaler.loop.record import Recorder
 from kuberay_scaler.loop.report import report_for
 from kuberay_scaler.loop.trigger import MIN_WAKE_S, WAKE_MARGIN_S, Schedule
-from kuberay_scaler.runtime.metrics import REGISTRY
+from kuberay_scaler.runtime.metrics import Metrics
 from tests.control.fakes import (
     FakeApiServer,
     FakeEvents,
@@ -295,14 +296,26 @@ def test_report_for_a_decision_made_with_and_without_ray_state() -> None:
 # --- record --------------------------------------------------------------------------------------
 
 
+def _recorder(events: FakeEvents) -> Recorder:
+    return Recorder(events, Progress(0.0, 60.0, 3), wall=lambda: NOW, metrics=Metrics())
+
+
+def _applied(decision: Decision) -> Executed:
+    return Executed(decision.plan, PatchOutcome("applied"), "patch")
+
+
+def _said(outcome: Outcome, *attempts: Attempt, began: float = 0.0, ended: float = 0.0) -> Any:
+    return ReconcileReport(outcome, attempts, began=began, ended=ended)
+
+
 async def test_recorder_says_an_applied_plan_in_events_and_the_status() -> None:
     events = FakeEvents()
-    recorder = Recorder(events, Progress(0.0, 60.0, 3), wall=lambda: NOW)
+    recorder = _recorder(events)
     rc, pods, reply = _scenario()
     decision = _decision(rc, pods, reply)
-    recorder.published(decision)
-    recorder.applied(decision.plan)
-    await asyncio.gather(*list(recorder._background))  # Events go out in the background
+    applied = Attempt(Seen(), decision, Carried.SENT, _applied(decision))
+    recorder.record(_said(Outcome.done("applied"), applied, began=4.9, ended=5.0))
+    await recorder.settle()  # Events go out in the background
 
     assert sorted(reason for reason, _ in events.recorded) == ["ScaledDown", "ScaledUp"]
     assert recorder.status.last_decision is decision
@@ -310,8 +323,7 @@ async def test_recorder_says_an_applied_plan_in_events_and_the_status() -> None:
         ("tpu", False),
         ("cpu", False),
     ]
-    recorder.reconciled(Outcome.done("applied"), seconds=0.1, now=5.0)
-    recorder.reconciled(Outcome(Step.SKIPPED, "skipped"), seconds=0.0, now=6.0)
+    recorder.record(_said(Outcome(Step.SKIPPED, "skipped"), began=6.0, ended=6.0))
     status = recorder.status
     assert status.reconciles == 2 and status.last_outcome == "applied"  # a skip says nothing
     assert status.progress.last_achieved == 5.0 and status.progress.health(6.0)[0]
@@ -319,9 +331,10 @@ async def test_recorder_says_an_applied_plan_in_events_and_the_status() -> None:
 
 async def test_recorder_dry_run_records_decisions_without_events() -> None:
     events = FakeEvents()
-    recorder = Recorder(events, Progress(0.0, 60.0, 3), wall=lambda: NOW)
+    recorder = _recorder(events)
     rc, pods, reply = _scenario()
-    recorder.not_written(_decision(rc, pods, reply).plan)
+    dry = Attempt(Seen(), _decision(rc, pods, reply), Carried.NOT_WRITTEN)
+    recorder.record(_said(Outcome(Step.DRY_RUN, "dry run"), dry))
     assert events.recorded == [] and not recorder._background
     assert {d["dry_run"] for d in recorder.status.recent} == {True}
 
@@ -336,7 +349,7 @@ async def test_recorder_says_a_target_not_served_in_an_error_line_and_an_event_w
     from structlog.testing import capture_logs
 
     events = FakeEvents()
-    recorder = Recorder(events, Progress(0.0, 60.0, 3), wall=lambda: NOW)
+    recorder = _recorder(events)
     problem = "pods of RayCluster default/rc: not allowed to list/watch them (HTTP 403)"
     with capture_logs() as logs:
         recorder.not_served(problem, event=event)
@@ -347,16 +360,17 @@ async def test_recorder_says_a_target_not_served_in_an_error_line_and_an_event_w
     assert events.recorded == ([("TargetNotServed", problem)] if event else [])
 
 
-def _blocked_count(path: str) -> float:
-    value = REGISTRY.get_sample_value("kuberay_scaler_deletions_blocked_total", {"path": path})
+def _blocked_count(metrics: Metrics, path: str) -> float:
+    value = metrics.sample("kuberay_scaler_deletions_blocked_total", {"path": path})
     return value or 0.0
 
 
-async def test_what_the_gate_dropped_is_said_by_the_sink_when_planned_and_after_drains(
+async def test_what_the_gate_dropped_is_said_by_the_recorder_when_planned_and_after_drains(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The gate's drops reach the Sink from both places it judges: the plan (`published`) and
-    after the drains answered (`Executed.blocked`); execute itself counts nothing."""
+    """The gate's drops reach the recorder from both places it judges: the plan (the
+    decision) and after the drains answered (`Executed.blocked`); execute itself counts
+    nothing."""
     rc, pods, reply = _scenario()
     planned = Blocked("tpu", "tpu-a", "tpu-a-0", KeepKind.GATE_ABSENT, "test_planned")
     drained = Blocked("tpu", "tpu-a", "tpu-a-1", KeepKind.GATE_ABSENT, "test_after_drains")
@@ -370,8 +384,15 @@ async def test_what_the_gate_dropped_is_said_by_the_sink_when_planned_and_after_
 
     monkeypatch.setattr(reconciler_module, "decide", decide_with_a_drop)
     monkeypatch.setattr(reconciler_module, "execute", execute_with_a_drop)
-    before = (_blocked_count("test_planned"), _blocked_count("test_after_drains"))
     loop = make_loop(rc, pods, reply)
-    await loop.reconciler.reconcile()
-    after = (_blocked_count("test_planned"), _blocked_count("test_after_drains"))
+    metrics = loop.reconciler.metrics
+    before = (_blocked_count(metrics, "test_planned"), _blocked_count(metrics, "test_after_drains"))
+    report = await loop.reconciler.run()
+    assert report.blocked == (planned, drained)
+    assert (
+        _blocked_count(metrics, "test_planned"),
+        _blocked_count(metrics, "test_after_drains"),
+    ) == before  # not said yet
+    loop.reconciler.recorder.record(report)
+    after = (_blocked_count(metrics, "test_planned"), _blocked_count(metrics, "test_after_drains"))
     assert after == (before[0] + 1, before[1] + 1)

@@ -62,7 +62,8 @@ async def page_url() -> AsyncIterator[str]:
     rc, pods, ray = _scenario()
     loop = make_loop(rc, pods, ray)
     await loop.reconciler.reconcile()
-    app = make_app(Probes(lambda: (True, ""), lambda: (True, ""), loop.reconciler.document))
+    probes = Probes(lambda: (True, ""), lambda: (True, ""), loop.reconciler.document)
+    app = make_app(probes, loop.reconciler.metrics)
     address = f"127.0.0.1:{free_port()}"
     runner = await start_server(app, address)
     try:

@@ -232,23 +232,29 @@ def test_a_blocked_deletion_is_counted_by_path_and_logged_at_error() -> None:
     from structlog.testing import capture_logs
 
     from kuberay_scaler.core.planner.gate import Blocked
-    from kuberay_scaler.loop.health import Progress
+    from kuberay_scaler.loop.execute import Executed
+    from kuberay_scaler.loop.health import Outcome, Progress
+    from kuberay_scaler.loop.reconcile_report import Attempt, Carried, ReconcileReport, Seen
     from kuberay_scaler.loop.record import Recorder
-    from kuberay_scaler.runtime.metrics import REGISTRY
+    from kuberay_scaler.runtime.metrics import Metrics
     from tests.control.fakes import FakeEvents
 
+    metrics = Metrics()
+
     def count() -> float:
-        value = REGISTRY.get_sample_value(
-            "kuberay_scaler_deletions_blocked_total", {"path": "above_max"}
-        )
+        value = metrics.sample("kuberay_scaler_deletions_blocked_total", {"path": "above_max"})
         return value or 0.0
 
-    before = count()
+    observed = Observation(raycluster=cluster(tpu_group()), pods=[])
+    decision = decide(observed, Memory(), Policy(), NOW)
+    blocked = (Blocked("tpu", "tpu-b", "tpu-b-0", KeepKind.GATE_ABSENT, "above_max"),)
+    executed = Executed(decision.plan, blocked=blocked)
+    attempt = Attempt(Seen(), decision, Carried.SENT, executed)
     with capture_logs() as logs:
-        Recorder(FakeEvents(), Progress(0.0, 60.0, 3)).blocked(
-            [Blocked("tpu", "tpu-b", "tpu-b-0", KeepKind.GATE_ABSENT, "above_max")]
+        Recorder(FakeEvents(), Progress(0.0, 60.0, 3), metrics=metrics).record(
+            ReconcileReport(Outcome.done("nothing to patch"), (attempt,))
         )
-    assert count() == before + 1
+    assert count() == 1
     (line,) = [x for x in logs if x["log_level"] == "error"]
     assert line["path"] == "above_max" and line["kind"] == "gate_absent"
 

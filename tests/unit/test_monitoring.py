@@ -13,8 +13,8 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-import kuberay_scaler.app  # noqa: F401  (registers every metric the daemon has)
 from kuberay_scaler.adapters.web.server import Probes, make_app
+from kuberay_scaler.runtime.metrics import Metrics
 from tests.kustomize import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def _expressions(dashboard: dict[str, Any]) -> list[str]:
 async def _served() -> dict[str, set[str]]:
     """Sample name -> label names, from /metrics of the daemon's own web app."""
     probes = Probes(healthy=lambda: (True, ""), ready=lambda: (True, ""), plan=lambda: None)
-    async with TestClient(TestServer(make_app(probes))) as client:
+    async with TestClient(TestServer(make_app(probes, Metrics()))) as client:
         reply = await client.get("/metrics")
         assert reply.status == 200
         text = await reply.text()
@@ -57,10 +57,9 @@ async def _served() -> dict[str, set[str]]:
 
 
 def _declared_labels() -> dict[str, set[str]]:
-    from kuberay_scaler.runtime.metrics import REGISTRY
-
     declared: dict[str, set[str]] = {}
-    for collector in list(REGISTRY._collector_to_names):  # labelled metrics may have no samples
+    # Labelled metrics may have no samples: read what the registry declares.
+    for collector in list(Metrics().registry._collector_to_names):
         name = getattr(collector, "_name", None)
         if name:
             declared[name.removesuffix("_total")] = set(getattr(collector, "_labelnames", ()))

@@ -463,26 +463,31 @@ def test_the_probe_is_a_wake_up() -> None:
 async def test_the_recorder_sets_the_gauges_counts_fallbacks_and_sends_one_event() -> None:
     import asyncio
 
-    from kuberay_scaler.loop.health import Progress
+    from kuberay_scaler.core.model.outcome import PatchOutcome
+    from kuberay_scaler.loop.execute import Executed
+    from kuberay_scaler.loop.health import Outcome, Progress
+    from kuberay_scaler.loop.reconcile_report import Attempt, Carried, ReconcileReport, Seen
     from kuberay_scaler.loop.record import Recorder
-    from kuberay_scaler.runtime.metrics import REGISTRY
+    from kuberay_scaler.runtime.metrics import Metrics
     from tests.control.fakes import FakeEvents
 
     rc, pods = _groups(v6e_replicas=1), _stuck_v6e()
     gcs = RayObservation(state=_demand(), observed_at=0.0)
     observed = Observation(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
     decision = decide(observed, Memory(), Policy(), NOW, mono_s=MONO)
+    metrics = Metrics()
 
     def sample(name: str, **labels: str) -> float | None:
-        return REGISTRY.get_sample_value(name, labels)
+        return metrics.sample(name, labels)
 
     before = sample(
         "kuberay_scaler_fallbacks_total", **{"from": "v6e", "to": "v5e", "cause": "stockout"}
     )
     events = FakeEvents()
-    recorder = Recorder(events, Progress(0.0, 60.0, 3))
-    recorder.published(decision)
-    recorder.applied(decision.plan)
+    recorder = Recorder(events, Progress(0.0, 60.0, 3), metrics=metrics)
+    applied = Executed(decision.plan, PatchOutcome("applied"), "patch")
+    attempt = Attempt(Seen(), decision, Carried.SENT, applied)
+    recorder.record(ReconcileReport(Outcome.done("applied"), (attempt,)))
     for _ in range(1000):  # sent in the background: the unavailable Event and one per group
         if len(events.recorded) >= 3:
             break

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kuberay_scaler.adapters.web.slices_page import render_slices
-from kuberay_scaler.runtime.metrics import REGISTRY
+from kuberay_scaler.runtime.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,12 @@ class Probes:
     plan: Callable[[], dict[str, Any] | None]
 
 
-def make_app(probes: Probes) -> web.Application:
+def make_app(probes: Probes, metrics: Metrics) -> web.Application:
+    """The daemon's pages; /metrics serves `metrics` (the composition root's)."""
     app = web.Application()
     app.router.add_get("/healthz", _probe(probes.healthy))
     app.router.add_get("/readyz", _probe(probes.ready))
-    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics", _metrics(metrics))
     app.router.add_get("/debug/plan", _plan(probes.plan))
     app.router.add_get("/debug/slices", _slices(probes.plan))
     return app
@@ -52,9 +53,12 @@ def _probe(check: Callable[[], tuple[bool, str]]) -> Any:
     return handler
 
 
-async def _metrics(_: web.Request) -> web.Response:
-    body = generate_latest(REGISTRY)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+def _metrics(metrics: Metrics) -> Any:
+    async def handler(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handler
 
 
 def _plan(source: Callable[[], dict[str, Any] | None]) -> Any:
