@@ -4,7 +4,7 @@ Nothing here decides anything: which drains go (`decision.drains_to_send`, from 
 read made right before them) and what the patch is once they answered (`decision.after_drains`:
 kept slices, partly drained ones, the deletion gate) are pure functions of decision.py. This
 module only does the I/O and hands each step's outcome back to the loop (replan on stale, back
-off on the rest; what the gate dropped, in `Executed.blocked`, for the Sink to count and say).
+off on the rest; what the gate dropped, in `Executed.blocked`, for the recorder to count and say).
 
 One failing write never takes the others with it: a record write that fails (not stale) keeps
 the slices it was for, undrained, and the rest of the patch still goes; a drain that raises

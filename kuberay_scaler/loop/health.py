@@ -358,7 +358,7 @@ RECENT_DECISIONS = 20  # kept for /debug/slices
 
 @dataclass
 class LoopStatus:
-    """What /healthz, /readyz and /debug/plan read (the Sink keeps it)."""
+    """What /healthz, /readyz and /debug/plan read (the Recorder keeps it)."""
 
     progress: Progress
     last_decision: Decision | None = None

@@ -24,7 +24,7 @@ log = structlog.get_logger(__name__)
 
 
 class RayGcs:
-    """Implements `control.ports.Gcs`."""
+    """Implements `loop.ports.Gcs`."""
 
     def __init__(self, client: GcsClient, poller: GcsPoller) -> None:
         self._client = client
