@@ -20,6 +20,7 @@ from kuberay_scaler.loop.execute import Executed
 from kuberay_scaler.loop.handsoff import Overridden
 from kuberay_scaler.loop.health import Outcome, Reading, Step
 
+
 @dataclass(frozen=True)
 class Recreated:
     """The RayCluster was deleted and created again under the same name: memory dropped."""
@@ -32,7 +33,8 @@ class Recreated:
 class Seen:
     """One observation of the inputs."""
 
-    blind: Mapping[str, float] = field(default_factory=dict)  # source → seconds not fresh (0 while fresh)
+    # Source → seconds it has been unknown or stale (0 while fresh).
+    blind: Mapping[str, float] = field(default_factory=dict)
     recreated: Recreated | None = None
     overridden: tuple[Overridden, ...] = ()  # another writer reset a group's replicas
 
