@@ -197,10 +197,8 @@ class Reconciler:
                     quiet = not decision.writes or self._config.dry_run
                     self.schedule.settled(seen.inputs if quiet and not outcome.failed else None)
                     return ended(outcome, decision.plan)
-                done, attempt = (
-                    (*done, replace(attempt, refresh_failed=await self._refresh())),
-                    None,
-                )
+                refresh_failed = await self._refresh()
+                done, attempt = (*done, replace(attempt, refresh_failed=refresh_failed)), None
                 seen, attempt = self._observe(now)
                 if seen is None:
                     return ended(Outcome(Step.BLIND, _NOT_FOUND))

@@ -189,3 +189,27 @@ async def test_two_recorders_in_one_process_share_no_metrics_and_no_status() -> 
     ]
     assert names[0] == names[1] and names[0]
     assert served[1]["kuberay_scaler_reconcile_duration_seconds_count[]"] == 0
+
+
+async def test_a_reconcile_that_replans_reports_each_pass_in_order_and_says_each() -> None:
+    """A stale patch every time: three passes planned and sent, each re-observed after, and
+    the reconcile fails as stale; the recorder says every pass (its patch, its decision)."""
+    loop = _scale_up_loop()
+    loop.writer.answer(409, times=10)
+    report = await loop.reconciler.run()
+    assert (report.outcome.step, report.outcome.cause) == (Step.FAILED, "stale")
+    planned = [a for a in report.attempts if a.decision is not None]
+    assert len(planned) == 3 and len(report.attempts) == 4  # the last pass only observed
+    assert all(a.carried is Carried.SENT for a in planned)
+    assert all(a.executed is not None and a.executed.replan for a in planned)
+    assert [len(a.seen.blind) > 0 for a in report.attempts] == [True] * 4
+    assert len(loop.writer.calls) == 3
+
+    metrics = loop.reconciler.metrics
+    loop.reconciler.recorder.record(report)
+    assert metrics.sample("kuberay_scaler_reconcile_failures_total", {"cause": "stale"}) == 1
+    last = planned[-1]
+    assert last.executed is not None
+    status = loop.reconciler.status
+    assert status.last_decision is last.decision
+    assert status.last_patch == [dict(op) for op in last.executed.sent]
