@@ -3,9 +3,10 @@ previous run recorded are finished."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from types import MappingProxyType
 
 from kuberay_scaler.core.model.cluster import DEFAULT_IDLE_TIMEOUT_S, ClusterSpec, WorkerGroup
 from kuberay_scaler.core.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
@@ -31,17 +32,24 @@ from kuberay_scaler.core.planner.gate import Evidence, gone_from_ray, quiet
 SliceRef = tuple[str | None, str | None]  # (group, slice key) of a bin demand uses
 
 
+@dataclass(frozen=True)
+class IdleDeletions:
+    """One group's idle stage: the idle slices that leave, and why (kept ones too)."""
+
+    deletions: tuple[SliceDeletion, ...] = ()
+    reasons: tuple[Reason, ...] = ()
+
+
 def idle_deletions(
     slices: GroupSlices,
     keep_at_least: int,
-    needed: set[SliceRef],
+    needed: Set[SliceRef],
     timeout_s: float,
-    reasons: list[Reason],
     refused: Mapping[str, RefusedDrain] | None = None,
     now: datetime | None = None,
     *,
     wall_shift: timedelta = timedelta(0),
-) -> list[SliceDeletion]:
+) -> IdleDeletions:
     """Idle slices past `timeout_s` that demand does not use, while more than `keep_at_least`
     replicas (after this plan's additions) stay. A slice whose drain was refused lately waits
     (`drain_backing_off`).
@@ -49,40 +57,48 @@ def idle_deletions(
     `now` is the monotonic clock (`tick_of`), the clock the daemon stamps GCS replies on: idle
     age is Ray's own idle duration plus the monotonic time since the reply, so no wall-clock
     step makes a slice idle-expired early."""
-    group = slices.group
-    idle: list[tuple[int, Slice]] = []
     if now is None:
-        return []
-    now_ms = epoch_ms(now)
-    # Longest idle first; past the first one below the timeout, all the others are too.
-    for since, key, sl in slices.idle_by_since:
-        idle_ms = max(0, now_ms - since)
-        if idle_ms < timeout_s * 1000:
-            break
-        if (group.name, key) not in needed:
-            idle.append((idle_ms, sl))
+        return IdleDeletions()
+    idle = _expired(slices, needed, timeout_s, epoch_ms(now))
+    reasons: list[Reason] = []
     if refused and idle:  # in slice order, as their reasons are said
         order = {s.key: i for i, s in enumerate(slices.slices)}
         idle.sort(key=lambda pair: order[pair[1].key])
-        idle = [
-            (ms, sl)
-            for ms, sl in idle
-            if not drain_backing_off(sl, refused, now, reasons, wall_shift=wall_shift)
+        waits = [
+            (ms, sl, drain_backing_off(sl, refused, now, wall_shift=wall_shift)) for ms, sl in idle
         ]
+        reasons += [w for _, _, w in waits if w is not None]
+        idle = [(ms, sl) for ms, sl, w in waits if w is None]
     # Outdated slices first (built to an older spec), then longest idle; ties (clamped at 0)
     # by key.
     idle.sort(key=lambda pair: (pair[1].state is not SliceState.OUTDATED, -pair[0], pair[1].key))
     chosen = idle[: max(0, keep_at_least)]
     if len(chosen) < len(idle):
-        reasons.append(
-            Keep(KeepKind.MIN_REPLICAS, len(idle) - len(chosen), min_replicas=group.min_replicas)
-        )
-    out = []
-    for idle_ms, sl in chosen:
-        why = ScaleDown(ScaleDownKind.IDLE, sl.key, len(sl.hosts), idle_ms / 1000, timeout_s)
-        reasons.append(why)
-        out.append(deletion(sl, DeleteKind.IDLE, why))
-    return out
+        floor = slices.group.min_replicas
+        reasons.append(Keep(KeepKind.MIN_REPLICAS, len(idle) - len(chosen), min_replicas=floor))
+    whys = [
+        ScaleDown(ScaleDownKind.IDLE, sl.key, len(sl.hosts), idle_ms / 1000, timeout_s)
+        for idle_ms, sl in chosen
+    ]
+    out = tuple(
+        deletion(sl, DeleteKind.IDLE, why) for (_, sl), why in zip(chosen, whys, strict=True)
+    )
+    return IdleDeletions(out, (*reasons, *whys))
+
+
+def _expired(
+    slices: GroupSlices, needed: Set[SliceRef], timeout_s: float, now_ms: int
+) -> list[tuple[int, Slice]]:
+    """Idle slices past the timeout that demand does not use, with their idle age."""
+    idle: list[tuple[int, Slice]] = []
+    # Longest idle first; past the first one below the timeout, all the others are too.
+    for since, key, sl in slices.idle_by_since:
+        idle_ms = max(0, now_ms - since)
+        if idle_ms < timeout_s * 1000:
+            break
+        if (slices.group.name, key) not in needed:
+            idle.append((idle_ms, sl))
+    return idle
 
 
 def outdated_kept(slices: GroupSlices, leaving: list[SliceDeletion]) -> tuple[Keep, ...]:
@@ -104,25 +120,23 @@ def drain_backing_off(
     sl: Slice,
     refused: Mapping[str, RefusedDrain],
     now: datetime,
-    reasons: list[Reason],
     *,
     wall_shift: timedelta = timedelta(0),
-) -> bool:
+) -> Keep | None:
     """The slice's drain was refused lately and nothing about its idleness changed since: wait
-    (Keep(DRAIN_BACKING_OFF)) instead of draining it again every round."""
+    (this Keep(DRAIN_BACKING_OFF)) instead of draining it again every round; None: drain."""
     entry = refused.get(sl.key)
     if entry is None or entry.until <= now:
-        return False
+        return None
     since = {n.node_id: n.idle_since_ms if n.idle else None for n in sl.nodes.values()}
     if set(since) != set(entry.idle_since_ms):
-        return False  # other raylets now: a new situation
+        return None  # other raylets now: a new situation
     if any(s is None or s > entry.idle_since_ms[n] for n, s in since.items()):
-        return False  # idle since later (or busy now): the host was busy since
+        return None  # idle since later (or busy now): the host was busy since
     detail = (
         f"{entry.failures} refused round(s); next try by {(entry.until + wall_shift).isoformat()}"
     )
-    reasons.append(Keep(KeepKind.DRAIN_BACKING_OFF, slice=sl.key, detail=detail))
-    return True
+    return Keep(KeepKind.DRAIN_BACKING_OFF, slice=sl.key, detail=detail)
 
 
 def idle_timeout(group: WorkerGroup, spec: ClusterSpec, override_s: float | None) -> float:
@@ -172,7 +186,6 @@ def _finish(
         return d
     d = _replaced_as_recorded(d, keys, gs.group.min_replicas)
     planned = {x.slice_key for x in (*d.deletions, *d.preempt)}
-    said: list[Reason] = []
     extra = [
         deletion(sl, DeleteKind.IDLE, ScaleDown(ScaleDownKind.RECORDED_DRAIN, sl.key))
         for sl in gs.slices
@@ -181,7 +194,8 @@ def _finish(
         and sl.state is not SliceState.TERMINATING
         and _idle_or_gone(sl, ev)
         and not (
-            now and drain_backing_off(sl, result.memory.refused, now, said, wall_shift=wall_shift)
+            now
+            and drain_backing_off(sl, result.memory.refused, now, wall_shift=wall_shift) is not None
         )
     ]
     if not extra:
@@ -235,21 +249,49 @@ def _idle_or_gone(sl: Slice, ev: Evidence | None) -> bool:
     return True
 
 
-@dataclass
+@dataclass(frozen=True)
 class Surplus:
     """What leaves a group that runs more slices than maxReplicas (see `surplus_removals`)."""
 
-    deletions: list[SliceDeletion] = field(default_factory=list)
-    preempt: list[SliceDeletion] = field(default_factory=list)  # drain now, delete later
-    preempting: dict[str, datetime] = field(default_factory=dict)  # slice key → deadline
-    still_draining: list[ScaleDown] = field(default_factory=list)  # preempted, not done yet
-    waiting: list[Keep] = field(default_factory=list)  # hosts absent from Ray, not long enough
+    deletions: tuple[SliceDeletion, ...] = ()
+    preempt: tuple[SliceDeletion, ...] = ()  # drain now, delete later
+    preempting: Mapping[str, datetime] = field(default_factory=dict)  # slice key → deadline
+    still_draining: tuple[ScaleDown, ...] = ()  # preempted, not done yet
+    waiting: tuple[Keep, ...] = ()  # hosts absent from Ray, not long enough
     # Slices the group runs (when not above maxReplicas: an upper bound, never above it).
     running: int = 0
 
     @property
+    def reasons(self) -> tuple[Reason, ...]:
+        """Why, in the order the stage says it: removals, drains, drains going on, waits."""
+        removed = (x.reason for x in (*self.deletions, *self.preempt))
+        return (*removed, *self.still_draining, *self.waiting)
+
+
+@dataclass
+class _Tally:
+    """The surplus being chosen, slice by slice: working notes private to `surplus_removals`."""
+
+    running: int
+    deletions: list[SliceDeletion] = field(default_factory=list)
+    preempt: list[SliceDeletion] = field(default_factory=list)
+    preempting: dict[str, datetime] = field(default_factory=dict)
+    still_draining: list[ScaleDown] = field(default_factory=list)
+    waiting: list[Keep] = field(default_factory=list)
+
+    @property
     def leaving(self) -> int:
         return len(self.deletions) + len(self.preempt) + len(self.still_draining)
+
+    def result(self) -> Surplus:
+        return Surplus(
+            tuple(self.deletions),
+            tuple(self.preempt),
+            MappingProxyType(self.preempting),
+            tuple(self.still_draining),
+            tuple(self.waiting),
+            self.running,
+        )
 
 
 def surplus_removals(
@@ -257,7 +299,6 @@ def surplus_removals(
     preempting: Mapping[str, datetime],
     deadline_s: float,
     now: datetime,
-    reasons: list[Reason],
     ev: Evidence | None = None,
     *,
     wall_shift: timedelta = timedelta(0),
@@ -280,7 +321,8 @@ def surplus_removals(
        a deadline so Ray moves their work; they are deleted by a later plan (step 2).
 
     Slices being deleted already (terminating) are not counted; pods without a replica label
-    in a multi-host group cannot be told apart and are never chosen.
+    in a multi-host group cannot be told apart and are never chosen. The choice is tallied in
+    working notes private to this call; the result is frozen (its `reasons` say why).
     """
     group = slices.group
     at_most = len(slices.slices) - len(slices.by_state(SliceState.TERMINATING))
@@ -289,18 +331,15 @@ def surplus_removals(
     live = [
         s for s in slices.slices if s.state is not SliceState.TERMINATING and _identified(s, group)
     ]
-    out = Surplus(running=len(live))
+    out = _Tally(running=len(live))
     surplus = len(live) - group.max_replicas
     if surplus <= 0:
-        return out
+        return out.result()
     for sl in _surplus_order(live, preempting, now, ev):
         if out.leaving >= surplus:
             break
         _remove_one(sl, group.max_replicas, preempting, deadline_s, now, out, ev, wall_shift)
-    reasons.extend(x.reason for x in (*out.deletions, *out.preempt))
-    reasons.extend(out.still_draining)
-    reasons.extend(out.waiting)
-    return out
+    return out.result()
 
 
 def _remove_one(
@@ -309,7 +348,7 @@ def _remove_one(
     preempting: Mapping[str, datetime],
     deadline_s: float,
     now: datetime,
-    out: Surplus,
+    out: _Tally,
     ev: Evidence | None = None,
     wall_shift: timedelta = timedelta(0),
 ) -> None:
