@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -27,9 +27,51 @@ from kuberay_scaler.core.model.slices import SliceMap
 from kuberay_scaler.core.planner.availability import AvailabilityResult
 from kuberay_scaler.core.planner.capacity import Capacity
 from kuberay_scaler.core.planner.disruption import Disrupted
+from kuberay_scaler.core.planner.gang_deadline import GangDeadlines
 from kuberay_scaler.core.planner.group_decision import GroupOutcome
 from kuberay_scaler.core.planner.policy import Policy
+from kuberay_scaler.core.planner.queues import Queues
 from kuberay_scaler.core.planner.replace import live_backoff
+from kuberay_scaler.core.planner.rooms import Fitted
+
+
+@dataclass(frozen=True)
+class StageResults:
+    """The results of one frame's stages, for the plan and the memory it carries."""
+
+    judged: AvailabilityResult
+    gangs: GangDeadlines
+    capacity: Capacity
+    fitted: Fitted
+    queues: Queues
+    outcomes: Sequence[GroupOutcome]
+    disrupted: Sequence[Disrupted]
+
+
+def memory_after(
+    memory: Memory, stages: StageResults, slice_map: SliceMap, spec: ClusterSpec, tick: datetime
+) -> Memory:
+    """Memory after this plan: each stage's delta folded into last plan's."""
+    outcomes, disrupted = stages.outcomes, stages.disrupted
+    return replace(
+        memory,
+        backoff=backoff_after(memory, outcomes, tick),
+        preempting=preempting_after(memory, outcomes, disrupted, slice_map),
+        broken_busy_since=broken_busy_after(outcomes),
+        refused=MappingProxyType(live_refused(memory, slice_map, tick)),
+        availability=kept_availability(stages.judged, memory, spec),
+        scaled_up_at=MappingProxyType(
+            {x.decision.group: x.scaled_up_at for x in disrupted if x.scaled_up_at is not None}
+        ),
+        queued_unneeded_since=stages.queues.unneeded_since,
+        reservations=stages.queues.marks,
+        replaced_ahead=MappingProxyType(
+            {key: x.decision.group for x in disrupted for key in x.replaced_ahead}
+        ),
+        disrupted=MappingProxyType(
+            {key: x.decision.group for x in disrupted for key in x.disrupted}
+        ),
+    )
 
 
 def next_deadline_s(memory: Memory, policy: Policy, tick: datetime) -> float | None:

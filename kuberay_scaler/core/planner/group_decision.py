@@ -18,32 +18,28 @@ from kuberay_scaler.core.model.plan import (
 )
 from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.model.reasons import (
-    Keep,
-    KeepKind,
     Reason,
     RunsMaxReplicas,
     RunsMinReplicas,
-    ScaleDown,
 )
 from kuberay_scaler.core.model.slices import GroupSlices
-from kuberay_scaler.core.planner.cancel import Cancelled, cancellations
+from kuberay_scaler.core.planner.cancel import Cancelled
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.frame import At
 from kuberay_scaler.core.planner.gate import Evidence
+from kuberay_scaler.core.planner.group_cancels import Cancellations, group_cancellations
 from kuberay_scaler.core.planner.groups import GroupNotes
 from kuberay_scaler.core.planner.policy import Policy
-from kuberay_scaler.core.planner.queued import QueuedCancels
 from kuberay_scaler.core.planner.queues import GroupQueue
 from kuberay_scaler.core.planner.replace import BrokenBusy, Replaced, replacements
 from kuberay_scaler.core.planner.rooms import GroupFit, SliceRef
 from kuberay_scaler.core.planner.scale_down import (
     IdleDeletions,
-    Surplus,
     idle_deletions,
     idle_timeout,
     outdated_kept,
-    surplus_removals,
 )
+from kuberay_scaler.core.planner.surplus import Surplus, surplus_removals
 
 
 @dataclass(frozen=True)
@@ -69,19 +65,6 @@ class GroupOutcome:
     decision: GroupDecision
     surplus_preempting: Mapping[str, datetime] = field(default_factory=dict)
     replaced: Replaced = field(default_factory=Replaced)
-
-
-@dataclass(frozen=True)
-class Cancellations:
-    """The group's one cancellations result: what an unavailable group has coming, and its
-    queued slices no demand wants (within minReplicas); the target drops by `replicas`."""
-
-    unavailable: Cancelled = field(default_factory=Cancelled)
-    queued: QueuedCancels = field(default_factory=QueuedCancels)
-
-    @property
-    def replicas(self) -> int:
-        return self.unavailable.replicas + len(self.queued.deletions)
 
 
 @dataclass(frozen=True)
@@ -163,7 +146,7 @@ def _removals(
     """Cancelled, released for a gang, replaced, then idle: each stage sees the slices the
     ones before it left (`_without_slices`)."""
     at, policy = judging.at, judging.policy
-    cancels = _cancellations(g, fit, virtual, judging, queue)
+    cancels = group_cancellations(g, fit.added, virtual, judging.ev, queue)
     # A gang past its deadline hands its idle slices back (drained, like idle ones).
     released = frozenset(x.slice_key for x in g.released)
     replaced = replacements(
@@ -198,30 +181,14 @@ def _removals(
     )
 
 
-def _cancellations(
-    g: GroupNotes, fit: GroupFit, virtual: int, judging: Judging, queue: GroupQueue
-) -> Cancellations:
-    """An unavailable group's cancels, then the queued slices no demand wants, the latter
-    trimmed to what the group may still lose (`_within_min`)."""
-    unavailable = (
-        cancellations(g.slices, g.availability, judging.ev, virtual)
-        if g.availability is not None
-        else Cancelled()
-    )
-    # Replicas asked for but without pods are never cancelled: the operator may be rebuilding
-    # them right now (e.g. after a host pod was deleted). If demand is really gone they come
-    # up, turn idle and leave through the idle path, drained like any other slice.
-    group = g.slices.group
-    keep = group.effective_replicas + fit.added - group.min_replicas - unavailable.replicas
-    keep -= len(g.released)
-    return Cancellations(unavailable, _within_min(queue.cancels, keep, group.min_replicas))
-
-
 def _idle(
     g: GroupNotes, fit: GroupFit, judging: Judging, queue: GroupQueue, cancels: Cancellations
 ) -> IdleDeletions:
     """Idle slices past the timeout, while the group keeps its minReplicas after this plan's
     other cancels and releases; slices the reservation grace keeps count as needed."""
+    # Replicas asked for but without pods are never cancelled: the operator may be rebuilding
+    # them right now (e.g. after a host pod was deleted). If demand is really gone they come
+    # up, turn idle and leave through the idle path, drained like any other slice.
     group = g.slices.group
     keep = group.effective_replicas + fit.added - group.min_replicas - cancels.replicas
     keep -= len(g.released)
@@ -247,33 +214,17 @@ def _settled(
     said: tuple[Reason, ...],
     removals: Removals,
 ) -> GroupDecision:
-    """The group's target after its additions and removals, within what KubeRay runs."""
-    group = g.slices.group
-    deletions = removals.deletions
-    reasons = [*said, *outdated_kept(g.slices, list(deletions))]
-    # The target drops by the idle slices and by the group's cancellations (one route).
-    idle_deleted = sum(1 for d in deletions if d.kind is DeleteKind.IDLE)
-    below_min = not (group.suspend or g.hold_down) and group.replicas < group.min_replicas
-    if below_min:
-        # KubeRay runs minReplicas when replicas is lower: plan (and write) what runs.
-        reasons.append(RunsMinReplicas(group.replicas, group.min_replicas))
-    gone = idle_deleted + removals.cancels.replicas
-    scaled = fit.added or gone or below_min
-    target = group.effective_replicas + fit.added - gone if scaled else group.replicas
-    if not g.hold_down and group.min_replicas <= group.max_replicas < target:
-        # No more slices than maxReplicas run (else the surplus path above): the rest will
-        # never run, KubeRay clamps; write what runs (sidecar mode: KubeRay deleted them).
-        reasons.append(RunsMaxReplicas(target, group.max_replicas))
-        target = group.max_replicas
-    cancelled = removals.cancels.unavailable
+    """The group's decision once its additions and removals are known."""
+    group, deletions = g.slices.group, removals.deletions
+    target, bounds = _target(g, fit, removals)
     decision = replace(
         base,
         target=target,
         deletions=deletions,
         clear_workers_to_delete=g.clear_wtd and not deletions,
         held=g.hold_down,
-        reasons=tuple(reasons),
-        launching_hosts=_launching_hosts(g, virtual + fit.added, cancelled),
+        reasons=(*said, *outdated_kept(g.slices, list(deletions)), *bounds),
+        launching_hosts=_launching_hosts(g, virtual + fit.added, removals.cancels.unavailable),
         new_hosts=fit.added * group.num_of_hosts,
         preempt=removals.replaced.preempt,
     )
@@ -285,19 +236,25 @@ def _settled(
     return replace(decision, reasons=(*decision.reasons, *steady))
 
 
-def _within_min(cancels: QueuedCancels, keep: int, min_replicas: int) -> QueuedCancels:
-    """The queued cancels that fit what the group may still lose after this plan's other
-    cancels and releases (`keep`): each path alone stops at minReplicas, together too."""
-    if len(cancels.deletions) <= max(0, keep):
-        return cancels
-    kept = cancels.deletions[: max(0, keep)]
-    keys = {x.slice_key for x in kept}
-    reasons: list[Reason] = [
-        r for r in cancels.reasons if not isinstance(r, ScaleDown) or r.slice in keys
-    ]
-    spared = len(cancels.deletions) - len(kept)
-    reasons.append(Keep(KeepKind.MIN_REPLICAS, spared, min_replicas=min_replicas))
-    return replace(cancels, deletions=kept, reasons=tuple(reasons))
+def _target(g: GroupNotes, fit: GroupFit, removals: Removals) -> tuple[int, tuple[Reason, ...]]:
+    """The target after this plan's additions, lowered once by the idle slices and by the
+    group's cancellations, within what KubeRay runs; and the bound said, if one applied."""
+    group = g.slices.group
+    bounds: list[Reason] = []
+    idle_deleted = sum(1 for d in removals.deletions if d.kind is DeleteKind.IDLE)
+    below_min = not (group.suspend or g.hold_down) and group.replicas < group.min_replicas
+    if below_min:
+        # KubeRay runs minReplicas when replicas is lower: plan (and write) what runs.
+        bounds.append(RunsMinReplicas(group.replicas, group.min_replicas))
+    gone = idle_deleted + removals.cancels.replicas
+    scaled = fit.added or gone or below_min
+    target = group.effective_replicas + fit.added - gone if scaled else group.replicas
+    if not g.hold_down and group.min_replicas <= group.max_replicas < target:
+        # No more slices than maxReplicas run (else the surplus path above): the rest will
+        # never run, KubeRay clamps; write what runs (sidecar mode: KubeRay deleted them).
+        bounds.append(RunsMaxReplicas(target, group.max_replicas))
+        target = group.max_replicas
+    return target, tuple(bounds)
 
 
 def _launching_hosts(

@@ -22,15 +22,12 @@ from kuberay_scaler.core.model.slices import SliceMap
 from kuberay_scaler.core.planner.availability import AvailabilityResult
 from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
 from kuberay_scaler.core.planner.carried import (
-    backoff_after,
-    broken_busy_after,
+    StageResults,
     first,
-    kept_availability,
-    live_refused,
+    memory_after,
     merge_infeasible,
     next_deadline_s,
     next_probes,
-    preempting_after,
     settling,
     waits_on_existing,
 )
@@ -117,15 +114,8 @@ def _frame(
     )
     analysed = analyse_groups(slice_map, memory)
     problems += problems_of(ProblemKind.SLICE_MAP, slice_map.problems) + analysed.problems
-    why = (
-        Hold(HoldKind.CLUSTER_SUSPENDED)
-        if spec.suspended
-        else Hold(HoldKind.DEMAND_UNKNOWN)
-        if ray is None
-        else None
-    )
-    if why is not None or ray is None:
-        assert why is not None
+    if spec.suspended or ray is None:
+        why = Hold(HoldKind.CLUSTER_SUSPENDED if spec.suspended else HoldKind.DEMAND_UNKNOWN)
         return held_plan(spec, slice_map, memory, problems, why, analysed.groups, policy)
     frame = _Frame(snapshot, slice_map, ray, memory, policy, at, news)
     return frame.planned(analysed.groups, evidence, problems)
@@ -165,22 +155,10 @@ class _Frame:
         fitted = self.fitted(groups, capacity)
         ev = evidence or self.evidence()
         groups = with_reasons(groups, changes_by_group(judged))
-        queues = queue_stage(
-            self.slice_map,
-            groups,
-            fitted.groups,
-            fitted.needed,
-            self.snapshot.spec,
-            self.policy,
-            self.memory,
-            self.ray,
-            ev,
-            self.at.tick,
-            self.news.mono_s,
-        )
+        queues = self.queues(groups, fitted, ev)
         outcomes = self.decided(groups, fitted, capacity, ev, queues)
         disrupted = self.disrupted(groups, outcomes, fitted)
-        stages = _Stages(judged, gangs, capacity, fitted, queues, outcomes, disrupted)
+        stages = StageResults(judged, gangs, capacity, fitted, queues, outcomes, disrupted)
         result = self.assembled(stages, problems)
         shift = self.at.now - self.at.tick
         return finish_recorded_drains(
@@ -221,6 +199,23 @@ class _Frame:
             self.policy.timeouts.missing_node_grace_s,
             self.at.now,
             self.memory.preempting,
+        )
+
+    def queues(self, groups: Notes, fitted: Fitted, ev: Evidence) -> Queues:
+        """Reservation marks and grace, queued slices to cancel (queues.py)."""
+        spec, at = self.snapshot.spec, self.at
+        return queue_stage(
+            self.slice_map,
+            groups,
+            fitted.groups,
+            fitted.needed,
+            spec,
+            self.policy,
+            self.memory,
+            self.ray,
+            ev,
+            at.tick,
+            self.news.mono_s,
         )
 
     def decided(
@@ -274,7 +269,7 @@ class _Frame:
             for o in outcomes
         ]
 
-    def assembled(self, stages: _Stages, problems: tuple[PlanProblem, ...]) -> Plan:
+    def assembled(self, stages: StageResults, problems: tuple[PlanProblem, ...]) -> Plan:
         """The plan from the stage results, with the memory it carries and its timers."""
         spec, judged = self.snapshot.spec, stages.judged
         ordered = sorted((x.decision for x in stages.disrupted), key=lambda d: d.index)
@@ -287,7 +282,7 @@ class _Frame:
             infeasible=merge_infeasible(stages.fitted.infeasible),
             problems=(*problems, *waits_on_existing(stages.fitted.waiting_on_existing)),
             slice_map=self.slice_map,
-            memory=self.carried(stages),
+            memory=memory_after(self.memory, stages, self.slice_map, spec, self.at.tick),
             settle_s=settle_s,
             availability_changes=judged.changes,
             fallbacks=fallbacks(stages.fitted.groups),
@@ -297,39 +292,3 @@ class _Frame:
         )
         timers = (next_deadline_s(result.memory, self.policy, self.at.tick), judged.next_deadline_s)
         return replace(result, deadline_s=min((t for t in timers if t is not None), default=None))
-
-    def carried(self, stages: _Stages) -> Memory:
-        """Memory after this plan: each stage's delta folded into last plan's."""
-        memory, tick, disrupted = self.memory, self.at.tick, stages.disrupted
-        return replace(
-            memory,
-            backoff=backoff_after(memory, stages.outcomes, tick),
-            preempting=preempting_after(memory, stages.outcomes, disrupted, self.slice_map),
-            broken_busy_since=broken_busy_after(stages.outcomes),
-            refused=MappingProxyType(live_refused(memory, self.slice_map, tick)),
-            availability=kept_availability(stages.judged, memory, self.snapshot.spec),
-            scaled_up_at=MappingProxyType(
-                {x.decision.group: x.scaled_up_at for x in disrupted if x.scaled_up_at is not None}
-            ),
-            queued_unneeded_since=stages.queues.unneeded_since,
-            reservations=stages.queues.marks,
-            replaced_ahead=MappingProxyType(
-                {key: x.decision.group for x in disrupted for key in x.replaced_ahead}
-            ),
-            disrupted=MappingProxyType(
-                {key: x.decision.group for x in disrupted for key in x.disrupted}
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class _Stages:
-    """The results of one frame's stages, for the plan and the memory it carries."""
-
-    judged: AvailabilityResult
-    gangs: GangDeadlines
-    capacity: Capacity
-    fitted: Fitted
-    queues: Queues
-    outcomes: Sequence[GroupOutcome]
-    disrupted: Sequence[Disrupted]
