@@ -61,7 +61,7 @@ from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.parse.pod_cache import PodCache
 from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.report import report_from_plan
 from kuberay_scaler.runtime import heap
 

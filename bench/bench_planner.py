@@ -31,7 +31,7 @@ from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot
 from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.pipeline import Policy, plan
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -30,7 +30,7 @@ from kuberay_scaler.core.model.plan import Memory, Snapshot
 from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.pipeline import Policy, plan
 
 HOSTS_AT_SCALE_1 = 1950
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

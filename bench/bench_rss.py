@@ -55,7 +55,7 @@ def child(input_file: str) -> dict[str, Any]:
     from kuberay_scaler.core.parse.pod_cache import PodCache
     from kuberay_scaler.core.parse.pods import slim_pod
     from kuberay_scaler.core.parse.raycluster import parse_raycluster
-    from kuberay_scaler.core.planner.core import Policy
+    from kuberay_scaler.core.planner.policy import Policy
     from kuberay_scaler.loop.report import report_from_plan
 
     # The planner benchmark's 20-group cluster at ~N hosts, built by the parent (its build

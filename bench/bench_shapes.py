@@ -34,7 +34,7 @@ from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS
 from kuberay_scaler.core.model.plan import Memory, Snapshot
 from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.pipeline import Policy, plan
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 GiB = 2**30

@@ -19,7 +19,7 @@ from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 from kuberay_scaler.core.parse.events import capacity_events, worker_group_names
 from kuberay_scaler.core.parse.nodes import node_maintenance
 from kuberay_scaler.core.parse.pods import pod_items
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 
 
 class InputError(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kuberay_scaler.core import defaults as D
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.handsoff import OverrideBackoff
 from kuberay_scaler.loop.observe import ObserveConfig
 

@@ -23,7 +23,7 @@ from typing import Any
 from kuberay_scaler.core.decision import Decision, decide
 from kuberay_scaler.core.model.plan import Memory, Plan, tick_of
 from kuberay_scaler.core.model.ray import RayObservation
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.execute import Executed, WriteBackoff, execute
 from kuberay_scaler.loop.health import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kuberay_scaler.core.model.cluster import parse_budget
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.core.slicemap import SliceTimeouts
 from kuberay_scaler.runtime.settings import Settings
 

@@ -23,7 +23,7 @@ from kuberay_scaler.core.model.plan import Memory, Snapshot
 from kuberay_scaler.core.model.ray import GangStrategy, RayNode, epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner import core
+from kuberay_scaler.core.planner import groups as planner_groups
 from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.gang_deadline import GangDeadlines
 from tests.factories import (
@@ -179,7 +179,7 @@ def test_the_gang_deadline_hands_back_idle_chips_and_the_gang_arrives_whole(
 ) -> None:
     with_deadline = simulate()
     with monkeypatch.context() as m:  # the planner before the gang deadline
-        m.setattr(core, "gang_deadlines", lambda *a, **k: GangDeadlines())
+        m.setattr(planner_groups, "gang_deadlines", lambda *a, **k: GangDeadlines())
         without = simulate()
     print(  # the numbers the issue asks for (shown with -s)
         f"\nwithout the gang deadline: idle chip-minutes past the deadline"
@@ -200,7 +200,7 @@ def test_with_no_other_group_the_gang_is_handed_back_and_waits(
 ) -> None:
     with_deadline = simulate(b_max=0)
     with monkeypatch.context() as m:
-        m.setattr(core, "gang_deadlines", lambda *a, **k: GangDeadlines())
+        m.setattr(planner_groups, "gang_deadlines", lambda *a, **k: GangDeadlines())
         without = simulate(b_max=0)
     print(
         f"\nno other group, an hour: idle chip-minutes past the deadline without"

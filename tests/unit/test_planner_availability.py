@@ -582,7 +582,7 @@ def test_an_unavailable_group_with_a_write_in_flight_never_holds_demand() -> Non
 
 
 def test_a_group_whose_planning_raises_keeps_its_backoff(monkeypatch: Any) -> None:
-    from kuberay_scaler.core.planner import core
+    from kuberay_scaler.core.planner import groups as planner_groups
     from kuberay_scaler.core.planner.shapes import slice_shape as real
 
     marked = _marked()
@@ -592,6 +592,6 @@ def test_a_group_whose_planning_raises_keeps_its_backoff(monkeypatch: Any) -> No
             raise ZeroDivisionError("a bug only this group's numbers reach")
         return real(g)
 
-    monkeypatch.setattr(core, "slice_shape", fragile)
+    monkeypatch.setattr(planner_groups, "slice_shape", fragile)
     result = _plan(_groups(0, 1), [], _demand(), marked.memory, at=10)
     assert result.memory.availability["v6e"] == marked.memory.availability["v6e"]

@@ -12,7 +12,8 @@ import pytest
 from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS
 from kuberay_scaler.core.model.ray import Bundle, GangStrategy
 from kuberay_scaler.core.model.reasons import HoldKind, ProblemKind, Waiting
-from kuberay_scaler.core.planner import bins, core, pool, scale_up
+from kuberay_scaler.core.planner import bins, pool, scale_up
+from kuberay_scaler.core.planner import groups as planner_groups
 from tests.factories import (
     bundle,
     cluster,
@@ -58,14 +59,14 @@ def test_multi_host_groups_are_bounded_in_hosts_not_replicas() -> None:
 def test_a_group_whose_planning_raises_is_skipped_and_the_others_are_planned(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = core.slice_shape
+    real = planner_groups.slice_shape
 
     def fragile(g: object) -> object:
         if getattr(g, "name", "") == "cursed":
             raise ZeroDivisionError("a bug that only this group's numbers reach")
         return real(g)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(core, "slice_shape", fragile)
+    monkeypatch.setattr(planner_groups, "slice_shape", fragile)
     rc = cluster(group("good", max_replicas=5), group("cursed", max_replicas=5))
     ray = state([head_node()], tasks=[tasks({"CPU": 8}, 2)])
 

@@ -32,7 +32,7 @@ from kuberay_scaler.core.model.ray import (
 from kuberay_scaler.core.model.reasons import HoldKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.patch.ops import build_patch
-from kuberay_scaler.core.planner import core
+from kuberay_scaler.core.planner import pipeline
 from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.pool import Pool
@@ -516,14 +516,14 @@ def test_shortcuts_decide_what_the_full_paths_decide(sc: Scenario, data: st.Data
     if data.draw(st.booleans()):
         sc.tasks, sc.gangs, sc.constraint = [], [], []
     fast = sc.plan()
-    real_capacity = core.build_capacity  # type: ignore[attr-defined]
+    real_capacity = pipeline.build_capacity  # type: ignore[attr-defined]
 
     def with_bins(*args: Any, **kwargs: Any) -> Any:
         return real_capacity(*args, **{**kwargs, "bins": True})
 
     with (
         mock.patch.object(slicemap, "_whole", lambda *_: False),
-        mock.patch.object(core, "build_capacity", with_bins),
+        mock.patch.object(pipeline, "build_capacity", with_bins),
     ):
         full = sc.plan()
     assert fast.groups == full.groups

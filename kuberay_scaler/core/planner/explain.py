@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from kuberay_scaler.core.model.reasons import Unchanged, UnchangedKind
 from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceState
@@ -20,7 +20,7 @@ _STATE_KINDS = {
 
 def why_unchanged(
     slices: GroupSlices,
-    needed: set[SliceRef],
+    needed: Set[SliceRef],
     timeout_s: float,
     now_ms: int,
     leaving: Sequence[str] = (),
@@ -44,7 +44,7 @@ def why_unchanged(
 
 
 def _kind(
-    sl: Slice, group: str, needed: set[SliceRef], timeout_s: float, now_ms: int
+    sl: Slice, group: str, needed: Set[SliceRef], timeout_s: float, now_ms: int
 ) -> UnchangedKind:
     if sl.state not in (SliceState.COMPLETE, SliceState.OUTDATED):  # outdated ones serve
         return _STATE_KINDS[sl.state]

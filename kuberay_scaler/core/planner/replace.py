@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from types import MappingProxyType
 
 from kuberay_scaler.core.backoff import exponential_delay
 from kuberay_scaler.core.model.plan import DeleteKind, ReplaceBackoff, SliceDeletion
@@ -19,7 +20,7 @@ def backing_off(backoff: Mapping[str, ReplaceBackoff], group: str, now: datetime
     return current is not None and current.until > now
 
 
-@dataclass
+@dataclass(frozen=True)
 class BrokenBusy:
     """Broken slices kept because a host is busy: bounded ("broken but busy").
 
@@ -34,25 +35,74 @@ class BrokenBusy:
     deadline_s: float
     since: Mapping[str, datetime] = field(default_factory=dict)  # from the last plan
     preempting: Mapping[str, datetime] = field(default_factory=dict)  # deadlines known
-    since_out: dict[str, datetime] = field(default_factory=dict)
-    preempting_out: dict[str, datetime] = field(default_factory=dict)
-    preempt: list[SliceDeletion] = field(default_factory=list)  # drain now, replace later
     # Broken slices a gang waits on (planner/stuck_gangs.py): slice key → why; not kept busy.
     stuck: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Replaced:
+    """One group's replacement stage: what it deletes and drains, why, and its memory delta."""
+
+    deletions: tuple[SliceDeletion, ...] = ()
+    reasons: tuple[Reason, ...] = ()
+    preempt: tuple[SliceDeletion, ...] = ()  # drain now, replace later
+    # Memory delta: broken-busy slices kept (slice key → since), their preemption deadlines,
+    # and the group's new replace backoff (None: unchanged).
+    broken_busy_since: Mapping[str, datetime] = field(default_factory=dict)
+    preempting: Mapping[str, datetime] = field(default_factory=dict)
+    backoff: ReplaceBackoff | None = None
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """One broken slice kept busy this plan: why, and what that adds to memory."""
+
+    key: str
+    reason: Keep
+    since: datetime | None = None  # first kept (broken-busy bound running)
+    deadline: datetime | None = None  # drained for preemption until
+    preempt: SliceDeletion | None = None  # drain now, replace later
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """The group's broken slices judged: those to replace, those kept (in slice order)."""
+
+    broken: tuple[Slice, ...]
+    kept: tuple[_Kept, ...]
+    reasons: tuple[Reason, ...]
+
+    def result(
+        self,
+        deletions: tuple[SliceDeletion, ...] = (),
+        reasons: tuple[Reason, ...] = (),
+        backoff: ReplaceBackoff | None = None,
+    ) -> Replaced:
+        return Replaced(
+            deletions=deletions,
+            reasons=(*self.reasons, *reasons),
+            preempt=tuple(k.preempt for k in self.kept if k.preempt is not None),
+            broken_busy_since=MappingProxyType(
+                {k.key: k.since for k in self.kept if k.since is not None}
+            ),
+            preempting=MappingProxyType(
+                {k.key: k.deadline for k in self.kept if k.deadline is not None}
+            ),
+            backoff=backoff,
+        )
+
+
 def replacements(
     slices: GroupSlices,
-    backoff: dict[str, ReplaceBackoff],
+    backoff: Mapping[str, ReplaceBackoff],
     initial_s: float,
     cap_s: float,
     now: datetime,
-    reasons: list[Reason],
     busy: BrokenBusy | None = None,
     ev: Evidence | None = None,
     *,
     wall_shift: timedelta = timedelta(0),
-) -> list[SliceDeletion]:
+) -> Replaced:
     """Delete every broken slice of the group unless it replaced some too recently.
 
     `now` is the monotonic clock (`tick_of`): the backoff, the broken-busy bound and the
@@ -60,6 +110,7 @@ def replacements(
 
     Each replacement round doubles the group's next wait (`initial_s`, capped at `cap_s`), so a
     slice that breaks again and again (a bad node pool, a crashing image) is not churned.
+    `backoff` is read, never written: the group's new entry is `Replaced.backoff`.
 
     The first promise holds here too (docs/reliability.md, "Broken slices"): a broken slice any
     of whose hosts' Ray nodes is alive and not idle in this (fresh) GCS reply is kept
@@ -69,35 +120,49 @@ def replacements(
     replaced slice's hosts whose Ray nodes are alive (hence idle) keep their `node_ids` and are
     drained before the patch (decision.py); hosts without a Ray node need no drain.
     """
-    busy = busy or BrokenBusy(max_s=float("inf"), deadline_s=0.0)
-    broken = []
-    for sl in slices.by_state(SliceState.BROKEN):
-        deadline = busy.preempting.get(sl.key)
-        if deadline is not None and deadline <= now:
-            broken.append(replace(sl, nodes={}))  # drained for preemption, time up: no drain
-        elif not _kept_busy(sl, busy, deadline, now, reasons, wall_shift) and not _absent(
-            sl, ev, reasons
-        ):
-            broken.append(sl)
-    if not broken:
-        return []
+    judged = _judge_broken(
+        slices, busy or BrokenBusy(max_s=float("inf"), deadline_s=0.0), now, ev, wall_shift
+    )
+    if not judged.broken:
+        return judged.result()
     name = slices.group.name
     current = backoff.get(name)
     if current is not None and backing_off(backoff, name, now):
         detail = f"replaced {current.replaced} broken slice(s)"
-        reasons.append(Keep(KeepKind.REPLACE_BACKING_OFF, len(broken), detail=detail))
-        return []
+        return judged.result(
+            reasons=(Keep(KeepKind.REPLACE_BACKING_OFF, len(judged.broken), detail=detail),)
+        )
     failures = (current.failures if current else 0) + 1
     delay = exponential_delay(failures - 1, initial_s, cap_s)
-    backoff[name] = ReplaceBackoff(
-        until=now + timedelta(seconds=delay), failures=failures, replaced=len(broken)
+    new = ReplaceBackoff(
+        until=now + timedelta(seconds=delay), failures=failures, replaced=len(judged.broken)
     )
-    out = []
-    for sl in broken:
-        why = Replace(sl.key, sl.fault, sl.reason)
-        reasons.append(why)
-        out.append(deletion(sl, DeleteKind.REPLACE, why))
-    return out
+    whys = tuple(Replace(sl.key, sl.fault, sl.reason) for sl in judged.broken)
+    gone = tuple(
+        deletion(sl, DeleteKind.REPLACE, why) for sl, why in zip(judged.broken, whys, strict=True)
+    )
+    return judged.result(gone, whys, new)
+
+
+def _judge_broken(
+    slices: GroupSlices, busy: BrokenBusy, now: datetime, ev: Evidence | None, wall_shift: timedelta
+) -> _Judged:
+    """Each broken slice: replaced, kept busy, or kept while a Ray node is absent."""
+    broken: list[Slice] = []
+    kept: list[_Kept] = []
+    reasons: list[Reason] = []
+    for sl in slices.by_state(SliceState.BROKEN):
+        deadline = busy.preempting.get(sl.key)
+        if deadline is not None and deadline <= now:
+            broken.append(replace(sl, nodes={}))  # drained for preemption, time up: no drain
+        elif (held := _kept_busy(sl, busy, deadline, now, wall_shift)) is not None:
+            kept.append(held)
+            reasons.append(held.reason)
+        elif (absent := _absent(sl, ev)) is not None:
+            reasons.append(absent)
+        else:
+            broken.append(sl)
+    return _Judged(tuple(broken), tuple(kept), tuple(reasons))
 
 
 def _kept_busy(
@@ -105,29 +170,27 @@ def _kept_busy(
     busy: BrokenBusy,
     deadline: datetime | None,
     now: datetime,
-    reasons: list[Reason],
     wall_shift: timedelta = timedelta(0),
-) -> bool:
+) -> _Kept | None:
     working = sl.working_hosts
     if not working:
-        return False
+        return None
     share = f"{len(working)} of {len(sl.hosts)} hosts not idle in Ray; {sl.reason}"
     if deadline is not None:  # drained for preemption already: wait for its deadline
-        busy.preempting_out[sl.key] = deadline
         until = (deadline + wall_shift).isoformat()
         detail = f"{share}; drained for preemption until {until}, then replaced"
-        reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail))
-        return True
+        return _Kept(
+            sl.key, Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail), deadline=deadline
+        )
     since = busy.since.get(sl.key, now)
     held_s = (now - since).total_seconds()
     stuck = busy.stuck.get(sl.key)
     if held_s < busy.max_s and stuck is None:
-        busy.since_out[sl.key] = since
         detail = f"{share}; kept {held_s:.0f} s of at most {busy.max_s:.0f} s"
-        reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail))
-        return True
+        return _Kept(
+            sl.key, Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=detail), since=since
+        )
     deadline = now + timedelta(seconds=busy.deadline_s)
-    busy.preempting_out[sl.key] = deadline
     kept_why = (
         stuck or f"busy for {held_s:.0f} s, the most a broken slice is kept ({busy.max_s:.0f} s)"
     )
@@ -135,22 +198,22 @@ def _kept_busy(
         f"{sl.reason}; {kept_why}: live hosts drained for preemption until"
         f" {(deadline + wall_shift).isoformat()}, then replaced whole"
     )
-    busy.preempt.append(deletion(sl, DeleteKind.PREEMPT, Replace(sl.key, sl.fault, cause)))
-    reasons.append(Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=cause))
-    return True
+    preempt = deletion(sl, DeleteKind.PREEMPT, Replace(sl.key, sl.fault, cause))
+    keep = Keep(KeepKind.BROKEN_BUT_BUSY, slice=sl.key, detail=cause)
+    return _Kept(sl.key, keep, deadline=deadline, preempt=preempt)
 
 
-def _absent(sl: Slice, ev: Evidence | None, reasons: list[Reason]) -> bool:
+def _absent(sl: Slice, ev: Evidence | None) -> Keep | None:
     """A host has no live Ray node yet needs one judged (`gone_from_ray` says no): keep."""
     if ev is None:
-        return False
+        return None
     waiting = [
         h.pod_name for h in sl.hosts if h.pod_name not in sl.nodes and not gone_from_ray(h, ev)
     ]
-    if waiting:
-        detail = f"{', '.join(waiting)}: Ray node absent, not yet for the whole grace"
-        reasons.append(Keep(KeepKind.ABSENT_FROM_RAY, slice=sl.key, detail=detail))
-    return bool(waiting)
+    if not waiting:
+        return None
+    detail = f"{', '.join(waiting)}: Ray node absent, not yet for the whole grace"
+    return Keep(KeepKind.ABSENT_FROM_RAY, slice=sl.key, detail=detail)
 
 
 def live_backoff(backoff: Mapping[str, ReplaceBackoff], now: datetime) -> dict[str, ReplaceBackoff]:
