@@ -25,8 +25,10 @@ from kuberay_scaler.adapters.ray_gcs.cadence import (
 )
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
 from kuberay_scaler.core.model.ray import RayObservation
+from tests.factories import one_node_reply
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
+RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
 QUIET = {"demand_pending": False, "last_change": 0.0, "now": 100.0}
 PENDING = {"demand_pending": True, "last_change": 0.0, "now": 100.0}
 MOVED = {"demand_pending": False, "last_change": 98.0, "now": 100.0}
@@ -106,15 +108,6 @@ class _Cpu:
         return self.now
 
 
-def _reply(version: int) -> Any:
-    reply = autoscaler_pb2.GetClusterResourceStateReply()
-    state = reply.cluster_resource_state
-    state.cluster_resource_state_version = version
-    node = state.node_states.add(node_id=b"n1", instance_id="pod-1", status=IDLE)
-    node.idle_duration_ms = 1000 * version
-    return reply
-
-
 class _BytesSource:
     """Like `GcsClient`: the reply as bytes. While a call is in flight, another task runs (the
     test's `busy`), as the event loop runs a reconcile or pod events during a real RPC."""
@@ -143,7 +136,7 @@ def test_cpu_other_coroutines_burn_during_the_call_is_not_charged_to_the_poll() 
 
     async def run() -> list[float]:
         busy, done = asyncio.Event(), asyncio.Event()
-        replies = [_reply(v).SerializeToString() for v in range(1, 8)]
+        replies = [one_node_reply(v, idle_ms=1000 * v).SerializeToString() for v in range(1, 8)]
         poller = GcsPoller(
             _BytesSource(replies, busy, done),
             interval_s=5.0,
@@ -187,7 +180,7 @@ def test_the_charge_is_the_median_of_the_last_polls_so_one_full_parse_does_not_s
 
         async def get_cluster_resource_state(self) -> Any:
             self.version += 1
-            return _reply(self.version)
+            return one_node_reply(self.version, idle_ms=1000 * self.version)
 
     async def run() -> list[float]:
         poller = GcsPoller(Source(), interval_s=5.0, cpu_clock=cpu, on_observation=own_work)
@@ -206,7 +199,11 @@ def test_a_reply_that_does_not_decode_is_unusable_and_no_new_epoch() -> None:
         cluster_id = "A"
 
         def __init__(self) -> None:
-            self.replies = [_reply(1).SerializeToString(), b"\xff\xff\xff", _reply(2)]
+            self.replies = [
+                one_node_reply(1, idle_ms=1000).SerializeToString(),
+                b"\xff\xff\xff",
+                one_node_reply(2, idle_ms=2000),
+            ]
 
         async def get_cluster_resource_state(self) -> Any:
             raise AssertionError("the poller should read bytes")
@@ -223,15 +220,6 @@ def test_a_reply_that_does_not_decode_is_unusable_and_no_new_epoch() -> None:
     assert not garbage.known and garbage.unusable
     assert garbage.error is not None and "cannot decode" in garbage.error
     assert (first.epoch, garbage.epoch, after.epoch) == (0, 0, 0)
-
-
-def _flip_reply(version: int, status: str) -> Any:
-    reply = autoscaler_pb2.GetClusterResourceStateReply()
-    state = reply.cluster_resource_state
-    state.cluster_resource_state_version = version
-    node = state.node_states.add(node_id=b"n1", instance_id="pod-1")
-    node.status = autoscaler_pb2.NodeStatus.Value(status)
-    return reply
 
 
 def _polled_intervals(replies: list[Any]) -> list[float]:
@@ -261,9 +249,9 @@ def _polled_intervals(replies: list[Any]) -> list[float]:
     [
         # Two answers that contradict each other, one poll the one, the next the other (two GCS
         # behind one address, or a flapping one): the same two states, again and again.
-        [_flip_reply(v, "RUNNING" if v % 2 else "IDLE") for v in range(1, 61)],
+        [one_node_reply(v, status=RUNNING if v % 2 else IDLE) for v in range(1, 61)],
         # A version that goes back every other poll (each looks like a GCS restart).
-        [_flip_reply(10 - v % 2, "RUNNING") for v in range(60)],
+        [one_node_reply(10 - v % 2, status=RUNNING) for v in range(60)],
     ],
     ids=["content", "version"],
 )
@@ -274,7 +262,10 @@ def test_contradictory_replies_do_not_speed_the_polls_up(replies: list[Any]) -> 
 
 
 def test_a_state_that_keeps_moving_to_new_contents_is_still_polled_fast() -> None:
-    replies = [_reply(1), *(_flip_reply(v, "RUNNING") for v in range(2, 5))]
+    replies = [
+        one_node_reply(1, idle_ms=1000),
+        *(one_node_reply(v, status=RUNNING) for v in range(2, 5)),
+    ]
     for v, reply in enumerate(replies):
         reply.cluster_resource_state.node_states[0].instance_id = f"pod-{v}"
     assert _polled_intervals(replies)[-1] == BUSY_FLOOR_S

@@ -13,6 +13,7 @@ from kuberay_scaler.adapters.ray_gcs.client import MAX_RECONNECT_BACKOFF_S, GcsC
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError, GcsUnavailable
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
 from kuberay_scaler.runtime.metrics import REGISTRY
+from tests.factories import gcs_reply
 
 
 def closed_port() -> int:
@@ -76,7 +77,7 @@ async def test_poller_logs_the_state_change_once_and_sets_the_metric() -> None:
     assert len(unknown) == 1, logs
     assert connected_metric() == 0.0
 
-    source.reply = _reply()
+    source.reply = gcs_reply(1)
     with capture_logs() as logs:
         for _ in range(3):
             await poller.poll_once()
@@ -103,14 +104,6 @@ async def test_a_different_kind_of_failure_is_a_state_change_worth_a_line() -> N
         for _ in range(5):
             await poller.poll_once()
     assert [e["event"] for e in logs].count("gcs_state_unknown") == 2
-
-
-def _reply() -> Any:
-    from ray.core.generated import autoscaler_pb2
-
-    reply = autoscaler_pb2.GetClusterResourceStateReply()
-    reply.cluster_resource_state.cluster_resource_state_version = 1
-    return reply
 
 
 async def test_tls_files_gone_after_start_fail_the_connect_not_the_daemon(tmp_path: Path) -> None:

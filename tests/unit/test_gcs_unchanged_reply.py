@@ -32,7 +32,7 @@ from kuberay_scaler.adapters.ray_gcs.unchanged import (
     with_nodes_of,
     zeroed,
 )
-from tests.factories import NOW_MS
+from tests.factories import NOW_MS, gcs_node, gcs_reply, gcs_request
 
 IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
 RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
@@ -41,41 +41,43 @@ MOVING = {"cluster_resource_state_version", "last_seen_autoscaler_state_version"
 MOVING_PER_NODE = {"idle_duration_ms", "node_state_version"}
 
 
-def _node(state: Any, i: int, *, idle_ms: int = 0, status: int = RUNNING) -> Any:
-    node = state.node_states.add()
-    node.node_id = bytes([i]) * 28
-    node.instance_id = f"pod-{i}"
-    node.ray_node_type_name = "tpu-group"
-    node.status = status
-    node.idle_duration_ms = idle_ms
-    node.node_ip_address = f"10.0.0.{i}"
-    node.total_resources.update({"CPU": 8.0, "TPU": 4.0})
-    node.available_resources.update({"CPU": 8.0 if status == IDLE else 2.0, "TPU": 4.0})
-    node.labels.update({"ray.io/tpu-worker-id": str(i % 4)})
-    node.dynamic_labels.update({"zone": "a"})
-    node.node_state_version = 3
-    node.instance_type_name = "ct6e"
-    node.node_activity.append("busy" if status == RUNNING else "")
-    return node
+def _node(i: int, *, idle_ms: int = 0, status: int = RUNNING) -> Any:
+    return gcs_node(
+        bytes([i]) * 28,
+        f"pod-{i}",
+        status=status,
+        idle_ms=idle_ms,
+        ray_node_type_name="tpu-group",
+        node_ip_address=f"10.0.0.{i}",
+        total_resources={"CPU": 8.0, "TPU": 4.0},
+        available_resources={"CPU": 8.0 if status == IDLE else 2.0, "TPU": 4.0},
+        labels={"ray.io/tpu-worker-id": str(i % 4)},
+        dynamic_labels={"zone": "a"},
+        node_state_version=3,
+        instance_type_name="ct6e",
+        node_activity=["busy" if status == RUNNING else ""],
+    )
 
 
-def _reply(idle: list[int]) -> Any:
-    reply = autoscaler_pb2.GetClusterResourceStateReply()
-    state = reply.cluster_resource_state
-    state.cluster_resource_state_version = 7
-    state.last_seen_autoscaler_state_version = 2
-    state.cluster_session_name = "session"
-    for i, ms in enumerate(idle):
-        _node(state, i, idle_ms=ms, status=IDLE if ms else RUNNING)
-    task = state.pending_resource_requests.add()
-    task.request.resources_bundle.update({"CPU": 1.0})
-    task.count = 3
-    gang = state.pending_gang_resource_requests.add()
-    gang.details = "pg1:PACK|PENDING"
-    gang.requests.add().resources_bundle.update({"TPU": 4.0})
-    constraint = state.cluster_resource_constraints.add()
-    constraint.resource_requests.add(count=2).request.resources_bundle.update({"CPU": 4.0})
-    return reply
+def _full_reply(idle: list[int]) -> Any:
+    """A reply with every part the parse reads: a node per `idle` entry (0: busy), tasks, a gang
+    and a constraint."""
+    gang = autoscaler_pb2.GangResourceRequest(
+        details="pg1:PACK|PENDING",
+        requests=[autoscaler_pb2.ResourceRequest(resources_bundle={"TPU": 4.0})],
+    )
+    constraint = autoscaler_pb2.ClusterResourceConstraint(
+        resource_requests=[gcs_request({"CPU": 4.0}, 2)]
+    )
+    return gcs_reply(
+        7,
+        nodes=[_node(i, idle_ms=ms, status=IDLE if ms else RUNNING) for i, ms in enumerate(idle)],
+        demand=[gcs_request({"CPU": 1.0}, 3)],
+        pending_gang_resource_requests=[gang],
+        cluster_resource_constraints=[constraint],
+        last_seen_autoscaler_state_version=2,
+        cluster_session_name="session",
+    )
 
 
 def _copy(reply: Any) -> Any:
@@ -116,7 +118,7 @@ def _same(a: Any, b: Any) -> bool:
 def test_a_tick_keeps_the_body_and_the_reused_parse_equals_a_full_one(
     idle: list[int], ms: int
 ) -> None:
-    before = _reply(idle)
+    before = _full_reply(idle)
     after = _tick(before, ms)
     assert _same(before, after)
     found = _zeroed(after)
@@ -141,7 +143,7 @@ def test_an_idle_since_within_the_read_window_is_kept_and_a_restarted_clock_is_n
     """The GCS measured each duration somewhere between request and reply: an earlier idle-since
     inside that window is the same clock (its object kept, by the poller's both paths); a clock
     that restarted after the last read (the host ran work in between) moves later."""
-    before = _reply(idle)
+    before = _full_reply(idle)
     first = parse_ray_state(before, read_at_ms=NOW_MS)
     elapsed = 10_000  # the next read was asked for 10 s later and answered `rtt` ms after that
     read = ReadWindow(NOW_MS + elapsed, NOW_MS + elapsed + rtt)
@@ -168,7 +170,7 @@ def test_an_idle_since_within_the_read_window_is_kept_and_a_restarted_clock_is_n
 
 
 def test_zeroed_sets_exactly_the_moving_fields_to_zero_and_keeps_the_idle_clocks() -> None:
-    reply = _reply([0, 5000, 0, 9000])
+    reply = _full_reply([0, 5000, 0, 9000])
     expected = _copy(reply)
     expected.cluster_resource_state.cluster_resource_state_version = 0
     expected.cluster_resource_state.last_seen_autoscaler_state_version = 0
@@ -185,7 +187,7 @@ def test_zeroed_sets_exactly_the_moving_fields_to_zero_and_keeps_the_idle_clocks
 
 def test_map_entries_in_another_order_are_the_same_reply() -> None:
     """A real GCS writes map entries in a new order on every call (tests/ray)."""
-    reply = _reply([0, 5000])
+    reply = _full_reply([0, 5000])
     shuffled = _tick(reply, 1000)
     for node in shuffled.cluster_resource_state.node_states:
         for field in ("available_resources", "total_resources", "labels"):
@@ -259,7 +261,7 @@ def _is_moving(path: str) -> bool:
 
 
 def test_every_field_but_versions_and_idle_clocks_makes_the_replies_differ() -> None:
-    reply = _reply([0, 5000])
+    reply = _full_reply([0, 5000])
     base = _copy(reply)
     seen_moving, seen_other = set(), 0
     for path in _mutations(reply, "reply"):
@@ -297,7 +299,7 @@ class _BytesReplies(_Replies):
 def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse_would(
     source: type[_Replies],
 ) -> None:
-    first = _reply([0, 60_000, 0, 590_000])
+    first = _full_reply([0, 60_000, 0, 590_000])
     ticks = [first]
     for _ in range(3):
         ticks.append(_tick(ticks[-1], 5_000))  # node 3's clock crosses 10 min on the last one
@@ -327,7 +329,7 @@ def test_poller_parses_only_replies_that_changed_and_publishes_what_a_full_parse
 
 
 def test_with_idle_clocks_refuses_clocks_of_another_reply() -> None:
-    state = parse_ray_state(_reply([0, 1000]), read_at_ms=NOW_MS)
+    state = parse_ray_state(_full_reply([0, 1000]), read_at_ms=NOW_MS)
     with pytest.raises(ValueError, match="3 idle clocks for 2 nodes"):
         with_idle_clocks(state, (0, 1, 2), ReadWindow.at(NOW_MS))
 
@@ -344,7 +346,7 @@ class _Wall:
 
 @pytest.mark.parametrize("source", [_Replies, _BytesReplies])
 def test_after_a_real_change_unchanged_nodes_keep_their_objects(source: type[_Replies]) -> None:
-    first = _reply([0, 60_000, 0])
+    first = _full_reply([0, 60_000, 0])
     changed = _tick(first, 1000)
     changed.cluster_resource_state.node_states[0].available_resources["CPU"] = 7.0
     wall = _Wall()
@@ -389,7 +391,7 @@ def test_reparsing_what_changed_equals_a_full_parse(
     """Whatever changed between two replies (nodes added, gone, reordered, changed; demand),
     re-reading only the changed parts gives what a full parse gives (with unchanged nodes'
     objects kept), and a node whose bytes did not change is the very object of the last parse."""
-    before = _reply(idle)
+    before = _full_reply(idle)
     previous = parse_ray_state(before, read_at_ms=NOW_MS)
     old = _zeroed(before)
     after = _tick(before, 1000)
@@ -401,7 +403,7 @@ def test_reparsing_what_changed_equals_a_full_parse(
         elif change == "node_resources" and len(nodes):
             nodes[k].available_resources["CPU"] = 1.0 + i
         elif change == "node_added":
-            _node(after.cluster_resource_state, 100 + i, idle_ms=5000 + i, status=IDLE)
+            nodes.extend([_node(100 + i, idle_ms=5000 + i, status=IDLE)])
         elif change == "node_gone" and len(nodes):
             del nodes[k]
         elif change == "node_moved" and len(nodes) > 1:

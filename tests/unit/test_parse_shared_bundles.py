@@ -3,14 +3,15 @@ those of parsing every entry on its own."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs import state as ray_state
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.ray import TaskDemand
-from tests.factories import NOW_MS
+from tests.factories import NOW_MS, gcs_reply, gcs_request
 
 _resources = st.dictionaries(
     st.sampled_from(["CPU", "GPU", "TPU", "memory", "CPU_group_x", "custom"]),
@@ -23,18 +24,17 @@ _selector = st.dictionaries(
 _entry = st.tuples(_resources, _selector, st.integers(0, 5), st.booleans())
 
 
-def _reply(entries: list[tuple[dict[str, float], dict[str, str], int, bool]]) -> object:
-    reply = autoscaler_pb2.GetClusterResourceStateReply()
-    state = reply.cluster_resource_state
-    for resources, selector, count, negated in entries:
-        entry = state.pending_resource_requests.add(count=count)
-        entry.request.resources_bundle.update(resources)
-        if selector:
-            constraints = entry.request.label_selectors.add()
-            for key, value in selector.items():
-                c = constraints.label_constraints.add(label_key=key, label_values=[value])
-                c.operator = 2 if negated else 1
-    return reply
+def _request(
+    resources: dict[str, float], selector: dict[str, str], count: int, negated: bool
+) -> Any:
+    """`count` tasks of `resources`, with `selector` as one label selector (`negated`: not in)."""
+    entry = gcs_request(resources, count)
+    if selector:
+        constraints = entry.request.label_selectors.add()
+        for key, value in selector.items():
+            c = constraints.label_constraints.add(label_key=key, label_values=[value])
+            c.operator = 2 if negated else 1
+    return entry
 
 
 @given(st.lists(st.sampled_from([0, 1, 2]), max_size=30), st.lists(_entry, min_size=3, max_size=3))
@@ -42,8 +42,10 @@ def _reply(entries: list[tuple[dict[str, float], dict[str, str], int, bool]]) ->
 def test_shared_bundles_equal_bundles_parsed_one_by_one(
     picks: list[int], shapes: list[tuple[dict[str, float], dict[str, str], int, bool]]
 ) -> None:
-    reply = _reply([shapes[i] for i in picks])  # entries repeat shapes, as per raylet
-    state = reply.cluster_resource_state  # type: ignore[attr-defined]
+    reply = gcs_reply(
+        0, demand=[_request(*shapes[i]) for i in picks]
+    )  # shapes repeat, as per raylet
+    state = reply.cluster_resource_state
     one_by_one = tuple(
         TaskDemand(ray_state._bundle(r.request), int(r.count))
         for r in state.pending_resource_requests
