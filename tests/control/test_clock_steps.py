@@ -16,8 +16,8 @@ from typing import Any
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.planner.core import Policy
-from tests.control.fakes import Loop, make_loop
-from tests.control.test_deletion_gate import named_pods, settle
+from tests.control.fakes import Loop, make_loop, run_for
+from tests.control.test_deletion_gate import named_pods
 from tests.factories import (
     cluster,
     head_node,
@@ -48,13 +48,13 @@ async def test_a_wall_step_forward_does_not_end_the_broken_busy_bound_early() ->
     """Before: +1 h made the slice "busy for 3610 s" and its three running hosts were drained
     for preemption at once (deleted 30 s later), 30 minutes early."""
     loop, ray = _broken_busy()
-    await settle(loop, ray, 10)
+    await run_for(loop, 10, ray)
     loop.clock.wall_now += HOUR  # NTP steps the wall clock; the monotonic clock moves on
-    await settle(loop, ray, 60)
+    await run_for(loop, 60, ray)
     assert loop.gcs.drains == [], "drained for preemption on a wall-clock step"
     assert named_pods(loop) == set()
     # The bound still ends on time, by the monotonic clock: 1800 s after it began.
-    await settle(loop, ray, 1800 - 70 + 10)
+    await run_for(loop, 1800 - 70 + 10, ray)
     assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
     # What Ray reads is on the wall clock (stepped): the deadline is 30 s after the wall now.
     deadline_s = loop.gcs.drains[0].deadline_ms / 1000
@@ -71,7 +71,7 @@ async def test_a_wall_step_back_after_preemption_drains_leaves_no_host_draining_
     await loop.reconciler.reconcile()
     assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
     loop.clock.wall_now -= HOUR
-    await settle(loop, busy, 35)  # past the 30 s notice on the monotonic clock
+    await run_for(loop, 35, busy)  # past the 30 s notice on the monotonic clock
     assert named_pods(loop) == {f"tpu-a-{i}" for i in range(4)}, "still draining after its notice"
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus
-from tests.control.fakes import make_loop
+from tests.control.fakes import make_loop, run_for
 from tests.factories import (
     cluster,
     head_node,
@@ -56,10 +56,7 @@ async def test_a_going_slice_is_drained_for_preemption_and_replaced_never_delete
     assert _named(loop) == []  # nothing deleted: the eviction removes the pod
 
     # The next rounds neither drain it again nor add a second replacement.
-    for _ in range(3):
-        loop.clock.advance(5)
-        loop.see_ray(state([head_node(), *busy]))
-        await loop.reconciler.reconcile()
+    await run_for(loop, 15, state([head_node(), *busy]))
     assert len(loop.gcs.drains) == 4
     assert _spec(loop)["replicas"] == 3
     assert _named(loop) == []

@@ -18,7 +18,7 @@ from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.runtime.metrics import REGISTRY
 from kuberay_scaler.runtime.settings import load_settings
-from tests.control.fakes import Loop, WriteCall, make_loop
+from tests.control.fakes import Loop, WriteCall, make_loop, run_for
 from tests.control.test_reconciler import spec_group, workers_to_delete
 from tests.factories import (
     cluster,
@@ -48,16 +48,6 @@ def assert_nothing_deleted(loop: Loop) -> None:
     assert workers_to_delete(loop) == [], "busy slice deleted without a drain"
     assert spec_group(loop)["replicas"] == 1
     assert loop.gcs.drains == [], "busy slice drained"
-
-
-async def run_for(loop: Loop, seconds: float, ray: Any, *, epoch: int = 1) -> None:
-    """Fresh GCS replies showing `ray` (None: unknown) and a reconcile, every 5 s."""
-    elapsed = 0.0
-    while elapsed < seconds:
-        loop.clock.advance(5)
-        elapsed += 5
-        loop.see_ray(ray, epoch=epoch)
-        await loop.reconciler.reconcile()
 
 
 async def test_one_gcs_reply_without_a_running_slices_nodes_replaces_nothing() -> None:
