@@ -17,7 +17,7 @@ import kuberay_scaler.app  # noqa: F401  (registers every metric the daemon has)
 from kuberay_scaler.adapters.web.server import Probes, make_app
 from tests.kustomize import render
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MONITORING = ROOT / "deploy" / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 METRIC = re.compile(r"\bkuberay_scaler_[a-z0-9_]+")

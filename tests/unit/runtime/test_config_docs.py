@@ -10,7 +10,7 @@ import pytest
 from kuberay_scaler.cli.main import config_rows, config_table, main
 from kuberay_scaler.runtime.settings import _known_names
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_every_setting_is_documented_once() -> None:

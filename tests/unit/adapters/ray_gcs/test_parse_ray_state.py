@@ -14,7 +14,7 @@ from kuberay_scaler.adapters.ray_gcs.state import RayStateError, parse_ray_state
 from kuberay_scaler.core.model.ray import HEAD_RESOURCE, GangStrategy, NodeStatus, RayState
 from tests.factories import NOW_MS
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "ray_state"
 SLICE = "tpu-group-abcde"
 HOST0_ID = bytes.fromhex("a0" * 28)
 DEAD_ID = bytes.fromhex("dd" * 28)

@@ -24,7 +24,7 @@ from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.slicemap import build_slice_map
 from tests.factories import NOW, NOW_MS, SAMPLES, cluster, group, pod, slice_pods
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "ray_state"
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 FIELD_NAMES = [

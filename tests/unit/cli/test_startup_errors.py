@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kuberay_scaler.cli.main import EXIT_CONFIG, main
-from tests.unit.test_cli import run_cli
+from tests.unit.cli.test_cli import run_cli
 
 BASE = {"RAY_CLUSTER_NAME": "rc", "KUBERAY_SCALER_HTTP_ADDRESS": ""}
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"

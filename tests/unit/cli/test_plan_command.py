@@ -16,7 +16,7 @@ import yaml
 from kuberay_scaler.cli.main import main
 from tests.factories import FIXTURES, SAMPLES, slice_pods
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE_NAMES = sorted(p.name for p in SAMPLES.glob("ray-cluster.*.yaml"))
 RAY_STATES = FIXTURES / "ray_state"
 

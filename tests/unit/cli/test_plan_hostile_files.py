@@ -20,7 +20,7 @@ from kuberay_scaler.cli.capture import PODS_FILE, RAY_STATE_FILE, RAYCLUSTER_FIL
 from kuberay_scaler.cli.main import main
 from tests.factories import SAMPLES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GOOD_RC = SAMPLES / "ray-cluster.tpu-v4-multihost.yaml"
 RC_HEAD = '{"kind":"RayCluster","metadata":{"name":"rc"},"spec":{"workerGroupSpecs":'
 

@@ -13,7 +13,7 @@ from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_standins._k8s_store import StoredEvent
 from kuberay_standins.ca_standin import ACCELERATOR, failed_scale_up, triggered
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import report  # noqa: E402

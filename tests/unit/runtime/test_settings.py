@@ -275,7 +275,7 @@ def test_the_documented_maximum_is_accepted_and_fits_int64_milliseconds(field: s
 def test_readme_states_each_numbers_range(field: str) -> None:
     from kuberay_scaler.runtime.settings import range_text
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith(f"| `{_env_name(field)}`"))
 
     assert f"| {range_text(field)} |" in row

@@ -9,7 +9,7 @@ import dataclasses
 from kuberay_scaler.core.model.ray import RayNode
 from kuberay_scaler.core.slicemap import build_slice_map
 from tests.factories import NOW, NOW_MS, slice_pods, state, tpu_slice_nodes
-from tests.unit.test_slicemap import TIMEOUTS, TPU_SPEC, hosts_of
+from tests.unit.core.test_slicemap import TIMEOUTS, TPU_SPEC, hosts_of
 
 
 def _without_labels(nodes: list[RayNode]) -> list[RayNode]:

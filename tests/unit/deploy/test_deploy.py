@@ -22,7 +22,7 @@ import yaml
 
 from tests.kustomize import render
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 SIDECAR_EXAMPLE = DEPLOY / "sidecar" / "examples" / "tpu-v6e-16"
 CACHE = Path(os.environ.get("KUBERAY_SCALER_CACHE") or Path.home() / ".cache" / "kuberay-scaler")

@@ -43,7 +43,7 @@ from tests.factories import (
     tpu_group,
     tpu_slice_nodes,
 )
-from tests.unit.test_planner_properties import PROPERTY_SETTINGS, Scenario, scenarios
+from tests.unit.core.planner.test_planner_properties import PROPERTY_SETTINGS, Scenario, scenarios
 
 MONO = 10_000.0
 _UNAVAILABLE = GroupAvailability(

@@ -13,7 +13,7 @@ import pytest
 from kuberay_scaler import __version__
 from kuberay_scaler.cli.main import EXIT_CONFIG, main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "tok-do-not-print-0123456789"
 GOOD_ENV = {
     "RAY_CLUSTER_NAME": "raycluster-tpu",

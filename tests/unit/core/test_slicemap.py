@@ -30,7 +30,7 @@ from tests.factories import (
     tpu_slice_nodes,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ray_state"
 TIMEOUTS = SliceTimeouts(max_provision_s=900, missing_node_grace_s=180)
 
 

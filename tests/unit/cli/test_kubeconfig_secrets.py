@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_startup_errors import BASE, assert_one_line, run_in_process
+from tests.unit.cli.test_startup_errors import BASE, assert_one_line, run_in_process
 
 SECRET = "s3cr3t-Zq8xV2pL"  # every secret below contains it
 

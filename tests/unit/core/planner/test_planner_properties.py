@@ -54,7 +54,7 @@ from tests.factories import (
     tpu_group,
     tpu_slice_nodes,
 )
-from tests.unit.test_patch_ops import planned_spec
+from tests.unit.core.patch.test_patch_ops import planned_spec
 
 TOPOLOGY = {1: "2x2", 2: "2x4", 4: "4x4"}  # v6e: 4 chips per host
 SLICE_STATES = (

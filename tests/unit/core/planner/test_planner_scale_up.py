@@ -299,7 +299,7 @@ def test_min_replicas_counts_as_capacity() -> None:
         ray=state([head_node()], [tasks({"CPU": 8}, 2)]),
     )
     # KubeRay already runs max(replicas, min) = 2, enough for the demand: the plan writes what
-    # runs (RunsMinReplicas, tests/unit/test_planner_below_min.py), adds nothing.
+    # runs (RunsMinReplicas, tests/unit/core/planner/test_planner_below_min.py), adds nothing.
     assert targets(result) == {"cpu": 2}
 
 

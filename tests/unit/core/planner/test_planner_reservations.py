@@ -194,7 +194,7 @@ def test_within_the_grace_at_most_the_unreserved_surplus_leaves(
         assert result.group("tpu") == bare.group("tpu")
 
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray_state"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "ray_state"
 
 
 def _captured(name: str) -> RayState:
