@@ -10,7 +10,7 @@ from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from tests.control.fakes import Loop, WriteCall, make_loop
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import spec_group, workers_to_delete
 from tests.factories import (
     cluster,
     head_node,

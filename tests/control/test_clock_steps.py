@@ -14,10 +14,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kuberay_scaler.core.model.drains import DrainReason
-from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import Loop, make_loop, run_for
-from tests.control.test_deletion_gate import named_pods
+from tests.control.worlds import broken_busy_slice_world, named_pods
 from tests.factories import (
     cluster,
     head_node,
@@ -31,23 +30,10 @@ from tests.factories import (
 HOUR = timedelta(hours=1)
 
 
-def _broken_busy(max_s: float = 1800) -> tuple[Loop, object]:
-    """tpu-a: host 2 Failed (its node DEAD), the three others running work."""
-    pods = slice_pods("tpu", "tpu-a", 4)
-    pods[2]["status"]["phase"] = "Failed"
-    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
-    nodes[2] = RayNode(**{**nodes[2].__dict__, "status": NodeStatus.DEAD})
-    ray = state([head_node(), *nodes])
-    policy = Policy(broken_busy_max_s=max_s, preempt_deadline_s=30)
-    loop = make_loop(cluster(tpu_group(replicas=1)), pods, ray, policy=policy)
-    loop.gcs.busy = {n.node_id for n in nodes}
-    return loop, ray
-
-
 async def test_a_wall_step_forward_does_not_end_the_broken_busy_bound_early() -> None:
     """Before: +1 h made the slice "busy for 3610 s" and its three running hosts were drained
     for preemption at once (deleted 30 s later), 30 minutes early."""
-    loop, ray = _broken_busy()
+    loop, ray = broken_busy_slice_world(Policy(broken_busy_max_s=1800, preempt_deadline_s=30))
     await run_for(loop, 10, ray)
     loop.clock.wall_now += HOUR  # NTP steps the wall clock; the monotonic clock moves on
     await run_for(loop, 60, ray)
@@ -134,7 +120,9 @@ async def test_every_instant_the_loop_shows_is_on_the_wall_clock() -> None:
             slice_pods("tpu", "tpu-a", 4),
             state([head_node(), *tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))]),
         ),
-        "broken busy slice": _broken_busy(max_s=5)[0],
+        "broken busy slice": broken_busy_slice_world(
+            Policy(broken_busy_max_s=5, preempt_deadline_s=30)
+        )[0],
         "refused idle drain": make_loop(
             cluster(tpu_group(replicas=1)),
             slice_pods("tpu", "tpu-a", 4),

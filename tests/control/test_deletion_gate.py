@@ -13,7 +13,12 @@ from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import Blocked
 from tests.control.fakes import Loop, make_loop, reply_of, run_for
 from tests.control.test_faults import kill_between_record_and_patch, restarted
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import (
+    broken_busy_slice_world,
+    named_pods,
+    spec_group,
+    workers_to_delete,
+)
 from tests.factories import (
     cluster,
     cpu_nodes,
@@ -28,19 +33,6 @@ from tests.factories import (
 )
 
 GRACE_S = 180.0  # the default missing-node grace
-
-
-def named_pods(loop: Loop) -> set[str]:
-    """Every pod any applied write named in workersToDelete."""
-    out: set[str] = set()
-    for ops in loop.writer.applied:
-        for op in ops:
-            value = op.get("value")
-            if op.get("path", "").endswith("workersToDelete") and isinstance(value, list):
-                out.update(value)
-            elif op.get("path", "").endswith("scaleStrategy") and isinstance(value, dict):
-                out.update(value.get("workersToDelete") or [])
-    return out
 
 
 def assert_gate_held(loop: Loop, busy: set[str]) -> None:
@@ -192,14 +184,7 @@ async def test_a_broken_busy_slice_is_kept_bounded_then_preempted_and_replaced_w
     """A Failed host, its Ray node DEAD, the others busy (a placement group
     rescheduling onto a slice that can never be whole): kept at most broken_busy_max_s, then
     its live hosts are drained for preemption, and past that deadline it is replaced whole."""
-    pods = slice_pods("tpu", "tpu-a", 4)
-    pods[2]["status"]["phase"] = "Failed"
-    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
-    nodes[2] = RayNode(**{**nodes[2].__dict__, "status": NodeStatus.DEAD})
-    ray = state([head_node(), *nodes])
-    policy = Policy(broken_busy_max_s=600, preempt_deadline_s=120)
-    loop = make_loop(cluster(tpu_group(replicas=1)), pods, ray, policy=policy)
-    loop.gcs.busy = {n.node_id for n in nodes}
+    loop, ray = broken_busy_slice_world(Policy(broken_busy_max_s=600, preempt_deadline_s=120))
     await run_for(loop, 590, ray)
     assert loop.gcs.drains == [] and workers_to_delete(loop) == []
     kept = _reasons(loop)

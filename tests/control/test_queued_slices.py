@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from kuberay_scaler.core.model.ray import RayNode
 from kuberay_scaler.core.model.slices import SliceState
 from tests.control.fakes import Loop, WriteCall, make_loop
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import spec_group, workers_to_delete
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     cluster,

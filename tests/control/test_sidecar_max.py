@@ -9,7 +9,7 @@ import pytest
 
 from kuberay_scaler.core.model.reasons import RunsMaxReplicas
 from tests.control.fakes import make_loop, run_for
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import spec_group, workers_to_delete
 from tests.factories import cluster, cpu_nodes, group, head_node, pod, state
 
 
