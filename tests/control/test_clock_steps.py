@@ -16,7 +16,7 @@ from typing import Any
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import Loop, make_loop, run_for
-from tests.control.worlds import broken_busy_slice_world, named_pods
+from tests.control.worlds import broken_busy_slice_world, named_pods, surplus_busy_slice_world
 from tests.factories import (
     cluster,
     head_node,
@@ -115,11 +115,7 @@ async def test_every_instant_the_loop_shows_is_on_the_wall_clock() -> None:
                 ]
             ),
         ),
-        "surplus busy slice": make_loop(
-            cluster(tpu_group(replicas=1, max_replicas=0)),
-            slice_pods("tpu", "tpu-a", 4),
-            state([head_node(), *tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))]),
-        ),
+        "surplus busy slice": surplus_busy_slice_world()[0],
         "broken busy slice": broken_busy_slice_world(
             Policy(broken_busy_max_s=5, preempt_deadline_s=30)
         )[0],

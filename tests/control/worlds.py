@@ -14,8 +14,10 @@ from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import Loop, make_loop, reply_of
 from tests.factories import (
     cluster,
+    cpu_nodes,
     group,
     head_node,
+    pod,
     slice_pods,
     state,
     tasks,
@@ -66,6 +68,20 @@ def idle_slices_world(*keys: str, **kw: Any) -> tuple[Loop, RayState]:
 
 def idle_slices_loop(*keys: str, **kw: Any) -> Loop:
     return idle_slices_world(*keys, **kw)[0]
+
+
+def busy_cpu_worker_world() -> tuple[Loop, list[RayNode]]:
+    """A CPU group (1 of at most 4) whose one worker, cpu-a, has no CPU free; the Ray nodes."""
+    nodes = [head_node(), *cpu_nodes(["cpu-a"], free_cpu=0)]
+    rc = cluster(group("cpu", replicas=1, max_replicas=4))
+    return make_loop(rc, [pod("cpu-a", "cpu")], state(nodes)), nodes
+
+
+def surplus_busy_slice_world() -> tuple[Loop, list[RayNode]]:
+    """tpu-a above its group's max (0), host 1 running work; its Ray nodes."""
+    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
+    rc = cluster(tpu_group(replicas=1, max_replicas=0))
+    return make_loop(rc, slice_pods("tpu", "tpu-a", 4), state([head_node(), *busy])), busy
 
 
 def broken_busy_slice_world(policy: Policy) -> tuple[Loop, RayState]:
