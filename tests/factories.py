@@ -175,6 +175,13 @@ def pod(
     }
 
 
+def going(p: dict[str, Any], reason: str = "PreemptionByScheduler") -> dict[str, Any]:
+    """`p` with a DisruptionTarget condition: the scheduler (or an eviction) is taking it."""
+    cond = {"type": "DisruptionTarget", "status": "True", "reason": reason}
+    p["status"].setdefault("conditions", []).append(cond)
+    return p
+
+
 KUEUE_ELASTIC_GATE = "kueue.x-k8s.io/elastic-job"  # Kueue's gate on pods of a workload slice
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.planner.core import Policy
@@ -19,6 +18,7 @@ from tests.control.fakes import Loop, make_loop, run_for
 from tests.control.worlds import broken_busy_slice_world, named_pods, surplus_busy_slice_world
 from tests.factories import (
     cluster,
+    going,
     head_node,
     node_id_of,
     slice_pods,
@@ -85,12 +85,6 @@ async def test_a_wall_step_forward_does_not_make_an_idle_slice_expire_early() ->
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 
 
-def _going(pods: list[dict[str, Any]], host: int) -> list[dict[str, Any]]:
-    cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
-    pods[host]["status"]["conditions"] = [cond]
-    return pods
-
-
 def _shown_instants(loop: Loop) -> list[datetime]:
     """Every instant the loop shows people: /debug/plan and the Events it recorded."""
     said = json.dumps(loop.reconciler.document(), default=str)
@@ -103,10 +97,12 @@ async def test_every_instant_the_loop_shows_is_on_the_wall_clock() -> None:
     monotonic clock and shown unconverted reads 1970. Before: the disruption stage's reasons
     said "drain slice tpu-a for preemption until 1970-01-01T01:23:50"."""
     busy = (0, 1, 2, 3)
+    pods_a = slice_pods("tpu", "tpu-a", 4)
+    going(pods_a[1])
     worlds = {
         "going slice": make_loop(
             cluster(tpu_group(replicas=2, max_replicas=2)),
-            _going(slice_pods("tpu", "tpu-a", 4), 1) + slice_pods("tpu", "tpu-b", 4),
+            pods_a + slice_pods("tpu", "tpu-b", 4),
             state(
                 [
                     head_node(),

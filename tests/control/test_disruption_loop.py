@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from typing import Any
 
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus
@@ -14,6 +13,7 @@ from tests.control.fakes import make_loop, run_for
 from tests.control.worlds import spec_group, workers_to_delete
 from tests.factories import (
     cluster,
+    going,
     head_node,
     node_id_of,
     slice_pods,
@@ -26,15 +26,9 @@ from tests.factories import (
 ALL = (0, 1, 2, 3)
 
 
-def _going(p: dict[str, Any]) -> dict[str, Any]:
-    cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
-    p["status"]["conditions"] = [cond]
-    return p
-
-
 async def test_a_going_slice_is_drained_for_preemption_and_replaced_never_deleted() -> None:
     pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
-    _going(pods[1])
+    going(pods[1])
     busy = [
         *tpu_slice_nodes("tpu-a", 4, busy_hosts=ALL),
         *tpu_slice_nodes("tpu-b", 4, busy_hosts=ALL),
@@ -87,7 +81,7 @@ async def test_a_slice_drained_for_a_disruption_that_did_not_happen_is_replaced(
     """At maxReplicas the going slice is only drained (no write): the loop must still remember
     it, so that once the condition is cleared and the deadline passed it is replaced whole."""
     pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
-    _going(pods[1])
+    going(pods[1])
     busy = [
         *tpu_slice_nodes("tpu-a", 4, busy_hosts=ALL),
         *tpu_slice_nodes("tpu-b", 4, busy_hosts=ALL),

@@ -29,6 +29,7 @@ from tests.factories import (
     cluster,
     cpu_nodes,
     deleted_pods,
+    going,
     group,
     head_node,
     node_id_of,
@@ -53,12 +54,6 @@ T0 = NOW.timestamp()
 
 def annotated(p: dict[str, Any], key: str, value: str) -> dict[str, Any]:
     p["metadata"].setdefault("annotations", {})[key] = value
-    return p
-
-
-def going(p: dict[str, Any], reason: str = "PreemptionByScheduler") -> dict[str, Any]:
-    cond = {"type": "DisruptionTarget", "status": "True", "reason": reason}
-    p["status"].setdefault("conditions", []).append(cond)
     return p
 
 
