@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/make_example.py
 
-tests/unit/test_readme_example.py fails when the files differ from what this writes.
+tests/unit/cli/test_readme_example.py fails when the files differ from what this writes.
 """
 
 from __future__ import annotations

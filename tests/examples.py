@@ -1,6 +1,6 @@
 """The example capture the README's "Try a plan offline" runs on (examples/), built from the
 project's own fixtures so it stays true: `scripts/make_example.py` writes it, and
-tests/unit/test_readme_example.py checks the files still equal what this builds and runs the
+tests/unit/cli/test_readme_example.py checks the files still equal what this builds and runs the
 README's command on them as written.
 
 v6e-16-pending: the v6e-16 sample RayCluster (one group of 4-host slices) scaled to zero, only

@@ -1,4 +1,5 @@
-"""Builders of API-shaped pod and RayCluster dicts and of Ray state, for pure unit tests."""
+"""Builders of API-shaped pod and RayCluster dicts and of Ray state (parsed, and as the GCS
+sends it), for pure unit tests."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.core.model.cluster import frozen_map
 from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot
@@ -171,6 +173,13 @@ def pod(
             ],
         },
     }
+
+
+def going(p: dict[str, Any], reason: str = "PreemptionByScheduler") -> dict[str, Any]:
+    """`p` with a DisruptionTarget condition: the scheduler (or an eviction) is taking it."""
+    cond = {"type": "DisruptionTarget", "status": "True", "reason": reason}
+    p["status"].setdefault("conditions", []).append(cond)
+    return p
 
 
 KUEUE_ELASTIC_GATE = "kueue.x-k8s.io/elastic-job"  # Kueue's gate on pods of a workload slice
@@ -366,6 +375,49 @@ def pinned_slice_bundles(slice_name: str, hosts: int = 4, chips: float = 4) -> G
     """Step 2 of SlicePlacementGroup: one bundle per host, pinned to one existing slice."""
     pinned = selector_bundle({"TPU": chips}, {"ray.io/tpu-slice-name": slice_name})
     return gang(GangStrategy.SPREAD, *([pinned] * hosts))
+
+
+# GCS replies as the wire carries them (GetClusterResourceStateReply), for the adapter's parse and
+# poller tests. Any other field of a NodeState or a ClusterResourceState passes as a keyword.
+GCS_IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
+
+
+def gcs_node(
+    node_id: bytes = b"n1",
+    instance_id: str = "pod-1",
+    *,
+    status: int = GCS_IDLE,
+    idle_ms: int = 0,
+    **fields: Any,
+) -> Any:
+    """A NodeState; maps (`total_resources`, `labels`...) as dicts, repeated fields as lists."""
+    return autoscaler_pb2.NodeState(
+        node_id=node_id, instance_id=instance_id, status=status, idle_duration_ms=idle_ms, **fields
+    )
+
+
+def gcs_request(resources: Mapping[str, float], count: int = 1) -> Any:
+    """A ResourceRequestByCount: `count` tasks (or constraint bundles) of `resources`."""
+    request = autoscaler_pb2.ResourceRequest(resources_bundle=resources)
+    return autoscaler_pb2.ResourceRequestByCount(request=request, count=count)
+
+
+def gcs_reply(
+    version: int = 1, *, nodes: Iterable[Any] = (), demand: Iterable[Any] = (), **fields: Any
+) -> Any:
+    """A reply at state version `version`: `nodes` (gcs_node), pending `demand` (gcs_request)."""
+    state = autoscaler_pb2.ClusterResourceState(
+        cluster_resource_state_version=version,
+        node_states=nodes,
+        pending_resource_requests=demand,
+        **fields,
+    )
+    return autoscaler_pb2.GetClusterResourceStateReply(cluster_resource_state=state)
+
+
+def one_node_reply(version: int, *, status: int = GCS_IDLE, idle_ms: int = 0) -> Any:
+    """A reply of one node (n1, pod-1): what the poller's change and cadence tests move."""
+    return gcs_reply(version, nodes=[gcs_node(status=status, idle_ms=idle_ms)])
 
 
 def deep(obj: Any) -> Any:

@@ -321,7 +321,8 @@ class LocalCluster:
             "KUBERAY_SCALER_SCALE_DOWN_DELAY_AFTER_ADD_S": "0",
             # Nor a reservation grace: the demo's slice reservation is served, then released by
             # a finished job; the grace (a slice outliving a timed-out reservation) has its own
-            # tests (tests/unit/test_planner_reservations.py, test_reservation_cycles.py).
+            # tests (tests/unit/core/planner/: test_planner_reservations.py,
+            # test_reservation_cycles.py).
             "KUBERAY_SCALER_RESERVATION_GRACE_S": "0",
         }
         if self.head.auth_token:

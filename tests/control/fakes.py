@@ -335,6 +335,16 @@ class Loop:
         )
 
 
+async def run_for(loop: Loop, seconds: float, ray: Any, *, epoch: int = 1) -> None:
+    """Fresh GCS replies showing `ray` (None: unknown) and a reconcile, every 5 s."""
+    elapsed = 0.0
+    while elapsed < seconds:
+        loop.clock.advance(5)
+        elapsed += 5
+        loop.see_ray(ray, epoch=epoch)
+        await loop.reconciler.reconcile()
+
+
 def reply_of(ray: RayState, version: int = 1, read_at_ms: int = NOW_MS) -> Any:
     """The GetClusterResourceStateReply the GCS would send for `ray` (nodes and tasks), read at
     `read_at_ms` (epoch ms: its idle durations end then)."""

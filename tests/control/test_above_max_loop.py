@@ -7,6 +7,7 @@ from kuberay_scaler.core.defaults import PREEMPT_DEADLINE_S
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus
 from tests.control.fakes import make_loop
+from tests.control.worlds import spec_group, surplus_busy_slice_world, workers_to_delete
 from tests.factories import (
     cluster,
     head_node,
@@ -21,19 +22,8 @@ from tests.factories import (
 PREEMPTION, IDLE_TERMINATION = DrainReason.PREEMPTION, DrainReason.IDLE_TERMINATION
 
 
-def _spec(loop: object) -> dict[str, object]:
-    return loop.server.obj["spec"]["workerGroupSpecs"][0]  # type: ignore[attr-defined,no-any-return]
-
-
-def _named(loop: object) -> list[str]:
-    return list(_spec(loop).get("scaleStrategy", {}).get("workersToDelete", []))  # type: ignore[attr-defined]
-
-
 async def test_busy_slice_above_max_is_preempted_then_deleted_once_drained() -> None:
-    rc = cluster(tpu_group(replicas=1, max_replicas=0))
-    pods = slice_pods("tpu", "tpu-a", 4)
-    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
-    loop = make_loop(rc, pods, state([head_node(), *busy]))
+    loop, busy = surplus_busy_slice_world()
 
     await loop.reconciler.reconcile()
     # Drained with reason preemption, every host, and nothing written to the RayCluster.
@@ -42,14 +32,14 @@ async def test_busy_slice_above_max_is_preempted_then_deleted_once_drained() -> 
     )
     assert {d.reason for d in loop.gcs.drains} == {PREEMPTION}
     assert not loop.writer.calls
-    assert _named(loop) == []
+    assert workers_to_delete(loop) == []
 
     # Still busy before the preemption deadline: no second drain, nothing deleted.
     loop.clock.advance(PREEMPT_DEADLINE_S / 2)
     loop.see_ray(state([head_node(), *busy]))
     await loop.reconciler.reconcile()
     assert len(loop.gcs.drains) == 4
-    assert _named(loop) == []
+    assert workers_to_delete(loop) == []
 
     # Ray reports the hosts drained (DRAINING, nothing in use): the whole slice is deleted.
     drained = [
@@ -68,18 +58,15 @@ async def test_busy_slice_above_max_is_preempted_then_deleted_once_drained() -> 
     await loop.reconciler.reconcile()
     # Drained once more for idle termination (the gate's (a): accepted now), then deleted.
     assert [d.reason for d in loop.gcs.drains[4:]] == [IDLE_TERMINATION] * 4
-    assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]
-    assert _spec(loop)["replicas"] == 0
+    assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]
+    assert spec_group(loop)["replicas"] == 0
 
 
 async def test_a_slice_still_busy_when_its_preemption_notice_ends_is_deleted_whole() -> None:
     """Found live (e2e max_replicas_edited 2 -> 1): past the deadline the plan sent one more
     idle-termination drain, the fresh read found the slice busy and kept it, and a new notice
     began: the surplus slice was never deleted. The notice over, it goes with no second drain."""
-    rc = cluster(tpu_group(replicas=1, max_replicas=0))
-    pods = slice_pods("tpu", "tpu-a", 4)
-    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
-    loop = make_loop(rc, pods, state([head_node(), *busy]))
+    loop, busy = surplus_busy_slice_world()
     await loop.reconciler.reconcile()
     assert {d.reason for d in loop.gcs.drains} == {PREEMPTION}
 
@@ -87,8 +74,8 @@ async def test_a_slice_still_busy_when_its_preemption_notice_ends_is_deleted_who
     loop.see_ray(state([head_node(), *busy]))
     await loop.reconciler.reconcile()
     assert [d.reason for d in loop.gcs.drains] == [PREEMPTION] * 4  # no idle drain after it
-    assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]  # the whole slice
-    assert _spec(loop)["replicas"] == 0
+    assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]  # the whole slice
+    assert spec_group(loop)["replicas"] == 0
 
 
 async def test_idle_slice_above_max_is_drained_and_deleted_in_one_reconcile() -> None:
@@ -102,8 +89,8 @@ async def test_idle_slice_above_max_is_drained_and_deleted_in_one_reconcile() ->
     loop = make_loop(rc, pods, state(nodes))
     await loop.reconciler.reconcile()
     assert {d.reason for d in loop.gcs.drains} == {IDLE_TERMINATION}
-    assert sorted(_named(loop)) == [f"tpu-b-{i}" for i in range(4)]
-    assert _spec(loop)["replicas"] == 1
+    assert sorted(workers_to_delete(loop)) == [f"tpu-b-{i}" for i in range(4)]
+    assert spec_group(loop)["replicas"] == 1
 
 
 async def test_a_refused_drain_above_max_keeps_the_slice_and_the_target_at_max() -> None:
@@ -119,5 +106,6 @@ async def test_a_refused_drain_above_max_keeps_the_slice_and_the_target_at_max()
     # Became busy between the plan and its drain: every host refuses, the slice is kept.
     loop.gcs.refuse = {node_id_of(f"tpu-c-{i}") for i in range(4)}
     await loop.reconciler.reconcile()
-    assert sorted(_named(loop)) == [f"tpu-b-{i}" for i in range(4)]  # whole, drained slice only
-    assert _spec(loop)["replicas"] == 1  # never above maxReplicas
+    # The whole drained slice only.
+    assert sorted(workers_to_delete(loop)) == [f"tpu-b-{i}" for i in range(4)]
+    assert spec_group(loop)["replicas"] == 1  # never above maxReplicas

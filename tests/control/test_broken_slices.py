@@ -10,7 +10,7 @@ from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from tests.control.fakes import Loop, WriteCall, make_loop
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import spec_group, workers_to_delete
 from tests.factories import (
     cluster,
     head_node,
@@ -26,6 +26,12 @@ from tests.invariants import DRAINING, Violation, World, Write, check_write
 def _unknown_host_pods() -> list[dict[str, Any]]:
     pods = slice_pods("tpu", "tpu-a", 4, age_s=3700, running_for_s=3600)
     pods[2]["status"]["phase"] = "Unknown"  # kubelet unreachable; the raylet still runs
+    return pods
+
+
+def _failed_host_pods() -> list[dict[str, Any]]:
+    pods = slice_pods("tpu", "tpu-a", 4, age_s=3700, running_for_s=3600)
+    pods[3]["status"]["phase"] = "Failed"
     return pods
 
 
@@ -55,6 +61,12 @@ class _Judge:
         self._before = after
 
 
+def _judged(pods: list[dict[str, Any]]) -> tuple[Loop, _Judge]:
+    """tpu-a's slot (at most 4) over `pods`, Ray showing the head alone; every write judged."""
+    loop = make_loop(cluster(tpu_group(replicas=1, max_replicas=4)), pods, state([head_node()]))
+    return loop, _Judge(loop, pods)
+
+
 async def _reconcile(loop: Loop, judge: _Judge, nodes: list[RayNode]) -> None:
     judge.nodes = nodes
     loop.clock.advance(5)
@@ -65,8 +77,7 @@ async def _reconcile(loop: Loop, judge: _Judge, nodes: list[RayNode]) -> None:
 async def test_a_busy_broken_slice_is_kept_then_drained_and_replaced_once_idle() -> None:
     pods = _unknown_host_pods()
     busy = tpu_slice_nodes("tpu-a", 4, idle_s=None)
-    loop = make_loop(cluster(tpu_group(replicas=1, max_replicas=4)), pods, state([head_node()]))
-    judge = _Judge(loop, pods)
+    loop, judge = _judged(pods)
     for _ in range(3):
         await _reconcile(loop, judge, busy)
     assert workers_to_delete(loop) == [] and loop.gcs.drains == []
@@ -88,11 +99,9 @@ async def test_a_busy_broken_slice_is_kept_then_drained_and_replaced_once_idle()
 
 async def test_a_host_turned_busy_after_the_plan_keeps_the_broken_slice() -> None:
     """The fresh GCS read before draining is made for a replaced slice even with a host gone."""
-    pods = slice_pods("tpu", "tpu-a", 4, age_s=3700, running_for_s=3600)
-    pods[3]["status"]["phase"] = "Failed"
+    pods = _failed_host_pods()
     idle = [n for n in tpu_slice_nodes("tpu-a", 4, idle_s=10) if n.instance_id != "tpu-a-3"]
-    loop = make_loop(cluster(tpu_group(replicas=1, max_replicas=4)), pods, state([head_node()]))
-    judge = _Judge(loop, pods)
+    loop, judge = _judged(pods)
     judge.nodes = idle
     loop.clock.advance(5)
     loop.see_ray(state([head_node(), *idle]))
@@ -110,11 +119,9 @@ async def test_a_host_turned_busy_after_the_plan_keeps_the_broken_slice() -> Non
 
 
 async def test_dead_hosts_of_a_replaced_slice_are_not_drained() -> None:
-    pods = slice_pods("tpu", "tpu-a", 4, age_s=3700, running_for_s=3600)
-    pods[3]["status"]["phase"] = "Failed"
+    pods = _failed_host_pods()
     live = [n for n in tpu_slice_nodes("tpu-a", 4, idle_s=10) if n.instance_id != "tpu-a-3"]
-    loop = make_loop(cluster(tpu_group(replicas=1, max_replicas=4)), pods, state([head_node()]))
-    judge = _Judge(loop, pods)
+    loop, judge = _judged(pods)
     await _reconcile(loop, judge, live)
     assert sorted(loop.gcs.drained) == sorted(node_id_of(f"tpu-a-{i}") for i in range(3))
     assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]

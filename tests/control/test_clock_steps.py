@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from kuberay_scaler.core.model.drains import DrainReason
-from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.planner.core import Policy
-from tests.control.fakes import Loop, make_loop
-from tests.control.test_deletion_gate import named_pods, settle
+from tests.control.fakes import Loop, make_loop, run_for
+from tests.control.worlds import broken_busy_slice_world, named_pods, surplus_busy_slice_world
 from tests.factories import (
     cluster,
+    going,
     head_node,
     node_id_of,
     slice_pods,
@@ -31,30 +30,17 @@ from tests.factories import (
 HOUR = timedelta(hours=1)
 
 
-def _broken_busy(max_s: float = 1800) -> tuple[Loop, object]:
-    """tpu-a: host 2 Failed (its node DEAD), the three others running work."""
-    pods = slice_pods("tpu", "tpu-a", 4)
-    pods[2]["status"]["phase"] = "Failed"
-    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
-    nodes[2] = RayNode(**{**nodes[2].__dict__, "status": NodeStatus.DEAD})
-    ray = state([head_node(), *nodes])
-    policy = Policy(broken_busy_max_s=max_s, preempt_deadline_s=30)
-    loop = make_loop(cluster(tpu_group(replicas=1)), pods, ray, policy=policy)
-    loop.gcs.busy = {n.node_id for n in nodes}
-    return loop, ray
-
-
 async def test_a_wall_step_forward_does_not_end_the_broken_busy_bound_early() -> None:
     """Before: +1 h made the slice "busy for 3610 s" and its three running hosts were drained
     for preemption at once (deleted 30 s later), 30 minutes early."""
-    loop, ray = _broken_busy()
-    await settle(loop, ray, 10)
+    loop, ray = broken_busy_slice_world(Policy(broken_busy_max_s=1800, preempt_deadline_s=30))
+    await run_for(loop, 10, ray)
     loop.clock.wall_now += HOUR  # NTP steps the wall clock; the monotonic clock moves on
-    await settle(loop, ray, 60)
+    await run_for(loop, 60, ray)
     assert loop.gcs.drains == [], "drained for preemption on a wall-clock step"
     assert named_pods(loop) == set()
     # The bound still ends on time, by the monotonic clock: 1800 s after it began.
-    await settle(loop, ray, 1800 - 70 + 10)
+    await run_for(loop, 1800 - 70 + 10, ray)
     assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
     # What Ray reads is on the wall clock (stepped): the deadline is 30 s after the wall now.
     deadline_s = loop.gcs.drains[0].deadline_ms / 1000
@@ -71,7 +57,7 @@ async def test_a_wall_step_back_after_preemption_drains_leaves_no_host_draining_
     await loop.reconciler.reconcile()
     assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
     loop.clock.wall_now -= HOUR
-    await settle(loop, busy, 35)  # past the 30 s notice on the monotonic clock
+    await run_for(loop, 35, busy)  # past the 30 s notice on the monotonic clock
     assert named_pods(loop) == {f"tpu-a-{i}" for i in range(4)}, "still draining after its notice"
 
 
@@ -99,12 +85,6 @@ async def test_a_wall_step_forward_does_not_make_an_idle_slice_expire_early() ->
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 
 
-def _going(pods: list[dict[str, Any]], host: int) -> list[dict[str, Any]]:
-    cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
-    pods[host]["status"]["conditions"] = [cond]
-    return pods
-
-
 def _shown_instants(loop: Loop) -> list[datetime]:
     """Every instant the loop shows people: /debug/plan and the Events it recorded."""
     said = json.dumps(loop.reconciler.document(), default=str)
@@ -117,10 +97,12 @@ async def test_every_instant_the_loop_shows_is_on_the_wall_clock() -> None:
     monotonic clock and shown unconverted reads 1970. Before: the disruption stage's reasons
     said "drain slice tpu-a for preemption until 1970-01-01T01:23:50"."""
     busy = (0, 1, 2, 3)
+    pods_a = slice_pods("tpu", "tpu-a", 4)
+    going(pods_a[1])
     worlds = {
         "going slice": make_loop(
             cluster(tpu_group(replicas=2, max_replicas=2)),
-            _going(slice_pods("tpu", "tpu-a", 4), 1) + slice_pods("tpu", "tpu-b", 4),
+            pods_a + slice_pods("tpu", "tpu-b", 4),
             state(
                 [
                     head_node(),
@@ -129,12 +111,10 @@ async def test_every_instant_the_loop_shows_is_on_the_wall_clock() -> None:
                 ]
             ),
         ),
-        "surplus busy slice": make_loop(
-            cluster(tpu_group(replicas=1, max_replicas=0)),
-            slice_pods("tpu", "tpu-a", 4),
-            state([head_node(), *tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))]),
-        ),
-        "broken busy slice": _broken_busy(max_s=5)[0],
+        "surplus busy slice": surplus_busy_slice_world()[0],
+        "broken busy slice": broken_busy_slice_world(
+            Policy(broken_busy_max_s=5, preempt_deadline_s=30)
+        )[0],
         "refused idle drain": make_loop(
             cluster(tpu_group(replicas=1)),
             slice_pods("tpu", "tpu-a", 4),

@@ -16,7 +16,7 @@ from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.trigger import WAKE_MARGIN_S
 from tests.control.fakes import Loop, make_loop
-from tests.control.test_deletion_gate import named_pods
+from tests.control.worlds import broken_busy_slice_world, named_pods
 from tests.factories import (
     cluster,
     head_node,
@@ -82,14 +82,7 @@ async def test_a_preempted_surplus_slice_is_removed_when_its_notice_ends_not_at_
 async def test_the_broken_busy_bound_ending_is_a_wake_up() -> None:
     """A broken slice kept over busy hosts is drained for preemption when its bound ends (here
     45 s, between two resyncs), not at the resync after it."""
-    pods = slice_pods("tpu", "tpu-a", 4)
-    pods[2]["status"]["phase"] = "Failed"
-    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
-    nodes[2] = RayNode(**{**nodes[2].__dict__, "status": NodeStatus.DEAD})
-    ray = state([head_node(), *nodes])
-    policy = Policy(broken_busy_max_s=45, preempt_deadline_s=30)
-    loop = make_loop(cluster(tpu_group(replicas=1)), pods, ray, policy=policy)
-    loop.gcs.busy = {n.node_id for n in nodes}
+    loop, ray = broken_busy_slice_world(Policy(broken_busy_max_s=45, preempt_deadline_s=30))
     await loop.reconciler.reconcile()
     assert loop.gcs.drains == []
     waited = 0.0

@@ -12,9 +12,14 @@ from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.reconcile_report import ReconcileReport
-from tests.control.fakes import Loop, make_loop, reply_of
+from tests.control.fakes import Loop, make_loop, reply_of, run_for
 from tests.control.test_faults import kill_between_record_and_patch, restarted
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import (
+    broken_busy_slice_world,
+    named_pods,
+    spec_group,
+    workers_to_delete,
+)
 from tests.factories import (
     cluster,
     cpu_nodes,
@@ -29,19 +34,6 @@ from tests.factories import (
 )
 
 GRACE_S = 180.0  # the default missing-node grace
-
-
-def named_pods(loop: Loop) -> set[str]:
-    """Every pod any applied write named in workersToDelete."""
-    out: set[str] = set()
-    for ops in loop.writer.applied:
-        for op in ops:
-            value = op.get("value")
-            if op.get("path", "").endswith("workersToDelete") and isinstance(value, list):
-                out.update(value)
-            elif op.get("path", "").endswith("scaleStrategy") and isinstance(value, dict):
-                out.update(value.get("workersToDelete") or [])
-    return out
 
 
 def assert_gate_held(loop: Loop, busy: set[str]) -> None:
@@ -80,18 +72,9 @@ def two_busy_slices_above_max() -> tuple[Loop, list[RayNode]]:
 BUSY = {f"tpu-{k}-{i}" for k in "ab" for i in range(4)}
 
 
-async def settle(loop: Loop, ray: Any, seconds: float, *, epoch: int = 1) -> None:
-    elapsed = 0.0
-    while elapsed < seconds:
-        loop.clock.advance(5)
-        elapsed += 5
-        loop.see_ray(ray, epoch=epoch)
-        await loop.reconciler.reconcile()
-
-
 async def test_surplus_path_and_one_partial_reply_deletes_no_busy_slice() -> None:
     loop, nodes = two_busy_slices_above_max()
-    await settle(loop, state(nodes), GRACE_S + 20)  # both seen busy for longer than the grace
+    await run_for(loop, GRACE_S + 20, state(nodes))  # both seen busy for longer than the grace
     without_b = [n for n in nodes if not n.instance_id.startswith("tpu-b")]
     loop.clock.advance(1)
     loop.see_ray(state(without_b))  # one reply omits slice b's nodes
@@ -102,7 +85,7 @@ async def test_surplus_path_and_one_partial_reply_deletes_no_busy_slice() -> Non
 
 async def test_first_reply_after_a_gcs_restart_deletes_no_busy_slice() -> None:
     loop, nodes = two_busy_slices_above_max()
-    await settle(loop, state(nodes), GRACE_S + 20)
+    await run_for(loop, GRACE_S + 20, state(nodes))
     without_b = [n for n in nodes if not n.instance_id.startswith("tpu-b")]
     loop.clock.advance(2)
     loop.see_ray(state(without_b), epoch=2)  # the GCS came back; b's raylets not re-registered
@@ -202,20 +185,13 @@ async def test_a_broken_busy_slice_is_kept_bounded_then_preempted_and_replaced_w
     """A Failed host, its Ray node DEAD, the others busy (a placement group
     rescheduling onto a slice that can never be whole): kept at most broken_busy_max_s, then
     its live hosts are drained for preemption, and past that deadline it is replaced whole."""
-    pods = slice_pods("tpu", "tpu-a", 4)
-    pods[2]["status"]["phase"] = "Failed"
-    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
-    nodes[2] = RayNode(**{**nodes[2].__dict__, "status": NodeStatus.DEAD})
-    ray = state([head_node(), *nodes])
-    policy = Policy(broken_busy_max_s=600, preempt_deadline_s=120)
-    loop = make_loop(cluster(tpu_group(replicas=1)), pods, ray, policy=policy)
-    loop.gcs.busy = {n.node_id for n in nodes}
-    await settle(loop, ray, 590)
+    loop, ray = broken_busy_slice_world(Policy(broken_busy_max_s=600, preempt_deadline_s=120))
+    await run_for(loop, 590, ray)
     assert loop.gcs.drains == [] and workers_to_delete(loop) == []
     kept = _reasons(loop)
     assert any(r.kind is KeepKind.BROKEN_BUT_BUSY and "of at most 600 s" in r.detail for r in kept)
 
-    await settle(loop, ray, 30)  # past the bound: the live hosts are drained for preemption
+    await run_for(loop, 30, ray)  # past the bound: the live hosts are drained for preemption
     live = {node_id_of(f"tpu-a-{i}") for i in (0, 1, 3)}
     assert {d.node_id for d in loop.gcs.drains} == live
     assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
@@ -224,7 +200,7 @@ async def test_a_broken_busy_slice_is_kept_bounded_then_preempted_and_replaced_w
     report = loop.gcs.reports[-1]  # what `ray status` shows
     assert any("drained for preemption" in f.reason for f in report.failed)
 
-    await settle(loop, ray, 130)  # past the preemption deadline: replaced whole
+    await run_for(loop, 130, ray)  # past the preemption deadline: replaced whole
     assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]
     assert len(loop.gcs.drains) == 3  # never drained again for idle termination
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from typing import Any
 
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus
-from tests.control.fakes import make_loop
+from tests.control.fakes import make_loop, run_for
+from tests.control.worlds import spec_group, workers_to_delete
 from tests.factories import (
     cluster,
+    going,
     head_node,
     node_id_of,
     slice_pods,
@@ -25,23 +26,9 @@ from tests.factories import (
 ALL = (0, 1, 2, 3)
 
 
-def _spec(loop: Any) -> dict[str, Any]:
-    return loop.server.obj["spec"]["workerGroupSpecs"][0]  # type: ignore[no-any-return]
-
-
-def _named(loop: Any) -> list[str]:
-    return list(_spec(loop).get("scaleStrategy", {}).get("workersToDelete", []))
-
-
-def _going(p: dict[str, Any]) -> dict[str, Any]:
-    cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
-    p["status"]["conditions"] = [cond]
-    return p
-
-
 async def test_a_going_slice_is_drained_for_preemption_and_replaced_never_deleted() -> None:
     pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
-    _going(pods[1])
+    going(pods[1])
     busy = [
         *tpu_slice_nodes("tpu-a", 4, busy_hosts=ALL),
         *tpu_slice_nodes("tpu-b", 4, busy_hosts=ALL),
@@ -52,17 +39,14 @@ async def test_a_going_slice_is_drained_for_preemption_and_replaced_never_delete
     drained = [d for d in loop.gcs.drains if d.reason is DrainReason.PREEMPTION]
     assert sorted(d.node_id for d in drained) == sorted(node_id_of(f"tpu-a-{i}") for i in range(4))
     assert len(loop.gcs.drains) == 4  # tpu-b untouched
-    assert _spec(loop)["replicas"] == 3  # the replacement, before the pod is gone
-    assert _named(loop) == []  # nothing deleted: the eviction removes the pod
+    assert spec_group(loop)["replicas"] == 3  # the replacement, before the pod is gone
+    assert workers_to_delete(loop) == []  # nothing deleted: the eviction removes the pod
 
     # The next rounds neither drain it again nor add a second replacement.
-    for _ in range(3):
-        loop.clock.advance(5)
-        loop.see_ray(state([head_node(), *busy]))
-        await loop.reconciler.reconcile()
+    await run_for(loop, 15, state([head_node(), *busy]))
     assert len(loop.gcs.drains) == 4
-    assert _spec(loop)["replicas"] == 3
-    assert _named(loop) == []
+    assert spec_group(loop)["replicas"] == 3
+    assert workers_to_delete(loop) == []
 
 
 async def test_no_idle_slice_leaves_within_the_delay_after_a_scale_up() -> None:
@@ -71,7 +55,7 @@ async def test_no_idle_slice_leaves_within_the_delay_after_a_scale_up() -> None:
     demand = [tasks({"TPU": 4}, 4)]
     loop = make_loop(cluster(tpu_group(replicas=1)), pods, state([head_node(), *busy], demand))
     await loop.reconciler.reconcile()
-    assert _spec(loop)["replicas"] == 2  # a slice added for the demand
+    assert spec_group(loop)["replicas"] == 2  # a slice added for the demand
 
     # The new slice comes up and takes the work; tpu-a turns idle and stays so past its timeout.
     loop.pods.pods += slice_pods("tpu", "tpu-b", 4)
@@ -83,20 +67,21 @@ async def test_no_idle_slice_leaves_within_the_delay_after_a_scale_up() -> None:
     ]
     loop.see_ray(state(nodes))
     await loop.reconciler.reconcile()
-    assert _named(loop) == [] and _spec(loop)["replicas"] == 2  # 120 s < the 300 s delay
+    # 120 s < the 300 s delay
+    assert workers_to_delete(loop) == [] and spec_group(loop)["replicas"] == 2
 
     loop.clock.advance(200)  # 320 s after the scale-up
     loop.see_ray(state(nodes))
     await loop.reconciler.reconcile()
-    assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]
-    assert _spec(loop)["replicas"] == 1
+    assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]
+    assert spec_group(loop)["replicas"] == 1
 
 
 async def test_a_slice_drained_for_a_disruption_that_did_not_happen_is_replaced() -> None:
     """At maxReplicas the going slice is only drained (no write): the loop must still remember
     it, so that once the condition is cleared and the deadline passed it is replaced whole."""
     pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
-    _going(pods[1])
+    going(pods[1])
     busy = [
         *tpu_slice_nodes("tpu-a", 4, busy_hosts=ALL),
         *tpu_slice_nodes("tpu-b", 4, busy_hosts=ALL),
@@ -119,11 +104,11 @@ async def test_a_slice_drained_for_a_disruption_that_did_not_happen_is_replaced(
     loop.clock.advance(10)
     loop.see_ray(state([head_node(), *drained]))
     await loop.reconciler.reconcile()
-    assert _named(loop) == []  # before the deadline: it waits
+    assert workers_to_delete(loop) == []  # before the deadline: it waits
 
     loop.clock.advance(25)  # past the 30 s notice
     loop.see_ray(state([head_node(), *drained]))
     await loop.reconciler.reconcile()
-    assert sorted(_named(loop)) == [f"tpu-a-{i}" for i in range(4)]
-    assert _spec(loop)["replicas"] == 2
+    assert sorted(workers_to_delete(loop)) == [f"tpu-a-{i}" for i in range(4)]
+    assert spec_group(loop)["replicas"] == 2
     assert len(loop.gcs.drains) == 4  # no second drain

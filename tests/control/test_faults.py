@@ -17,8 +17,8 @@ from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.runtime.settings import load_settings
-from tests.control.fakes import Loop, WriteCall, make_loop
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.fakes import Loop, WriteCall, make_loop, run_for
+from tests.control.worlds import idle_slices_loop, scale_up_world, spec_group, workers_to_delete
 from tests.factories import (
     cluster,
     group,
@@ -47,16 +47,6 @@ def assert_nothing_deleted(loop: Loop) -> None:
     assert workers_to_delete(loop) == [], "busy slice deleted without a drain"
     assert spec_group(loop)["replicas"] == 1
     assert loop.gcs.drains == [], "busy slice drained"
-
-
-async def run_for(loop: Loop, seconds: float, ray: Any, *, epoch: int = 1) -> None:
-    """Fresh GCS replies showing `ray` (None: unknown) and a reconcile, every 5 s."""
-    elapsed = 0.0
-    while elapsed < seconds:
-        loop.clock.advance(5)
-        elapsed += 5
-        loop.see_ray(ray, epoch=epoch)
-        await loop.reconciler.reconcile()
 
 
 async def test_one_gcs_reply_without_a_running_slices_nodes_replaces_nothing() -> None:
@@ -220,17 +210,11 @@ async def test_a_write_that_keeps_failing_counts_as_a_failed_reconcile() -> None
     assert spec_group(loop)["replicas"] == 0  # nothing was applied
 
 
-def idle_loop(*keys: str) -> Loop:
-    pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
-    nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
-    return make_loop(cluster(tpu_group(replicas=len(keys))), pods, state(nodes))
-
-
 async def test_a_partly_drained_slice_is_kept_then_deleted_whole_past_its_deadline() -> None:
     """Item 2 / catalogue row 20, under the deletion gate: a host that refused keeps
     its slice (never deleted over it); the refusing host is drained for preemption with the
     drain deadline, and the slice leaves whole once that passes and it is judged broken."""
-    loop = idle_loop("tpu-a", "tpu-b")
+    loop = idle_slices_loop("tpu-a", "tpu-b")
     loop.gcs.refuse = {node_id_of("tpu-a-2")}  # turned busy between the fresh read and its drain
     await loop.reconciler.reconcile()
     assert sorted(workers_to_delete(loop)) == [f"tpu-b-{i}" for i in range(4)]  # whole only
@@ -259,7 +243,7 @@ async def test_a_partly_drained_slice_is_kept_then_deleted_whole_past_its_deadli
 
 
 async def test_a_slice_busy_in_the_fresh_read_is_not_drained_at_all() -> None:
-    loop = idle_loop("tpu-a", "tpu-b")
+    loop = idle_slices_loop("tpu-a", "tpu-b")
     now_busy = [head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)]
     now_busy += tpu_slice_nodes("tpu-b", 4, busy_hosts=(1,))
     loop.gcs.fresh = state(now_busy)  # the plan saw tpu-b idle; the GCS now says host 1 is busy
@@ -270,7 +254,7 @@ async def test_a_slice_busy_in_the_fresh_read_is_not_drained_at_all() -> None:
 
 
 async def test_no_fresh_read_no_drain() -> None:
-    loop = idle_loop("tpu-a")
+    loop = idle_slices_loop("tpu-a")
     loop.gcs.fresh_fails = True
     await loop.reconciler.reconcile()
     assert loop.gcs.drains == [] and workers_to_delete(loop) == []
@@ -297,7 +281,7 @@ def restarted(loop: Loop, nodes: list[Any]) -> Loop:
 
 
 async def kill_between_record_and_patch(keys: tuple[str, ...]) -> Loop:
-    loop = idle_loop(*keys)
+    loop = idle_slices_loop(*keys)
     killed_after_the_record(loop)
     with pytest.raises(KilledNine):
         await loop.reconciler.reconcile()
@@ -383,8 +367,7 @@ def overrides_metric(loop: Loop, group_name: str) -> float:
 async def test_another_writer_resetting_replicas_is_named_and_not_fought() -> None:
     """Item 8 / catalogue row 13: a GitOps tool resets replicas; we say so and back off
     exponentially per group instead of re-patching after every reset."""
-    demand = state([head_node()], [tasks({"CPU": 8}, 2)])
-    loop = make_loop(cluster(group("cpu", max_replicas=5)), [], demand)
+    loop, demand = scale_up_world()
     await loop.reconciler.reconcile()
     assert spec_group(loop)["replicas"] == 2 and len(loop.writer.applied) == 1
     before = overrides_metric(loop, "cpu")
@@ -422,8 +405,7 @@ async def test_another_writer_resetting_replicas_is_named_and_not_fought() -> No
 
 async def test_a_huge_retry_after_is_honoured_but_capped() -> None:
     """A 429 asking for a day must not stop the group for a day (capped like the transport)."""
-    demand = state([head_node()], [tasks({"CPU": 8}, 2)])
-    loop = make_loop(cluster(group("cpu", max_replicas=5)), [], demand)
+    loop, demand = scale_up_world()
     loop.writer.answer(429, retry_after=86_400)
     await loop.reconciler.reconcile()
     loop.clock.advance(MAX_RETRY_AFTER_S / 2)

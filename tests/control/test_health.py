@@ -16,25 +16,19 @@ import pytest
 from kuberay_scaler.core.model.drains import DrainReason, SliceDrainResult
 from kuberay_scaler.loop.config import LoopConfig
 from tests.control.fakes import FakeGcs, Loop, make_loop
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import scale_up_world, spec_group, workers_to_delete
 from tests.factories import (
     cluster,
     group,
     head_node,
     slice_pods,
     state,
-    tasks,
     tpu_group,
     tpu_slice_nodes,
 )
 
 UNHEALTHY_AFTER_S = 20.0
 CONFIG = LoopConfig(unhealthy_after_s=UNHEALTHY_AFTER_S)
-
-
-def demand_loop(**kw: Any) -> tuple[Loop, Any]:
-    demand = state([head_node()], [tasks({"CPU": 8}, 2)])
-    return make_loop(cluster(group("cpu", max_replicas=5)), [], demand, **kw), demand
 
 
 async def every(loop: Loop, seconds: float, ray: Any, step: float = 2.0) -> list[bool]:
@@ -65,7 +59,7 @@ def last_success(loop: Loop) -> float:
 
 @pytest.mark.parametrize("status", [500, 403])
 async def test_every_patch_failing_for_40_s_fails_healthz(status: int) -> None:
-    loop, demand = demand_loop(config=CONFIG)
+    loop, demand = scale_up_world(config=CONFIG)
     loop.writer.answer(status, times=1000)
     health = await every(loop, 40, demand)
     assert len(loop.writer.calls) >= 2  # it kept trying, with backoff in between
@@ -98,7 +92,7 @@ async def test_a_drain_raising_on_every_reconcile_fails_healthz() -> None:
 async def test_gcs_unreachable_with_demand_pending_fails_healthz_and_stops_the_success_clock() -> (
     None
 ):
-    loop, _ = demand_loop(config=CONFIG)
+    loop, _ = scale_up_world(config=CONFIG)
     await loop.reconciler.reconcile()
     assert spec_group(loop)["replicas"] == 2  # served once; the demand is still pending
     blind_from = loop.clock.wall().timestamp()
@@ -111,7 +105,7 @@ async def test_gcs_unreachable_with_demand_pending_fails_healthz_and_stops_the_s
 
 async def test_pods_unreadable_with_demand_pending_fails_healthz() -> None:
     """401 (token revoked) or 403 (RBAC removed): the informer is not synced, the plan holds."""
-    loop, demand = demand_loop(config=CONFIG)
+    loop, demand = scale_up_world(config=CONFIG)
     loop.pods.synced = False
     health = await every(loop, 60, demand)
     assert spec_group(loop).get("replicas", 0) == 0
@@ -125,7 +119,7 @@ async def test_a_quiet_loop_with_nothing_to_do_stays_healthy() -> None:
 
 
 async def test_write_failures_that_recover_are_healthy_again() -> None:
-    loop, demand = demand_loop(config=CONFIG)
+    loop, demand = scale_up_world(config=CONFIG)
     loop.writer.answer(500, times=1000)
     assert not (await every(loop, 40, demand))[-1]
     loop.writer._script.clear()

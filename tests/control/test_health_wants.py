@@ -14,18 +14,13 @@ from typing import Any
 
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.health import INPUTS, GroupView, Reading, Want, judge_wants
-from tests.control.fakes import Loop, make_loop
+from tests.control.fakes import Loop
 from tests.control.test_faults import daemon_probing
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import idle_slices_world, scale_up_world, spec_group, workers_to_delete
 from tests.factories import (
-    cluster,
-    group,
     head_node,
     node_id_of,
-    slice_pods,
     state,
-    tasks,
-    tpu_group,
     tpu_slice_nodes,
 )
 
@@ -33,12 +28,6 @@ UNHEALTHY_AFTER_S = 20.0
 CONFIG = LoopConfig(unhealthy_after_s=UNHEALTHY_AFTER_S)
 RECONCILE_EVERY_S = 2.0
 PROBE_EVERY_S = 0.5
-
-
-def idle_slice_loop(**kw: Any) -> tuple[Loop, Any]:
-    pods = slice_pods("tpu", "tpu-a", 4)
-    ray = state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=900)])
-    return make_loop(cluster(tpu_group(replicas=1)), pods, ray, **kw), ray
 
 
 async def probe_for(loop: Loop, seconds: float, ray: Any) -> list[tuple[float, bool, str]]:
@@ -73,7 +62,7 @@ def assert_nothing_deleted_undrained(loop: Loop) -> None:
 
 
 async def test_every_patch_500_for_60_s_fails_healthz_within_bound_and_recovers() -> None:
-    loop, ray = idle_slice_loop(config=CONFIG)
+    loop, ray = idle_slices_world("tpu-a", config=CONFIG)
     loop.writer.answer(500, times=10_000)
     probes = await probe_for(loop, 60, ray)
     assert_nothing_deleted_undrained(loop)
@@ -98,7 +87,7 @@ async def test_every_patch_500_for_60_s_fails_healthz_within_bound_and_recovers(
 
 
 async def test_gcs_blind_for_60_s_fails_healthz_and_recovers() -> None:
-    loop, _ = idle_slice_loop(config=CONFIG)
+    loop, _ = idle_slices_world("tpu-a", config=CONFIG)
     busy = state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)])
     assert all(h for _, h, _ in await probe_for(loop, 10, busy))  # quiet: nothing wanted
     probes = await probe_for(loop, 60, None)
@@ -117,7 +106,7 @@ async def test_gcs_blind_for_60_s_fails_healthz_and_recovers() -> None:
 async def test_a_drain_ray_refuses_for_minutes_is_no_unmet_want() -> None:
     """Busy hosts refuse idle drains (the slice turned busy): the plan rightly keeps the slice.
     Nothing failed, so the dropped deletion is withdrawn, not an unmet want."""
-    loop, ray = idle_slice_loop(config=CONFIG)
+    loop, ray = idle_slices_world("tpu-a", config=CONFIG)
     loop.gcs.refuse = {node_id_of(p) for p in workers_names(loop)}
     probes = await probe_for(loop, 180, ray)
     assert loop.gcs.drains, "no drain was tried"
@@ -126,7 +115,7 @@ async def test_a_drain_ray_refuses_for_minutes_is_no_unmet_want() -> None:
 
 
 async def test_a_quiet_cluster_has_no_wants() -> None:
-    loop, _ = idle_slice_loop(config=CONFIG)
+    loop, _ = idle_slices_world("tpu-a", config=CONFIG)
     busy = state([head_node(), *tpu_slice_nodes("tpu-a", 4, idle_s=None)])
     probes = await probe_for(loop, 120, busy)
     assert all(h for _, h, _ in probes) and loop.writer.calls == []
@@ -134,8 +123,8 @@ async def test_a_quiet_cluster_has_no_wants() -> None:
 
 
 async def test_a_dry_run_wants_nothing_of_the_cluster() -> None:
-    loop, ray = idle_slice_loop(
-        config=LoopConfig(unhealthy_after_s=UNHEALTHY_AFTER_S, dry_run=True)
+    loop, ray = idle_slices_world(
+        "tpu-a", config=LoopConfig(unhealthy_after_s=UNHEALTHY_AFTER_S, dry_run=True)
     )
     probes = await probe_for(loop, 120, ray)
     assert all(h for _, h, _ in probes), first_unhealthy(probes)
@@ -191,7 +180,7 @@ def test_blind_keeps_every_want_and_counts_from_when_it_began() -> None:
 async def test_a_failed_want_whose_slice_turned_busy_is_withdrawn_once_the_retry_is_due() -> None:
     """The record write fails (500), the slice waits in its refused-drain backoff; meanwhile it
     turns busy. Once the backoff ends the plan no longer wants it: withdrawn, healthy, kept."""
-    loop, ray = idle_slice_loop(config=LoopConfig(unhealthy_after_s=300))
+    loop, ray = idle_slices_world("tpu-a", config=LoopConfig(unhealthy_after_s=300))
     loop.writer.answer(500, times=1)
     await probe_for(loop, 2, ray)
     assert loop.reconciler.status.progress.wants, "the failed deletion is an unmet want"
@@ -203,8 +192,7 @@ async def test_a_failed_want_whose_slice_turned_busy_is_withdrawn_once_the_retry
 
 
 async def test_a_cluster_suspended_after_a_failed_write_wants_nothing_more() -> None:
-    demand = state([head_node()], [tasks({"CPU": 8}, 2)])
-    loop = make_loop(cluster(group("cpu", max_replicas=5)), [], demand, config=CONFIG)
+    loop, demand = scale_up_world(config=CONFIG)
     loop.writer.answer(500, times=1)
     await probe_for(loop, 2, demand)
     assert loop.reconciler.status.progress.wants, "the failed scale-up is an unmet want"

@@ -19,30 +19,11 @@ from kuberay_scaler.adapters.web.server import Probes, make_app, start_server
 from kuberay_scaler.cli.offline import plan_files
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.runtime.metrics import Metrics
-from tests.control.fakes import make_loop, reply_of
+from tests.control.fakes import make_loop
+from tests.control.worlds import drain_busy_and_scale_up
 from tests.factories import (
     NOW,
-    cluster,
-    group,
-    head_node,
-    slice_pods,
-    state,
-    tasks,
-    tpu_group,
-    tpu_slice_nodes,
 )
-
-
-def _scenario() -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
-    """One idle slice to drain and delete, one busy slice, and CPU demand to scale up for."""
-    rc = cluster(tpu_group(replicas=2), group("cpu", cpu="32", max_replicas=5))
-    pods = slice_pods("tpu", "tpu-a", 4) + slice_pods("tpu", "tpu-b", 4)
-    nodes = [
-        head_node(),
-        *tpu_slice_nodes("tpu-a", 4, idle_s=900),
-        *tpu_slice_nodes("tpu-b", 4, busy_hosts=(0,)),
-    ]
-    return rc, pods, reply_of(state(nodes, [tasks({"CPU": 30}, 2)]))  # no TPU host fits it
 
 
 def _without_cluster_ids(writes: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -75,7 +56,7 @@ async def _debug_plan(source: Any) -> dict[str, Any]:
 
 
 async def test_daemon_plan_command_and_debug_plan_agree_on_every_write(tmp_path: Path) -> None:
-    rc, pods, reply = _scenario()
+    rc, pods, reply = drain_busy_and_scale_up()
     offline = _plan_command(tmp_path, rc, pods, reply)
 
     loop = make_loop(rc, pods, reply)

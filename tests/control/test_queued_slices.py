@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from kuberay_scaler.core.model.ray import RayNode
 from kuberay_scaler.core.model.slices import SliceState
 from tests.control.fakes import Loop, WriteCall, make_loop
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.worlds import spec_group, workers_to_delete
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     cluster,
@@ -64,6 +64,15 @@ def _queued(replica: str) -> list[dict[str, Any]]:
     return slice_pods("tpu", replica, 4, age_s=0, gates=(KUEUE_ELASTIC_GATE,))
 
 
+def _admitted_and_queued() -> tuple[Loop, _Judge, list[dict[str, Any]], list[RayNode]]:
+    """Two tpu slices asked for: Kueue admitted tpu-a (its pods, busy Ray nodes returned), tpu-b
+    waits gated in the queue; every write judged."""
+    admitted = slice_pods("tpu", "tpu-a", 4, age_s=0)
+    loop = make_loop(cluster(tpu_group(replicas=2, max_replicas=4)), [*admitted, *_queued("tpu-b")])
+    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(0, 1, 2, 3))
+    return loop, _Judge(loop), admitted, busy
+
+
 def _state_of(loop: Loop, key: str) -> SliceState:
     plan = loop.reconciler.status.last_plan
     assert plan is not None and plan.slice_map is not None
@@ -73,10 +82,7 @@ def _state_of(loop: Loop, key: str) -> SliceState:
 
 async def test_quota_for_one_slice_then_two_no_replacement_nothing_provisioned_twice() -> None:
     # Two slices asked for; Kueue admits one (it runs, busy), the other waits in the queue.
-    admitted = slice_pods("tpu", "tpu-a", 4, age_s=0)
-    loop = make_loop(cluster(tpu_group(replicas=2, max_replicas=4)), [*admitted, *_queued("tpu-b")])
-    judge = _Judge(loop)
-    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(0, 1, 2, 3))
+    loop, judge, admitted, busy = _admitted_and_queued()
     # 20 minutes in the queue (past the 15-min provisioning deadline), the demand it will serve
     # pending all along: 4 TPU tasks wait for tpu-b.
     for _ in range(40):
@@ -100,10 +106,7 @@ async def test_quota_for_one_slice_then_two_no_replacement_nothing_provisioned_t
 
 
 async def test_demand_gone_while_queued_cancels_the_slice_undrained() -> None:
-    admitted = slice_pods("tpu", "tpu-a", 4, age_s=0)
-    loop = make_loop(cluster(tpu_group(replicas=2, max_replicas=4)), [*admitted, *_queued("tpu-b")])
-    judge = _Judge(loop)
-    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(0, 1, 2, 3))
+    loop, judge, _, busy = _admitted_and_queued()
     # Wanted while the daemon's view of Ray settles (the first 180 s of fresh replies).
     for _ in range(20):
         await _step(loop, judge, busy, pending_tpu_tasks=4)
@@ -122,10 +125,7 @@ async def test_demand_gone_while_queued_cancels_the_slice_undrained() -> None:
 
 
 async def test_the_log_says_when_a_slice_enters_and_leaves_the_queue() -> None:
-    admitted = slice_pods("tpu", "tpu-a", 4, age_s=0)
-    loop = make_loop(cluster(tpu_group(replicas=2, max_replicas=4)), [*admitted, *_queued("tpu-b")])
-    judge = _Judge(loop)
-    busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(0, 1, 2, 3))
+    loop, judge, admitted, busy = _admitted_and_queued()
     with capture_logs() as logs:
         await _step(loop, judge, busy, pending_tpu_tasks=4)
         await _step(loop, judge, busy, pending_tpu_tasks=4)

@@ -25,7 +25,7 @@ from kuberay_scaler.adapters.ray_gcs import poller
 from kuberay_scaler.core import decision
 from kuberay_scaler.loop import observe
 from tests.control.fakes import make_loop
-from tests.control.test_one_pipeline import _scenario
+from tests.control.worlds import drain_busy_and_scale_up
 
 
 def _count(
@@ -41,7 +41,7 @@ def _count(
 
 
 async def test_one_reconcile_reads_each_input_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    rc, pods, reply = _scenario()
+    rc, pods, reply = drain_busy_and_scale_up()
     reads: Counter[str] = Counter()
     _count(monkeypatch, reads, "raycluster parses", observe, "parse_raycluster")
     _count(monkeypatch, reads, "raycluster parses", decision, "parse_raycluster")

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller, monotonic_ms
 from kuberay_scaler.core import decision as decision_module
@@ -22,29 +21,21 @@ from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import Reconciler
 from tests.control.fakes import FakeEvents, FakeFeed, FakeGcs
-from tests.factories import cluster, group, pod
-
-IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
+from tests.factories import cluster, gcs_node, gcs_reply, gcs_request, group, pod
 
 
-def _reply(version: int, *, idle_ms: int, demand: bool = False) -> Any:
-    head = autoscaler_pb2.NodeState(
-        node_id=b"h" * 28,
-        instance_id="rc-head",
+def _head_reply(version: int, *, idle_ms: int, demand: bool = False) -> Any:
+    """A reply of the head alone (its node state version moves with the reply's), with one
+    pending 1-CPU task if `demand`."""
+    head = gcs_node(
+        b"h" * 28,
+        "rc-head",
+        idle_ms=idle_ms,
         ray_node_type_name="headgroup",
-        status=IDLE,
-        idle_duration_ms=idle_ms,
         node_state_version=version,
+        total_resources={"node:__internal_head__": 1.0},
     )
-    head.total_resources["node:__internal_head__"] = 1.0
-    state = autoscaler_pb2.ClusterResourceState(
-        cluster_resource_state_version=version, node_states=[head]
-    )
-    if demand:
-        entry = state.pending_resource_requests.add()
-        entry.request.resources_bundle["CPU"] = 1.0
-        entry.count = 1
-    return autoscaler_pb2.GetClusterResourceStateReply(cluster_resource_state=state)
+    return gcs_reply(version, nodes=[head], demand=[gcs_request({"CPU": 1.0})] if demand else [])
 
 
 @dataclass
@@ -108,9 +99,9 @@ def _wired(replies: Iterator[Any], pods: Pods, view: View) -> tuple[GcsPoller, R
 async def test_an_unchanged_gcs_reply_triggers_no_plan(plans: list[int]) -> None:
     replies = iter(
         [
-            _reply(1, idle_ms=1_000),
-            _reply(2, idle_ms=2_000),  # only the version and the idle clock moved
-            _reply(3, idle_ms=3_000, demand=True),
+            _head_reply(1, idle_ms=1_000),
+            _head_reply(2, idle_ms=2_000),  # only the version and the idle clock moved
+            _head_reply(3, idle_ms=3_000, demand=True),
         ]
     )
     pods = Pods({"rc-head": pod("rc-head", "headgroup", head=True, container="ray-head")})
@@ -142,7 +133,7 @@ async def test_a_pod_event_that_changes_no_host_triggers_no_plan(plans: list[int
         }
     )
     view = View(cluster(group("cpu", replicas=1, min_replicas=1, max_replicas=5)))
-    poller, rec = _wired(iter([_reply(1, idle_ms=0)]), pods, view)
+    poller, rec = _wired(iter([_head_reply(1, idle_ms=0)]), pods, view)
     await poller.poll_once()
     await rec.reconcile({"pods"})
     assert len(plans) == 1

@@ -16,6 +16,7 @@ from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import MAX_REPLANS
 from kuberay_scaler.loop.trigger import WAKE_MARGIN_S
 from tests.control.fakes import Loop, WriteCall, make_loop, reply_of
+from tests.control.worlds import idle_slices_loop, scale_up_loop, spec_group, workers_to_delete
 from tests.factories import (
     cluster,
     group,
@@ -27,26 +28,6 @@ from tests.factories import (
     tpu_group,
     tpu_slice_nodes,
 )
-
-
-def scale_up_loop(**kw: Any) -> Loop:
-    rc = cluster(group("cpu", max_replicas=5))
-    return make_loop(rc, [], state([head_node()], [tasks({"CPU": 8}, 2)]), **kw)
-
-
-def idle_slices_loop(*keys: str, **kw: Any) -> Loop:
-    pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
-    nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
-    return make_loop(cluster(tpu_group(replicas=len(keys))), pods, state(nodes), **kw)
-
-
-def spec_group(loop: Loop, index: int = 0) -> dict[str, Any]:
-    group_spec: dict[str, Any] = loop.server.obj["spec"]["workerGroupSpecs"][index]
-    return group_spec
-
-
-def workers_to_delete(loop: Loop) -> list[str]:
-    return list(spec_group(loop).get("scaleStrategy", {}).get("workersToDelete", []))
 
 
 def assert_deleted_only_drained_whole_slices(loop: Loop, hosts: int = 4) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from kuberay_scaler.core.model.reasons import RunsMaxReplicas
-from tests.control.fakes import make_loop
-from tests.control.test_reconciler import spec_group, workers_to_delete
+from tests.control.fakes import make_loop, run_for
+from tests.control.worlds import spec_group, workers_to_delete
 from tests.factories import cluster, cpu_nodes, group, head_node, pod, state
 
 
@@ -20,10 +20,7 @@ async def test_replicas_above_a_lowered_max_are_written_down_when_kuberay_delete
     rc = cluster(group("cpu", replicas=2, max_replicas=1), enableInTreeAutoscaling=in_tree)
     busy = state([head_node(), *cpu_nodes(["cpu-0"], free_cpu=0)])
     loop = make_loop(rc, [pod("cpu-0", "cpu")], busy)  # KubeRay deleted cpu-1 already
-    for _ in range(3):
-        loop.clock.advance(5)
-        loop.see_ray(busy)
-        await loop.reconciler.reconcile()
+    await run_for(loop, 15, busy)
     assert spec_group(loop)["replicas"] == 1, spec_group(loop)
     assert workers_to_delete(loop) == [] and loop.gcs.drains == []  # the busy one stays
     plan = loop.reconciler.status.last_plan

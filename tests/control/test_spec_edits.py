@@ -18,6 +18,7 @@ from kuberay_scaler.core.model.reasons import HoldKind, Keep, KeepKind
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.planner.core import Policy
 from tests.control.fakes import Loop, make_loop
+from tests.control.worlds import busy_cpu_worker_world
 from tests.factories import (
     cluster,
     cpu_nodes,
@@ -136,9 +137,7 @@ async def test_a_removed_group_is_no_longer_planned_and_the_rest_is_patched_by_n
 
 
 async def test_suspend_stops_every_write_from_the_first_read() -> None:
-    rc = cluster(group("cpu", replicas=1, max_replicas=4))
-    nodes = [head_node(), *cpu_nodes(["cpu-a"], free_cpu=0)]
-    loop = make_loop(rc, [pod("cpu-a", "cpu")], state(nodes))
+    loop, nodes = busy_cpu_worker_world()
     await _settle(loop)
 
     loop.server.edit(["spec", "suspend"], True)
@@ -162,9 +161,7 @@ async def test_suspend_stops_every_write_from_the_first_read() -> None:
 
 
 async def test_a_suspended_group_gets_no_scale_up_from_the_first_read() -> None:
-    rc = cluster(group("cpu", replicas=1, max_replicas=4))
-    nodes = [head_node(), *cpu_nodes(["cpu-a"], free_cpu=0)]
-    loop = make_loop(rc, [pod("cpu-a", "cpu")], state(nodes))
+    loop, nodes = busy_cpu_worker_world()
     await _settle(loop)
 
     loop.server.edit(["spec", "workerGroupSpecs", 0, "suspend"], True)

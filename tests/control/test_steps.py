@@ -42,7 +42,7 @@ from tests.control.fakes import (
     make_loop,
     observation,
 )
-from tests.control.test_one_pipeline import _scenario
+from tests.control.worlds import drain_busy_and_scale_up
 from tests.factories import NOW, node_id_of
 
 TPU_A = ("tpu", "tpu-a")  # the scenario's idle slice (tpu-b is busy; CPU demand wants 2 hosts)
@@ -57,7 +57,7 @@ class World:
     """The scenario's decision and the fakes `execute` talks to."""
 
     def __init__(self) -> None:
-        rc, self.pods, reply = _scenario()
+        rc, self.pods, reply = drain_busy_and_scale_up()
         self.decision = _decision(rc, self.pods, reply)
         self.server = FakeApiServer(rc)
         self.view, self.writer = FakeView(self.server), FakeWriter(self.server)
@@ -284,7 +284,7 @@ def test_schedule_skips_only_settled_unchanged_inputs_and_wakes_for_idle_timeout
 
 
 def test_report_for_a_decision_made_with_and_without_ray_state() -> None:
-    rc, pods, reply = _scenario()
+    rc, pods, reply = drain_busy_and_scale_up()
     report = report_for(_decision(rc, pods, reply), 1, launches_asked=True)
     assert report is not None and [g.group for g in report.launching] == ["cpu"]
     quiet = report_for(_decision(rc, pods, reply), 1, launches_asked=False)
@@ -311,7 +311,7 @@ def _said(outcome: Outcome, *attempts: Attempt, began: float = 0.0, ended: float
 async def test_recorder_says_an_applied_plan_in_events_and_the_status() -> None:
     events = FakeEvents()
     recorder = _recorder(events)
-    rc, pods, reply = _scenario()
+    rc, pods, reply = drain_busy_and_scale_up()
     decision = _decision(rc, pods, reply)
     applied = Attempt(Seen(), decision, Carried.SENT, _applied(decision))
     recorder.record(_said(Outcome.done("applied"), applied, began=4.9, ended=5.0))
@@ -332,7 +332,7 @@ async def test_recorder_says_an_applied_plan_in_events_and_the_status() -> None:
 async def test_recorder_dry_run_records_decisions_without_events() -> None:
     events = FakeEvents()
     recorder = _recorder(events)
-    rc, pods, reply = _scenario()
+    rc, pods, reply = drain_busy_and_scale_up()
     dry = Attempt(Seen(), _decision(rc, pods, reply), Carried.NOT_WRITTEN)
     recorder.record(_said(Outcome(Step.DRY_RUN, "dry run"), dry))
     assert events.recorded == [] and not recorder._background
@@ -371,7 +371,7 @@ async def test_what_the_gate_dropped_is_said_by_the_recorder_when_planned_and_af
     """The gate's drops reach the recorder from both places it judges: the plan (the
     decision) and after the drains answered (`Executed.blocked`); execute itself counts
     nothing."""
-    rc, pods, reply = _scenario()
+    rc, pods, reply = drain_busy_and_scale_up()
     planned = Blocked("tpu", "tpu-a", "tpu-a-0", KeepKind.GATE_ABSENT, "test_planned")
     drained = Blocked("tpu", "tpu-a", "tpu-a-1", KeepKind.GATE_ABSENT, "test_after_drains")
     real_decide = reconciler_module.decide

@@ -47,7 +47,7 @@ from tests.e2e.world import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # ray-operator controllers/ray/common/pod.go BuildAutoscalerContainer: v1.4 .. v1.7 render
 # utils.GetContainerCommand, `-c` plus `l` when the operator runs with ENABLE_LOGIN_SHELL=true
-# (v1.2 .. v1.3: always `-lc`; v1.1: command ["ray"], args split; tests/unit/test_ray_shim.py).
+# (v1.2 .. v1.3: always `-lc`; v1.1: command ["ray"], args split; tests/unit/cli/test_ray_shim.py).
 KUBERAY_COMMANDS = (["/bin/bash", "-c", "--"], ["/bin/bash", "-cl", "--"])
 KUBERAY_ARGS = [
     f"ray {SUBCOMMAND} --cluster-name $(RAY_CLUSTER_NAME) "

@@ -17,12 +17,11 @@ import tempfile
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import LocalCluster
 from kuberay_standins.ray_local import RayDriver, free_port
 
@@ -151,12 +150,6 @@ def test_only_the_daemon_is_in_the_image() -> None:
             "kuberay-scaler: this image runs kuberay-scaler, not Ray: `ray status` is not"
             " available (only `ray kuberay-autoscaler`, which starts `kuberay-scaler run`)"
         ]
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[LocalCluster]:
-    async with LocalCluster(demo_raycluster(Scenario()), pod_start_delay=0.5) as local:
-        yield local
 
 
 def _get(url: str) -> int:

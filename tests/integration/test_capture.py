@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -50,11 +49,10 @@ def _with_secrets(rc: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[LocalCluster]:
+def local_raycluster() -> dict[str, Any]:
     rc = demo_raycluster(Scenario())
     rc["spec"]["workerGroupSpecs"][1]["replicas"] = 1  # one CPU pod up before the capture
-    async with LocalCluster(_with_secrets(rc), pod_start_delay=0.5) as local:
-        yield local
+    return _with_secrets(rc)
 
 
 def _debug_plan(daemon: DaemonProcess) -> dict[str, Any] | None:

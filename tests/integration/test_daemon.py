@@ -44,16 +44,9 @@ def _replicas(cluster: LocalCluster, group: str) -> int:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[LocalCluster]:
-    """The local cluster; every RayCluster write the daemon makes is judged (tests/invariants)."""
-    async with LocalCluster(demo_raycluster(Scenario()), pod_start_delay=0.5) as local:
-        feed = watch_local_cluster(local)
-        try:
-            yield local
-            await feed.drain()
-        finally:
-            await feed.close()
-        feed.checker.assert_clean()
+def judge_writes() -> bool:
+    """Every RayCluster write the daemon makes in `cluster` is judged (tests/invariants)."""
+    return True
 
 
 def _driver(cluster: LocalCluster, body: str) -> RayDriver:

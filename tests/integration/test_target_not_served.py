@@ -10,11 +10,9 @@ to the real RayCluster meanwhile.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
-from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from tests.integration.test_daemon import _get
 
@@ -22,12 +20,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 GIVE_UP_AFTER_S = 12.0
 EXIT_TARGET_NOT_SERVED = 3
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[LocalCluster]:
-    async with LocalCluster(demo_raycluster(Scenario()), pod_start_delay=0.5) as local:
-        yield local
 
 
 def _errors(daemon: DaemonProcess) -> list[str]:

@@ -35,9 +35,8 @@ from kuberay_scaler.adapters.ray_gcs.report import (
 )
 from kuberay_scaler.core.model.ray import Bundle, RayObservation
 from kuberay_scaler.runtime.metrics import REGISTRY
-from tests.factories import NOW_MS
+from tests.factories import NOW_MS, one_node_reply
 
-IDLE = autoscaler_pb2.NodeStatus.Value("IDLE")
 RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
 
 
@@ -204,16 +203,6 @@ class FakeSource:
         return answer
 
 
-def _reply(version: int, *, status: int = IDLE, idle_ms: int = 0) -> Any:
-    node = autoscaler_pb2.NodeState(
-        node_id=b"n1", instance_id="pod-1", status=status, idle_duration_ms=idle_ms
-    )
-    state = autoscaler_pb2.ClusterResourceState(
-        cluster_resource_state_version=version, node_states=[node]
-    )
-    return autoscaler_pb2.GetClusterResourceStateReply(cluster_resource_state=state)
-
-
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -230,12 +219,12 @@ async def test_epochs_count_replacements_and_counter_resets() -> None:
     down = GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")
     script = iter(
         [
-            ("A", _reply(5)),
-            ("A", _reply(6)),
+            ("A", one_node_reply(5)),
+            ("A", one_node_reply(6)),
             ("A", down),
-            ("B", _reply(1)),  # new cluster id: replaced
-            ("B", _reply(3)),
-            ("B", _reply(2)),  # same id, counter went back: restarted (GCS FT)
+            ("B", one_node_reply(1)),  # new cluster id: replaced
+            ("B", one_node_reply(3)),
+            ("B", one_node_reply(2)),  # same id, counter went back: restarted (GCS FT)
         ]
     )
     poller = GcsPoller(FakeSource(script), interval_s=1.0)
@@ -249,7 +238,9 @@ async def test_epochs_count_replacements_and_counter_resets() -> None:
 
 async def test_an_unknown_blip_with_a_growing_version_is_not_a_new_gcs() -> None:
     down = GcsUnavailable("GetClusterResourceState", "DEADLINE_EXCEEDED", "slow")
-    script = iter([("A", _reply(1)), ("A", _reply(2)), ("A", down), ("A", _reply(9))])
+    script = iter(
+        [("A", one_node_reply(1)), ("A", one_node_reply(2)), ("A", down), ("A", one_node_reply(9))]
+    )
     poller = GcsPoller(FakeSource(script), interval_s=1.0)
     observations = await _poll_all(poller, 4)
     assert [o.known for o in observations] == [True, True, False, True]
@@ -259,9 +250,9 @@ async def test_an_unknown_blip_with_a_growing_version_is_not_a_new_gcs() -> None
 async def test_on_change_ignores_counters_and_idle_clocks() -> None:
     script = iter(
         [
-            ("A", _reply(1, idle_ms=100)),
-            ("A", _reply(2, idle_ms=600)),  # only volatile fields moved
-            ("A", _reply(3, status=RUNNING)),
+            ("A", one_node_reply(1, idle_ms=100)),
+            ("A", one_node_reply(2, idle_ms=600)),  # only volatile fields moved
+            ("A", one_node_reply(3, status=RUNNING)),
             ("A", GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")),
             ("A", GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")),
         ]
@@ -277,7 +268,7 @@ async def test_fresh_means_known_and_young_enough() -> None:
     clock = Clock()
     down = GcsUnavailable("GetClusterResourceState", "UNAVAILABLE", "down")
     poller = GcsPoller(
-        FakeSource(iter([("A", _reply(1)), ("A", down)])), interval_s=1.0, monotonic=clock
+        FakeSource(iter([("A", one_node_reply(1)), ("A", down)])), interval_s=1.0, monotonic=clock
     )
     assert not poller.latest.fresh(clock.now, max_age=10)  # never polled
     known = await poller.poll_once()
@@ -357,7 +348,7 @@ async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> No
 
 
 async def test_the_poller_publishes_the_reply_parsed_and_leaves_it_as_it_came() -> None:
-    reply = _reply(7, idle_ms=4_200)
+    reply = one_node_reply(7, idle_ms=4_200)
     poller = GcsPoller(FakeSource(iter([("A", reply)])), interval_s=1.0, wall=lambda: NOW_MS)
     observation = await poller.poll_once()
     assert observation.state is not None and observation.version == 7
