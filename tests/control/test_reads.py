@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from kuberay_scaler.adapters.ray_gcs import poller
-from kuberay_scaler.core import decision
+from kuberay_scaler.core.decision import after, deciding, writes
 from kuberay_scaler.loop import observe
 from tests.control.fakes import make_loop
 from tests.control.test_one_pipeline import _scenario
@@ -44,8 +44,9 @@ async def test_one_reconcile_reads_each_input_once(monkeypatch: pytest.MonkeyPat
     rc, pods, reply = _scenario()
     reads: Counter[str] = Counter()
     _count(monkeypatch, reads, "raycluster parses", observe, "parse_raycluster")
-    _count(monkeypatch, reads, "raycluster parses", decision, "parse_raycluster")
-    _count(monkeypatch, reads, "raw group-spec reads", decision, "build_patch")
+    _count(monkeypatch, reads, "raycluster parses", deciding, "parse_raycluster")
+    _count(monkeypatch, reads, "raw group-spec reads", writes, "build_patch")
+    _count(monkeypatch, reads, "raw group-spec reads", after, "build_patch")
     # Every reply the fakes hand out is converted as the poller converts it (observation_of).
     _count(monkeypatch, reads, "gcs parses", poller, "parse_ray_state")
 

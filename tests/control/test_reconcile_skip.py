@@ -17,7 +17,7 @@ import pytest
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller, monotonic_ms
-from kuberay_scaler.core import decision as decision_module
+from kuberay_scaler.core.decision import deciding as decision_module
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import Reconciler

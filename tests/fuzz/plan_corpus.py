@@ -32,10 +32,10 @@ from typing import Any
 import jsonpatch
 
 from kuberay_scaler.adapters.ray_gcs.poller import observation_of
-from kuberay_scaler.core.decision import Observation, decide, patch_after_drains
+from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.planner.core import Policy
-from tests.fuzz.pipeline import BUSY, node_statuses
+from tests.fuzz.pipeline import BUSY, node_statuses, refused_outright
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "plan_corpus.json.gz"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -90,7 +90,7 @@ def _frame(
         for d in decision.drains
         if not d.preempt and any(status.get(n) == BUSY for n in d.node_ids)
     }
-    carried, patch = patch_after_drains(decision, refused, base)
+    carried, patch = refused_outright(decision, refused, base)
     after = jsonpatch.apply_patch(base, list(patch.ops)) if patch is not None else base
     shown = {
         "decision": canonical(decision.document()),

@@ -16,7 +16,6 @@ from kuberay_scaler.core.decision import (
     Patch,
     RecordIntent,
     decide,
-    patch_after_drains,
 )
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation
@@ -36,6 +35,7 @@ from tests.factories import (
     tpu_group,
     tpu_slice_nodes,
 )
+from tests.fuzz.pipeline import refused_outright
 
 
 def _idle(*keys: str) -> Observation:
@@ -101,7 +101,7 @@ def test_refused_drains_give_a_patch_that_keeps_those_slices() -> None:
     record = decision.record
     assert record is not None
     base = jsonpatch.apply_patch(decision.raycluster, list(record.ops), in_place=False)
-    result, patch = patch_after_drains(decision, {("tpu", "tpu-a")}, base)
+    result, patch = refused_outright(decision, {("tpu", "tpu-a")}, base)
     assert patch is not None
     final = jsonpatch.apply_patch(base, list(patch.ops), in_place=False)
     spec = final["spec"]["workerGroupSpecs"][0]

@@ -9,7 +9,8 @@ import pytest
 
 from kuberay_scaler.core.model.plan import Plan
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
-from kuberay_scaler.core.patch.ops import PatchError, build_patch, drop_deletions
+from kuberay_scaler.core.patch.ops import PatchError, build_patch
+from kuberay_scaler.core.planner.gate import without
 from tests.factories import (
     cluster,
     cpu_nodes,
@@ -208,7 +209,7 @@ def test_building_from_a_changed_group_is_refused() -> None:
         build_patch(changed, result)
 
 
-def test_drop_deletions_restores_the_target_and_keeps_the_rest() -> None:
+def test_a_refused_slice_put_back_restores_the_target_and_keeps_the_rest() -> None:
     rc, pods, ray = _idle_tpu_cluster()
     rc["spec"]["workerGroupSpecs"][1]["replicas"] = 3
     pods += slice_pods("tpu", "tpu-c", 4)
@@ -217,7 +218,7 @@ def test_drop_deletions_restores_the_target_and_keeps_the_rest() -> None:
     decision = result.group("tpu")
     assert decision is not None
     assert (decision.target, len(decision.deletions)) == (1, 2)
-    kept = drop_deletions(result, {("tpu", "tpu-a")})
+    kept = without(result, {("tpu", "tpu-a"): Keep(KeepKind.DRAIN_REFUSED, slice="tpu-a")})
     after = kept.group("tpu")
     assert after is not None
     assert after.target == 2
@@ -229,6 +230,7 @@ def test_drop_deletions_restores_the_target_and_keeps_the_rest() -> None:
 
 def test_drop_all_deletions_leaves_nothing_to_write() -> None:
     rc, pods, ray = _idle_tpu_cluster()
-    result = drop_deletions(plan_of(rc, pods, ray), {("tpu", "tpu-a")})
+    refused = {("tpu", "tpu-a"): Keep(KeepKind.DRAIN_REFUSED, slice="tpu-a")}
+    result = without(plan_of(rc, pods, ray), refused)
     assert not result.changes
     assert build_patch(rc, result) == []

@@ -7,13 +7,11 @@ key may be absent, because `replace` on a missing key fails.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from dataclasses import replace
+from collections.abc import Mapping
 from typing import Any
 
 from kuberay_scaler.core.model.cluster import WorkerGroup
-from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Plan
-from kuberay_scaler.core.model.reasons import Keep, KeepKind
+from kuberay_scaler.core.model.plan import GroupDecision, Plan
 
 Op = dict[str, Any]
 
@@ -84,30 +82,3 @@ def _workers_to_delete_ops(raw: Mapping[str, Any], base: str, pods: list[str]) -
         {"op": "test", "path": path, "value": strategy["workersToDelete"]},
         {"op": "replace", "path": path, "value": pods},
     ]
-
-
-def drop_deletions(plan: Plan, slice_keys: Collection[tuple[str, str]]) -> Plan:
-    """The plan without some slice deletions (their drain was refused); targets adjusted."""
-    if not slice_keys:
-        return plan
-    groups = []
-    for d in plan.groups:
-        dropped = [x for x in d.deletions if (d.group, x.slice_key) in slice_keys]
-        if not dropped:
-            groups.append(d)
-            continue
-        kept = tuple(x for x in d.deletions if x not in dropped)
-        back = sum(
-            1 for x in dropped if x.kind in (DeleteKind.IDLE, DeleteKind.SURPLUS, DeleteKind.CANCEL)
-        )
-        reasons = (*d.reasons, *(Keep(KeepKind.DRAIN_REFUSED, slice=x.slice_key) for x in dropped))
-        # Never above maxReplicas: a group above it keeps the refused slice at target = max
-        # (KubeRay clamps replicas to it and deletes nothing unnamed).
-        target = min(d.target + back, _max_replicas(plan, d.group, d.target + back))
-        groups.append(replace(d, deletions=kept, target=target, reasons=reasons))
-    return replace(plan, groups=tuple(groups))
-
-
-def _max_replicas(plan: Plan, group: str, default: int) -> int:
-    planned = _planned_from(plan, group)
-    return planned.max_replicas if planned is not None else default

@@ -1,0 +1,111 @@
+"""decide(): one observation → the plan and every write it takes, in order. Pure.
+
+The daemon executes the writes (loop/execute.py), the `plan` command prints them and
+/debug/plan shows them; all three build them here, so they cannot disagree. The writes are:
+
+1. `RecordIntent`: annotate the RayCluster with the slices about to be drained, so a restart in
+   the middle finishes the scale-down instead of forgetting it;
+2. one `Drain` per idle slice (every live raylet of its hosts, pinned to the GCS the plan was
+   made from), one per broken slice being replaced whose hosts' Ray nodes are still alive (and
+   idle: a busy broken slice is kept by the planner), and one per busy slice to drain for
+   preemption (above maxReplicas, or broken and busy for too long; not deleted by this patch);
+3. `Patch`: the guarded JSON patch (replicas, workersToDelete, the record cleared).
+
+Every deletion passes the deletion gate (core/planner/gate.py) twice: here, with every drain assumed
+accepted (so a slice it would refuse is never drained, and `plan` / /debug/plan show the patch
+the daemon sends when Ray accepts), and in `after_drains`, with what the drains really did.
+`drains_to_send` and `after_drains` are the rules the shell (loop/execute.py) applies around
+the drains, pure and typed so `plan` and tests see them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from types import MappingProxyType
+
+from kuberay_scaler.core.decision.document import Decision
+from kuberay_scaler.core.decision.observation import Observation
+from kuberay_scaler.core.decision.writes import writes_for
+from kuberay_scaler.core.defaults import DRAIN_DEADLINE_S
+from kuberay_scaler.core.liveness import HostClock
+from kuberay_scaler.core.model.plan import (
+    Memory,
+    Snapshot,
+    tick_of,
+)
+from kuberay_scaler.core.model.ray import RayObservation, RayState
+from kuberay_scaler.core.model.reasons import (
+    PlanProblem,
+    ProblemKind,
+)
+from kuberay_scaler.core.parse.pods import parse_pods
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.intent import read_draining
+from kuberay_scaler.core.patch.ops import PatchError
+from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.gate import (
+    evidence_for,
+)
+
+
+def decide(
+    observed: Observation,
+    memory: Memory,
+    policy: Policy,
+    now: datetime,
+    drain_deadline_s: float = DRAIN_DEADLINE_S,
+    *,
+    mono_s: float | None = None,
+) -> Decision:
+    """Plan from `observed` at `now` (wall clock) and `mono_s` (monotonic: every timer that
+    licenses a deletion; None: `now` stands in) and list the writes that carry the plan out."""
+    tick = tick_of(mono_s, now)
+    raw = observed.raycluster
+    spec = observed.spec if observed.spec is not None else parse_raycluster(raw)
+    if observed.parsed_pods is not None:
+        hosts, pod_problems = observed.parsed_pods
+    else:
+        hosts, pod_problems = parse_pods(list(observed.pods), spec)
+    ray, ray_problem = _ray_state(observed.gcs)
+    # One liveness clock and one gate evidence per frame: the slice map, the planner's deletion
+    # paths and the gate below all judge by the same ones (without a daemon clock, one built
+    # from the pods' timestamps, as each of them would build it).
+    clock = observed.clock
+    if clock is None:
+        clock = HostClock.from_timestamps(hosts, ray.node_by_instance() if ray else {}, now)
+    snapshot = Snapshot(spec, tuple(hosts), observed.synced, tuple(pod_problems), clock)
+    memory = replace(
+        memory,
+        awaiting_write=MappingProxyType(dict(observed.awaiting_write)),
+        draining=MappingProxyType(read_draining(raw)),
+    )
+    grace_s = policy.timeouts.missing_node_grace_s
+    ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
+    events = observed.capacity_events
+    nodes = observed.node_maintenance
+    result = plan(
+        snapshot, ray, memory, policy, now, ev, mono_s=mono_s, events=events, maintenance=nodes
+    )
+    if ray_problem is not None:
+        result = replace(result, problems=(*result.problems, ray_problem))
+    # The gate also honours deadlines this plan set (preemptions it starts).
+    deadlines = {**memory.preempting, **result.memory.preempting}
+    ev = replace(ev, deadlines=MappingProxyType(deadlines))
+    try:
+        result, writes, blocked = writes_for(
+            raw, result, observed.gcs, now, drain_deadline_s, ev, tick=tick
+        )
+    except PatchError as err:
+        return Decision(
+            result, (), raw, observed.gcs, error=str(err), now=now, tick=tick, evidence=ev
+        )
+    return Decision(
+        result, writes, raw, observed.gcs, now=now, tick=tick, evidence=ev, blocked=blocked
+    )
+
+
+def _ray_state(gcs: RayObservation | None) -> tuple[RayState | None, PlanProblem | None]:
+    if gcs is None or gcs.state is not None or not gcs.unusable:
+        return (gcs.state if gcs else None), None
+    return None, PlanProblem(ProblemKind.RAY_STATE, gcs.error or "unusable GCS reply")
