@@ -18,7 +18,6 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
 
 import structlog
 
@@ -33,11 +32,13 @@ from kuberay_scaler.core.decision import (
     after_drains,
     drains_to_send,
 )
+from kuberay_scaler.core.model.cluster import ClusterSpec
 from kuberay_scaler.core.model.drains import DrainReason, HostDrain, SliceDrainResult
 from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Memory, Plan
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import Op, PatchError
 from kuberay_scaler.core.planner.gate import Blocked, SliceRef
 from kuberay_scaler.loop.ports import ClusterView, Gcs, GcsFeed, PodStore, Writer
@@ -124,7 +125,7 @@ async def execute(
     read again and the pod cache's uids taken (`_last_read`), so a raylet replaced or a pod
     recreated while a host answered late is never named."""
     uid = decision.plan.uid
-    base: Mapping[str, Any] = decision.raycluster
+    base: ClusterSpec = decision.spec
     record, record_failed = decision.record, None
     drains: tuple[Drain, ...] = tuple(d for d in decision.drains if d.preempt)
     not_sent: dict[SliceRef, Keep] = {}
@@ -134,8 +135,8 @@ async def execute(
         if outcome.kind == "stale":
             return Executed(decision.plan, outcome, "record", replan=True)
         if outcome.kind == "applied" and outcome.obj is not None:
-            base = outcome.obj
-            view.observe(base)
+            view.observe(outcome.obj)
+            base = parse_raycluster(outcome.obj)  # the patch's guards: the object as now stored
         else:  # the slices it was for are not drained; everything else still goes
             record_failed = outcome
             not_sent = {
@@ -254,7 +255,7 @@ def _results(
     answers: Mapping[SliceRef, SliceDrainResult],
     not_sent: Mapping[SliceRef, Keep],
     fresh: RayState | None,
-    base: Mapping[str, Any],
+    base: ClusterSpec,
 ) -> DrainResults:
     accepted = frozenset(n for r in answers.values() for n in r.drained_node_ids)
     refused = {ref: r.reason for ref, r in answers.items() if not r.may_delete}

@@ -49,7 +49,7 @@ TPU_A = ("tpu", "tpu-a")  # the scenario's idle slice (tpu-b is busy; CPU demand
 
 def _decision(rc: dict[str, Any], pods: list[dict[str, Any]], reply: Any) -> Decision:
     gcs = observation(reply, cluster_id="cluster-1")
-    return decide(Observation(raycluster=rc, pods=pods, gcs=gcs), Memory(), Policy(), NOW)
+    return decide(Observation.parse(raycluster=rc, pods=pods, gcs=gcs), Memory(), Policy(), NOW)
 
 
 class World:
@@ -288,7 +288,7 @@ def test_report_for_a_decision_made_with_and_without_ray_state() -> None:
     assert report is not None and [g.group for g in report.launching] == ["cpu"]
     quiet = report_for(_decision(rc, pods, reply), 1, launches_asked=False)
     assert quiet is not None and quiet.launching == ()  # not written: not launching
-    blind = decide(Observation(raycluster=rc, pods=pods), Memory(), Policy(), NOW)
+    blind = decide(Observation.parse(raycluster=rc, pods=pods), Memory(), Policy(), NOW)
     assert report_for(blind, 1, launches_asked=True) is None
 
 

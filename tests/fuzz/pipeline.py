@@ -29,6 +29,7 @@ from kuberay_scaler.core.decision import (
     decide,
 )
 from kuberay_scaler.core.model.plan import Memory, Plan
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy
 
 # The daemon's monotonic reading, far from the wall clock's number as a real one is: the reply
@@ -68,7 +69,7 @@ def refused_outright(
     results = DrainResults(
         accepted=accepted,
         refused=MappingProxyType({ref: "refused" for ref in refused}),
-        base=base,
+        base=parse_raycluster(base),  # as the daemon parses the object its record write left
     )
     writes = after_drains(decision, results)
     return writes.plan, writes.patch
@@ -76,7 +77,7 @@ def refused_outright(
 
 def run_daemon_path(rc: dict[str, Any], pods: list[Any], reply: bytes, now: datetime) -> Outcome:
     parsed = autoscaler_pb2.GetClusterResourceStateReply.FromString(reply)
-    observed = Observation(
+    observed = Observation.parse(
         raycluster=rc,
         pods=pods,
         gcs=observation_of(

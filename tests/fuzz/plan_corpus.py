@@ -78,7 +78,7 @@ def _frame(
     gcs = observation_of(
         parsed, observed_at=mono_s, cluster_id="c0", epoch=0, read_at_ms=int(mono_s * 1000)
     )
-    observed = Observation(raycluster=copy.deepcopy(rc), pods=list(pods), gcs=gcs)
+    observed = Observation.parse(raycluster=copy.deepcopy(rc), pods=list(pods), gcs=gcs)
     now = NOW + timedelta(seconds=later_s)
     decision = decide(observed, memory, Policy(), now, mono_s=mono_s)
     base = copy.deepcopy(rc)

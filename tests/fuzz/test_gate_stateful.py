@@ -206,7 +206,7 @@ class GateMachine(RuleBasedStateMachine):
             refused=MappingProxyType(refused),
             not_sent=MappingProxyType(not_sent),
             fresh=fresh,
-            base=base,
+            base=parse_raycluster(base),
             last=last,
         )
         writes = after_drains(decision, results)
@@ -317,10 +317,11 @@ class GateMachine(RuleBasedStateMachine):
             if h.phase.value == "running":
                 self.seen.first_running.setdefault(h.pod_name, self.t)
         observed = Observation(
-            raycluster=self.rc,
+            spec=spec,
+            hosts=hosts,
+            pod_problems=problems,
             gcs=RayObservation(shown, 0.0, cluster_id="c", epoch=self.epoch),
             clock=self.tracker.clock(mono),
-            parsed_pods=(hosts, problems),
         )
         decision = decide(observed, self.memory, POLICY, self._now(), mono_s=mono)
         self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)

@@ -4,7 +4,6 @@ hosts with no Ray node are not drained; unknown demand holds."""
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -50,7 +49,7 @@ def _failed_host_slice() -> list[dict[str, Any]]:
 
 def _observe(pods: list[dict[str, Any]], nodes: list[Any]) -> Observation:
     rc = cluster(tpu_group(replicas=1))
-    return Observation(
+    return Observation.parse(
         rc, pods, RayObservation(state([head_node(), *nodes]), 0.0, cluster_id="c-1")
     )
 
@@ -91,7 +90,8 @@ def test_a_replaced_slice_drains_its_live_idle_hosts_before_the_patch() -> None:
     assert drain.cluster_id == "c-1"
     assert set(drain.node_ids) == {node_id_of(f"tpu-a-{i}") for i in range(4)}
     assert isinstance(patch, Patch)
-    after = jsonpatch.apply_patch(decision.raycluster, list(record.ops), in_place=False)
+    planned_from = cluster(tpu_group(replicas=1))  # as `_observe` builds it
+    after = jsonpatch.apply_patch(planned_from, list(record.ops), in_place=False)
     final = jsonpatch.apply_patch(after, list(patch.ops), in_place=False)
     doomed = final["spec"]["workerGroupSpecs"][0]["scaleStrategy"]["workersToDelete"]
     assert sorted(doomed) == [f"tpu-a-{i}" for i in range(4)]  # whole slice
@@ -121,7 +121,7 @@ def test_a_replaced_slice_with_no_ray_node_left_is_deleted_without_a_drain() -> 
 
 def test_unknown_demand_holds_a_broken_slice() -> None:
     rc = cluster(tpu_group(replicas=1))
-    decision = decide(Observation(rc, _unknown_host_slice(), None), Memory(), POLICY, NOW)
+    decision = decide(Observation.parse(rc, _unknown_host_slice(), None), Memory(), POLICY, NOW)
     assert decision.writes == ()
     assert decision.plan.held is not None and decision.plan.held.kind is HoldKind.DEMAND_UNKNOWN
 
@@ -129,10 +129,11 @@ def test_unknown_demand_holds_a_broken_slice() -> None:
 def test_a_recorded_broken_slice_turned_busy_is_not_finished() -> None:
     # A replacement recorded (draining intent) whose patch never landed (stale, or a restart):
     # its hosts are busy now, so the record is not finished over them either.
-    observed = _observe(_unknown_host_slice(), tpu_slice_nodes("tpu-a", 4, idle_s=None))
-    rc = copy.deepcopy(dict(observed.raycluster))
+    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
+    gcs = RayObservation(state([head_node(), *nodes]), 0.0, cluster_id="c-1")
+    rc = cluster(tpu_group(replicas=1))
     rc["metadata"]["annotations"] = {DRAINING_ANNOTATION: json.dumps({"tpu": ["tpu-a"]})}
-    decision = decide(Observation(rc, observed.pods, observed.gcs), Memory(), POLICY, NOW)
+    decision = decide(Observation.parse(rc, _unknown_host_slice(), gcs), Memory(), POLICY, NOW)
     assert decision.plan.groups[0].deletions == ()
     assert decision.drains == ()
     final = rc

@@ -83,7 +83,9 @@ def _frames(sc: Scenario, mono_at_now: float) -> list[tuple[Plan, tuple[Any, ...
     for f in sc.frames:
         mono = mono_at_now + f.at_s
         gcs = RayObservation(_on_clock(f.ray, mono_at_now), mono, "cluster-1", 1)
-        observed = Observation(raycluster=f.rc, pods=f.pods, gcs=gcs, capacity_events=f.events)
+        observed = Observation.parse(
+            raycluster=f.rc, pods=f.pods, gcs=gcs, capacity_events=f.events
+        )
         d = decide(observed, memory, sc.policy, NOW + timedelta(seconds=f.at_s), mono_s=mono)
         result, writes = d.plan, [write_document(w) for w in d.writes]
         idle_drains = {(x.group, x.slice_key) for x in d.drains if not x.preempt}

@@ -180,7 +180,7 @@ def test_stockout_cancels_the_stuck_slice_and_moves_the_demand_to_v5e() -> None:
 def test_the_cancel_passes_the_deletion_gate_without_a_drain() -> None:
     rc, pods = _groups(v6e_replicas=1), _stuck_v6e()
     gcs = RayObservation(state=_demand(), observed_at=0.0)
-    observed = Observation(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
+    observed = Observation.parse(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
     decision = decide(observed, Memory(), Policy(), NOW, mono_s=MONO)
     assert decision.blocked == ()
     assert decision.drains == ()  # pods that never ran need no drain
@@ -470,7 +470,7 @@ async def test_the_recorder_sets_the_gauges_counts_fallbacks_and_sends_one_event
 
     rc, pods = _groups(v6e_replicas=1), _stuck_v6e()
     gcs = RayObservation(state=_demand(), observed_at=0.0)
-    observed = Observation(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
+    observed = Observation.parse(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
     decision = decide(observed, Memory(), Policy(), NOW, mono_s=MONO)
 
     def sample(name: str, **labels: str) -> float | None:

@@ -404,7 +404,7 @@ def test_a_going_slice_not_yet_in_ray_is_not_drained_and_gets_no_deadline() -> N
 def test_decide_drains_a_going_slice_for_preemption_and_deletes_nothing() -> None:
     pods, nodes = tpu_slices(None, None)
     going(pods[2])
-    observed = Observation(
+    observed = Observation.parse(
         cluster(tpu_group(replicas=2)), pods, RayObservation(state(nodes), 0.0, cluster_id="c")
     )
     decision = decide(observed, Memory(), Policy(), NOW, mono_s=T0)
@@ -497,7 +497,9 @@ def test_the_gate_lets_the_abandoned_slice_go_only_past_its_deadline() -> None:
     drained = [n if not n.instance_id.startswith("tpu-a") else _draining(n) for n in nodes]
     later = NOW + timedelta(seconds=31)
     gcs = RayObservation(state(drained), 0.0, cluster_id="c")
-    decision = decide(Observation(rc, pods, gcs), first.memory, Policy(), later, mono_s=T0 + 31)
+    decision = decide(
+        Observation.parse(rc, pods, gcs), first.memory, Policy(), later, mono_s=T0 + 31
+    )
     assert decision.blocked == ()
     (patch,) = [w for w in decision.writes if isinstance(w, Patch)]
     (strategy,) = [op["value"] for op in patch.ops if op["path"].endswith("/scaleStrategy")]

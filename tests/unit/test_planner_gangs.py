@@ -39,7 +39,7 @@ def _train_request(workers: int) -> list[TaskDemand]:
 def test_request_resources_for_four_slices_launches_four_in_one_patch() -> None:
     rc = cluster(tpu_group(max_replicas=8))
     ray = state([head_node()], constraint=_train_request(16))
-    decision = decide(Observation(rc, [], RayObservation(ray, 0.0)), Memory(), Policy(), NOW)
+    decision = decide(Observation.parse(rc, [], RayObservation(ray, 0.0)), Memory(), Policy(), NOW)
     [patch] = decision.writes
     assert isinstance(patch, Patch)
     after = jsonpatch.apply_patch(rc, list(patch.ops), in_place=False)

@@ -174,14 +174,16 @@ def test_min_replicas_keeps_a_queued_slice() -> None:
 def test_the_cancel_passes_the_deletion_gate_with_no_drain_through_decide() -> None:
     rc = cluster(tpu_group(replicas=1))
     pods = _queued("tpu-a")
-    observed = Observation(rc, pods, RayObservation(state([head_node()]), 0.0, cluster_id="c"))
+    observed = Observation.parse(
+        rc, pods, RayObservation(state([head_node()]), 0.0, cluster_id="c")
+    )
     memory = Memory(queued_unneeded_since={"tpu-a": 0.0})
     decision = decide(observed, memory, Policy(), NOW, mono_s=1000.0)
     assert decision.blocked == ()
     assert not any(isinstance(w, (Drain, RecordIntent)) for w in decision.writes)
     [patch] = decision.writes
     assert isinstance(patch, Patch)
-    after = jsonpatch.apply_patch(decision.raycluster, list(patch.ops), in_place=False)
+    after = jsonpatch.apply_patch(rc, list(patch.ops), in_place=False)
     spec = after["spec"]["workerGroupSpecs"][0]
     assert spec["replicas"] == 0
     assert spec["scaleStrategy"]["workersToDelete"] == [f"tpu-a-{i}" for i in range(4)]

@@ -8,12 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any
 
 from kuberay_scaler.core.backoff import exponential_delay
 from kuberay_scaler.core.decision.document import Decision
 from kuberay_scaler.core.decision.writes import Drain, Patch, assumed_accepted
 from kuberay_scaler.core.defaults import DRAIN_RETRY_S, MAX_DRAIN_RETRY_S
+from kuberay_scaler.core.model.cluster import ClusterSpec
 from kuberay_scaler.core.model.plan import (
     Memory,
     Plan,
@@ -28,7 +28,7 @@ from kuberay_scaler.core.model.reasons import (
     ScaleDown,
     ScaleDownKind,
 )
-from kuberay_scaler.core.patch.intent import clear_ops, read_draining
+from kuberay_scaler.core.patch.intent import clear_ops
 from kuberay_scaler.core.patch.ops import build_patch
 from kuberay_scaler.core.planner.gate import (
     Blocked,
@@ -56,7 +56,7 @@ class DrainResults:
     refused: Mapping[SliceRef, str] = field(default_factory=lambda: MappingProxyType({}))
     not_sent: Mapping[SliceRef, Keep] = field(default_factory=lambda: MappingProxyType({}))
     fresh: RayState | None = None  # the read made right before draining
-    base: Mapping[str, Any] | None = None  # the RayCluster the record write left (its patch base)
+    base: ClusterSpec | None = None  # the RayCluster the record write left, parsed (patch base)
     last: LastRead | None = None  # the read after the drains (None: `plan`'s assumed answers)
 
     @classmethod
@@ -188,9 +188,9 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
         result, blocked = gate(result, judged, results.accepted, now)
     else:
         blocked = ()
-    base = results.base if results.base is not None else decision.raycluster
+    base = results.base if results.base is not None else decision.spec
     ops = build_patch(base, result)
-    if ops or not any(k in refused for keys in read_draining(base).values() for k in keys):
+    if ops or not any(k in refused for keys in base.draining.values() for k in keys):
         ops += clear_ops(base)  # a record of a slice backing off stays: no rewrite on retry
     return Writes(result, Patch(tuple(ops)) if ops else None, tuple(follow), blocked)
 

@@ -39,9 +39,6 @@ from kuberay_scaler.core.model.reasons import (
     PlanProblem,
     ProblemKind,
 )
-from kuberay_scaler.core.parse.pods import parse_pods
-from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.patch.intent import read_draining
 from kuberay_scaler.core.patch.ops import PatchError
 from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.gate import (
@@ -61,12 +58,7 @@ def decide(
     """Plan from `observed` at `now` (wall clock) and `mono_s` (monotonic: every timer that
     licenses a deletion; None: `now` stands in) and list the writes that carry the plan out."""
     tick = tick_of(mono_s, now)
-    raw = observed.raycluster
-    spec = observed.spec if observed.spec is not None else parse_raycluster(raw)
-    if observed.parsed_pods is not None:
-        hosts, pod_problems = observed.parsed_pods
-    else:
-        hosts, pod_problems = parse_pods(list(observed.pods), spec)
+    spec, hosts, pod_problems = observed.spec, observed.hosts, observed.pod_problems
     ray, ray_problem = _ray_state(observed.gcs)
     # One liveness clock and one gate evidence per frame: the slice map, the planner's deletion
     # paths and the gate below all judge by the same ones (without a daemon clock, one built
@@ -78,7 +70,7 @@ def decide(
     memory = replace(
         memory,
         awaiting_write=MappingProxyType(dict(observed.awaiting_write)),
-        draining=MappingProxyType(read_draining(raw)),
+        draining=spec.draining,
     )
     grace_s = policy.timeouts.missing_node_grace_s
     ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
@@ -94,14 +86,14 @@ def decide(
     ev = replace(ev, deadlines=MappingProxyType(deadlines))
     try:
         result, writes, blocked = writes_for(
-            raw, result, observed.gcs, now, drain_deadline_s, ev, tick=tick
+            spec, result, observed.gcs, now, drain_deadline_s, ev, tick=tick
         )
     except PatchError as err:
         return Decision(
-            result, (), raw, observed.gcs, error=str(err), now=now, tick=tick, evidence=ev
+            result, (), spec, observed.gcs, error=str(err), now=now, tick=tick, evidence=ev
         )
     return Decision(
-        result, writes, raw, observed.gcs, now=now, tick=tick, evidence=ev, blocked=blocked
+        result, writes, spec, observed.gcs, now=now, tick=tick, evidence=ev, blocked=blocked
     )
 
 

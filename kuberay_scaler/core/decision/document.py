@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from kuberay_scaler.core.decision.writes import Drain, Patch, RecordIntent, Write
+from kuberay_scaler.core.model.cluster import ClusterSpec
 from kuberay_scaler.core.model.plan import (
     Plan,
 )
@@ -22,7 +22,7 @@ from kuberay_scaler.core.planner.gate import (
 class Decision:
     plan: Plan  # already past the gate, every drain assumed accepted (what `plan` shows)
     writes: tuple[Write, ...]
-    raycluster: Mapping[str, Any]  # the object planned from (the patch's base)
+    spec: ClusterSpec  # the RayCluster planned from, parsed (the patch's base)
     gcs: RayObservation | None = None
     error: str | None = None  # the plan no longer fits the object (replan)
     now: datetime | None = None  # when it was decided, wall clock (what Ray reads, people see)

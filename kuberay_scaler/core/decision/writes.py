@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
 
+from kuberay_scaler.core.model.cluster import ClusterSpec
 from kuberay_scaler.core.model.plan import (
     DeleteKind,
     Plan,
@@ -20,7 +20,7 @@ from kuberay_scaler.core.model.plan import (
     shown,
 )
 from kuberay_scaler.core.model.ray import RayObservation
-from kuberay_scaler.core.patch.intent import clear_ops, read_draining, record_ops, with_record
+from kuberay_scaler.core.patch.intent import clear_ops, record_ops, with_record
 from kuberay_scaler.core.patch.ops import Op, build_patch
 from kuberay_scaler.core.planner.gate import (
     Blocked,
@@ -66,7 +66,7 @@ Write = RecordIntent | Drain | Patch
 
 
 def writes_for(
-    raw: Mapping[str, Any],
+    spec: ClusterSpec,
     result: Plan,
     gcs: RayObservation | None,
     now: datetime,
@@ -82,7 +82,7 @@ def writes_for(
     refuse is not drained at all, so no host of it exits for nothing.
     """
     if not result.changes:
-        stale = _stale_record(raw, result)
+        stale = _stale_record(spec, result)
         return result, ((Patch(tuple(stale)),) if stale else ()), ()
     tick = tick or now
     cluster_id = gcs.cluster_id if gcs else None
@@ -93,15 +93,15 @@ def writes_for(
     drains = [d for d in drains if (d.group, d.slice_key) in kept]
     draining = _slices_to_drain(result, ev, tick)
     writes: list[Write] = []
-    base = raw
-    if draining and not _recorded(raw, draining):
+    base = spec
+    if draining and not _recorded(spec, draining):
         writes.append(
             RecordIntent(
                 draining=MappingProxyType({g: tuple(keys) for g, keys in draining.items()}),
-                ops=tuple(record_ops(raw, draining)),
+                ops=tuple(record_ops(spec, draining)),
             )
         )
-        base = with_record(raw, draining)
+        base = with_record(spec, draining)
     writes += drains
     writes += _preemptions(result, cluster_id, tick, now)
     ops = _patch_ops(base, result)
@@ -156,18 +156,18 @@ def _notice_over(x: SliceDeletion, ev: Evidence, now: datetime) -> bool:
     return deadline is not None and deadline <= now
 
 
-def _recorded(raw: Mapping[str, Any], draining: Mapping[str, list[str]]) -> bool:
+def _recorded(spec: ClusterSpec, draining: Mapping[str, list[str]]) -> bool:
     """The object already records every slice about to be drained: never rewrite it."""
-    held = read_draining(raw)
+    held = spec.draining
     return all(set(keys) <= set(held.get(g, ())) for g, keys in draining.items())
 
 
-def _stale_record(raw: Mapping[str, Any], result: Plan) -> list[Op]:
+def _stale_record(spec: ClusterSpec, result: Plan) -> list[Op]:
     """Clear a draining record none of whose slices this plan finishes because they turned busy
     or are gone; kept while one may still be finished (its hosts absent, not yet for the
     grace), is backing off from a refused drain (so a retry never rewrites it), or while Ray's
     view is unknown (a blind daemon writes nothing)."""
-    recorded = read_draining(raw)
+    recorded = spec.draining
     if not recorded or result.held is not None or result.slice_map is None:
         return []
     if any(k in result.memory.refused for keys in recorded.values() for k in keys):
@@ -179,7 +179,7 @@ def _stale_record(raw: Mapping[str, Any], result: Plan) -> list[Op]:
         for k in keys
         if (g, k) in slices and not slices[(g, k)].working_hosts
     ]
-    return [] if waiting else clear_ops(raw)  # a slice still to finish keeps its record
+    return [] if waiting else clear_ops(spec)  # a slice still to finish keeps its record
 
 
 def _preemptions(
@@ -239,6 +239,6 @@ def _drain_message(x: SliceDeletion) -> str:
     return f"kuberay-scaler: slice {x.slice_key} idle"
 
 
-def _patch_ops(base: Mapping[str, Any], result: Plan) -> list[Op]:
+def _patch_ops(base: ClusterSpec, result: Plan) -> list[Op]:
     # The record goes with the patch that deletes its slices (or with their drains refused).
     return build_patch(base, result) + clear_ops(base)
