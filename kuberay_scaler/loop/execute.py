@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from types import MappingProxyType
 
 import structlog
@@ -46,13 +47,20 @@ from kuberay_scaler.loop.ports import ClusterView, Gcs, GcsFeed, PodStore, Write
 log = structlog.get_logger(__name__)
 
 
+class WriteStep(StrEnum):
+    """The writes that get an outcome of their own (the drains answer per slice)."""
+
+    RECORD = "record"  # the draining-intent record
+    PATCH = "patch"  # the guarded patch
+
+
 @dataclass(frozen=True)
 class Executed:
     """How far a decision's writes got."""
 
     plan: Plan  # as carried out: slices whose drain was refused are kept
     outcome: PatchOutcome | None = None  # of the last write sent; None when nothing was sent
-    step: str = "patch"  # which write `outcome` belongs to: "record" or "patch"
+    step: WriteStep = WriteStep.PATCH  # which write `outcome` belongs to
     sent: tuple[Op, ...] = ()  # the patch ops sent
     refused: frozenset[SliceRef] = field(default_factory=frozenset)
     replan: bool = False  # the RayCluster changed under the plan: plan again
@@ -131,9 +139,9 @@ async def execute(
     not_sent: dict[SliceRef, Keep] = {}
     fresh: RayState | None = None
     if record is not None:
-        outcome = await writer.apply(list(record.ops), expected_uid=uid)
+        outcome = await writer.apply(record.ops, expected_uid=uid)
         if outcome.kind == "stale":
-            return Executed(decision.plan, outcome, "record", replan=True)
+            return Executed(decision.plan, outcome, WriteStep.RECORD, replan=True)
         if outcome.kind == "applied" and outcome.obj is not None:
             view.observe(outcome.obj)
             base = parse_raycluster(outcome.obj)  # the patch's guards: the object as now stored
@@ -174,7 +182,7 @@ async def execute(
         return Executed(
             done.plan,
             record_failed,
-            "record",
+            WriteStep.RECORD,
             refused=refused,
             answered=answered,
             drain_errors=erred,
@@ -285,11 +293,11 @@ async def _send_patch(
 ) -> Executed:
     if writes.patch is None:
         return Executed(writes.plan, refused=refused)
-    outcome = await writer.apply(list(writes.patch.ops), expected_uid=uid)
+    outcome = await writer.apply(writes.patch.ops, expected_uid=uid)
     return Executed(
         writes.plan,
         outcome,
-        "patch",
+        WriteStep.PATCH,
         writes.patch.ops,
         refused=refused,
         replan=outcome.kind == "stale",

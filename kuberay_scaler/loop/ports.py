@@ -17,6 +17,7 @@ from kuberay_scaler.core.model.plan import Plan
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.report import AutoscalingReport
 from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
+from kuberay_scaler.core.patch.ops import Op
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.handsoff import Overridden
 from kuberay_scaler.loop.health import LoopStatus, Outcome, Want
@@ -108,7 +109,7 @@ class GcsFeed(Protocol):
 class Writer(Protocol):
     """Guarded JSON patches of the RayCluster (kube.writer.RayClusterWriter)."""
 
-    async def apply(self, ops: Sequence[dict[str, Any]], *, expected_uid: str) -> PatchOutcome: ...
+    async def apply(self, ops: Sequence[Op], *, expected_uid: str) -> PatchOutcome: ...
 
 
 class Events(Protocol):

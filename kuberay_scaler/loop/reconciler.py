@@ -22,9 +22,10 @@ from typing import Any
 from kuberay_scaler.core.decision import Decision, decide
 from kuberay_scaler.core.model.plan import Memory, Plan, tick_of
 from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
-from kuberay_scaler.loop.execute import Executed, WriteBackoff, execute
+from kuberay_scaler.loop.execute import Executed, WriteBackoff, WriteStep, execute
 from kuberay_scaler.loop.health import (
     DrainErrors,
     LoopStatus,
@@ -254,8 +255,8 @@ class Reconciler:
         # Deadlines set once the drains answered (a partly drained slice) wake the loop too.
         self.schedule.planned(executed.plan.next_wake_s, planned_at)
         self.sink.blocked(executed.blocked)
-        if executed.step == "patch" and executed.sent:
-            self.sink.sent(executed.sent)
+        if executed.step is WriteStep.PATCH and executed.sent:
+            self.sink.sent(ops_json(executed.sent))
         if executed.replan:
             return None
         self._drain_errors.answered(executed.answered, executed.drain_errors)

@@ -22,6 +22,7 @@ from kuberay_scaler.core.decision import Decision, Observation, decide
 from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.reasons import KeepKind
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop import reconciler as reconciler_module
@@ -90,7 +91,7 @@ async def test_execute_records_drains_then_patches_what_the_decision_says() -> N
     assert done.applied and done.step == "patch" and not done.replan
     record, patch = world.decision.record, world.decision.patch
     assert record is not None and patch is not None
-    assert [c.ops for c in world.writer.calls] == [list(record.ops), list(patch.ops)]
+    assert [c.ops for c in world.writer.calls] == [ops_json(record.ops), ops_json(patch.ops)]
     (drain,) = world.decision.drains
     assert sorted(world.gcs.drained) == sorted(drain.node_ids)
     assert {d.cluster_id for d in world.gcs.drains} == {"cluster-1"}  # pinned to the plan's GCS

@@ -30,6 +30,7 @@ from kuberay_scaler.core.decision import (
 )
 from kuberay_scaler.core.model.plan import Memory, Plan
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 
 # The daemon's monotonic reading, far from the wall clock's number as a real one is: the reply
@@ -87,7 +88,7 @@ def run_daemon_path(rc: dict[str, Any], pods: list[Any], reply: bytes, now: date
     decision = decide(observed, Memory(), Policy(), now, mono_s=MONO_S)
     base = copy.deepcopy(rc)
     if decision.record is not None:
-        base = jsonpatch.apply_patch(base, list(decision.record.ops))
+        base = jsonpatch.apply_patch(base, ops_json(decision.record.ops))
     status = node_statuses(reply)
     refused, drained = set(), set()
     for drain in decision.drains:
@@ -98,5 +99,5 @@ def run_daemon_path(rc: dict[str, Any], pods: list[Any], reply: bytes, now: date
         else:
             drained.update(drain.node_ids)
     result, patch = refused_outright(decision, refused, base)
-    after = jsonpatch.apply_patch(base, list(patch.ops)) if patch is not None else base
+    after = jsonpatch.apply_patch(base, ops_json(patch.ops)) if patch is not None else base
     return Outcome(decision, result, after, frozenset(refused), frozenset(drained))

@@ -34,6 +34,7 @@ import jsonpatch
 from kuberay_scaler.adapters.ray_gcs.poller import observation_of
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.plan import Memory
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from tests.fuzz.pipeline import BUSY, node_statuses, refused_outright
 
@@ -83,7 +84,7 @@ def _frame(
     decision = decide(observed, memory, Policy(), now, mono_s=mono_s)
     base = copy.deepcopy(rc)
     if decision.record is not None:
-        base = jsonpatch.apply_patch(base, list(decision.record.ops))
+        base = jsonpatch.apply_patch(base, ops_json(decision.record.ops))
     status = node_statuses(reply)
     refused = {
         (d.group, d.slice_key)
@@ -91,7 +92,7 @@ def _frame(
         if not d.preempt and any(status.get(n) == BUSY for n in d.node_ids)
     }
     carried, patch = refused_outright(decision, refused, base)
-    after = jsonpatch.apply_patch(base, list(patch.ops)) if patch is not None else base
+    after = jsonpatch.apply_patch(base, ops_json(patch.ops)) if patch is not None else base
     shown = {
         "decision": canonical(decision.document()),
         "error": decision.error,

@@ -15,6 +15,7 @@ from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import HoldKind, Keep, KeepKind, Replace, SliceFault
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.slicemap import SliceTimeouts
 from tests.factories import (
@@ -91,8 +92,8 @@ def test_a_replaced_slice_drains_its_live_idle_hosts_before_the_patch() -> None:
     assert set(drain.node_ids) == {node_id_of(f"tpu-a-{i}") for i in range(4)}
     assert isinstance(patch, Patch)
     planned_from = cluster(tpu_group(replicas=1))  # as `_observe` builds it
-    after = jsonpatch.apply_patch(planned_from, list(record.ops), in_place=False)
-    final = jsonpatch.apply_patch(after, list(patch.ops), in_place=False)
+    after = jsonpatch.apply_patch(planned_from, ops_json(record.ops), in_place=False)
+    final = jsonpatch.apply_patch(after, ops_json(patch.ops), in_place=False)
     doomed = final["spec"]["workerGroupSpecs"][0]["scaleStrategy"]["workersToDelete"]
     assert sorted(doomed) == [f"tpu-a-{i}" for i in range(4)]  # whole slice
     assert final["spec"]["workerGroupSpecs"][0]["replicas"] == 1  # KubeRay recreates it
@@ -139,7 +140,7 @@ def test_a_recorded_broken_slice_turned_busy_is_not_finished() -> None:
     final = rc
     for write in decision.writes:
         assert isinstance(write, (RecordIntent, Patch))
-        final = jsonpatch.apply_patch(final, list(write.ops), in_place=False)
+        final = jsonpatch.apply_patch(final, ops_json(write.ops), in_place=False)
     group = final["spec"]["workerGroupSpecs"][0]
     assert not (group.get("scaleStrategy") or {}).get("workersToDelete")
     assert group["replicas"] == 1

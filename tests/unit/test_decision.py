@@ -21,6 +21,7 @@ from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import ProblemKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     NOW,
@@ -63,8 +64,8 @@ def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
     }
     # The patch applies to the object as the record left it, and removes the record.
     rc = _idle_inputs("tpu-a", "tpu-b")[0]  # the object planned from
-    after_record = jsonpatch.apply_patch(rc, list(record.ops), in_place=False)
-    final = jsonpatch.apply_patch(after_record, list(patch.ops), in_place=False)
+    after_record = jsonpatch.apply_patch(rc, ops_json(record.ops), in_place=False)
+    final = jsonpatch.apply_patch(after_record, ops_json(patch.ops), in_place=False)
     assert DRAINING_ANNOTATION not in final["metadata"]["annotations"]
     assert final["spec"]["workerGroupSpecs"][0]["replicas"] == 0
 
@@ -88,7 +89,8 @@ def test_scale_up_is_one_patch_without_record_or_drain() -> None:
     (patch,) = decide(observed, Memory(), Policy(), NOW).writes
     assert isinstance(patch, Patch)
     assert (
-        jsonpatch.apply_patch(rc, list(patch.ops))["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+        jsonpatch.apply_patch(rc, ops_json(patch.ops))["spec"]["workerGroupSpecs"][0]["replicas"]
+        == 2
     )
 
 
@@ -109,10 +111,10 @@ def test_refused_drains_give_a_patch_that_keeps_those_slices() -> None:
     record = decision.record
     assert record is not None
     rc = _idle_inputs("tpu-a", "tpu-b")[0]  # the object planned from
-    base = jsonpatch.apply_patch(rc, list(record.ops), in_place=False)
+    base = jsonpatch.apply_patch(rc, ops_json(record.ops), in_place=False)
     result, patch = refused_outright(decision, {("tpu", "tpu-a")}, base)
     assert patch is not None
-    final = jsonpatch.apply_patch(base, list(patch.ops), in_place=False)
+    final = jsonpatch.apply_patch(base, ops_json(patch.ops), in_place=False)
     spec = final["spec"]["workerGroupSpecs"][0]
     assert spec["replicas"] == 1
     assert sorted(spec["scaleStrategy"]["workersToDelete"]) == [f"tpu-b-{i}" for i in range(4)]
@@ -159,7 +161,7 @@ def test_a_busy_slice_whose_preemption_notice_is_over_is_deleted_with_one_write(
     assert _raycluster_writes(decision) == ["Patch"]
     (patch,) = decision.writes
     assert isinstance(patch, Patch)
-    final = jsonpatch.apply_patch(rc, list(patch.ops), in_place=False)
+    final = jsonpatch.apply_patch(rc, ops_json(patch.ops), in_place=False)
     spec = final["spec"]["workerGroupSpecs"][0]
     assert spec["replicas"] == 0
     assert sorted(spec["scaleStrategy"]["workersToDelete"]) == [f"tpu-a-{i}" for i in range(4)]

@@ -26,6 +26,7 @@ from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import evidence_for, pod_blocker
 from tests.factories import (
@@ -201,7 +202,7 @@ def test_the_dry_path_shows_the_same_gate() -> None:
     decision = _idle_decision("tpu-a")
     assert decision.record is not None and decision.patch is not None
     planned_from = cluster(tpu_group(replicas=1))  # as `_idle_decision` builds it
-    base = jsonpatch.apply_patch(planned_from, list(decision.record.ops))
+    base = jsonpatch.apply_patch(planned_from, ops_json(decision.record.ops))
     assumed = DrainResults.assumed(decision.drains)
     again = after_drains(decision, replace(assumed, base=parse_raycluster(base)))
     assert again.patch == decision.patch
@@ -276,7 +277,8 @@ def test_the_gate_drops_a_deletion_a_path_got_wrong_and_puts_the_target_back() -
     assert d.target == 1
     assert Keep(KeepKind.GATE_NOT_DRAINED, slice="tpu-b", detail="tpu-b-0") in d.reasons
     assert writes.patch is not None
-    named = {n for op in writes.patch.ops if isinstance(op.get("value"), list) for n in op["value"]}
+    sent = ops_json(writes.patch.ops)
+    named = {n for op in sent if isinstance(op.get("value"), list) for n in op["value"]}
     assert not {f"tpu-b-{i}" for i in range(4)} & named
 
 

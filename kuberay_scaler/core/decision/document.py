@@ -12,6 +12,7 @@ from kuberay_scaler.core.model.plan import (
     Plan,
 )
 from kuberay_scaler.core.model.ray import RayObservation
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.gate import (
     Blocked,
     Evidence,
@@ -50,7 +51,7 @@ class Decision:
         return {
             **self.plan.summary(),
             "writes": [write_document(w) for w in self.writes],
-            "patch": list(patch.ops) if patch else [],
+            "patch": ops_json(patch.ops) if patch else [],
             "deletions_blocked": [_blocked_doc(b) for b in self.blocked],
         }
 
@@ -60,7 +61,7 @@ def write_document(write: Write) -> dict[str, Any]:
         return {
             "write": "record_intent",
             "draining": {g: list(k) for g, k in write.draining.items()},
-            "ops": list(write.ops),
+            "ops": ops_json(write.ops),
         }
     if isinstance(write, Drain):
         return {
@@ -73,7 +74,7 @@ def write_document(write: Write) -> dict[str, Any]:
             "deadline_ms": write.deadline_ms,
             "message": write.message,
         }
-    return {"write": "patch", "ops": list(write.ops)}
+    return {"write": "patch", "ops": ops_json(write.ops)}
 
 
 def _blocked_doc(b: Blocked) -> dict[str, Any]:

@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from kuberay_scaler.core.model.cluster import ClusterSpec, frozen_map
 from kuberay_scaler.core.model.labels import DRAINING_ANNOTATION
+from kuberay_scaler.core.patch.ops import Add, Op, Remove, Test
 
 __all__ = ["DRAINING_ANNOTATION", "clear_ops", "record_ops", "with_record"]
 
 _POINTER = "/metadata/annotations/" + DRAINING_ANNOTATION.replace("~", "~0").replace("/", "~1")
-
-Op = dict[str, Any]
 
 
 def _record(draining: Mapping[str, list[str]]) -> str:
@@ -30,10 +28,8 @@ def record_ops(spec: ClusterSpec, draining: Mapping[str, list[str]]) -> list[Op]
     """Ops that write the record (creating the annotations map when it is absent)."""
     value = _record(draining)
     if not spec.has_annotations:
-        return [
-            {"op": "add", "path": "/metadata/annotations", "value": {DRAINING_ANNOTATION: value}}
-        ]
-    return [{"op": "add", "path": _POINTER, "value": value}]
+        return [Add("/metadata/annotations", {DRAINING_ANNOTATION: value})]
+    return [Add(_POINTER, value)]
 
 
 def with_record(spec: ClusterSpec, draining: Mapping[str, list[str]]) -> ClusterSpec:
@@ -50,7 +46,4 @@ def clear_ops(spec: ClusterSpec) -> list[Op]:
     """Ops that remove the record if the object carries one (guarded by its current value)."""
     if spec.draining_record is None:
         return []
-    return [
-        {"op": "test", "path": _POINTER, "value": spec.draining_record},
-        {"op": "remove", "path": _POINTER},
-    ]
+    return [Test(_POINTER, spec.draining_record), Remove(_POINTER)]
