@@ -2,7 +2,7 @@
 
 Nothing here decides anything: which drains go (`decision.drains_to_send`, from a fresh GCS
 read made right before them) and what the patch is once they answered (`decision.after_drains`:
-kept slices, partly drained ones, the deletion gate) are pure functions of decision.py. This
+kept slices, partly drained ones, the deletion gate) are pure (core/decision/after.py). This
 module only does the I/O and hands each step's outcome back to the loop (replan on stale, back
 off on the rest; what the gate dropped, in `Executed.blocked`, for the Sink to count and say).
 

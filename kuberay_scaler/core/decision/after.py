@@ -14,29 +14,12 @@ from kuberay_scaler.core.decision.document import Decision
 from kuberay_scaler.core.decision.writes import Drain, Patch, assumed_accepted
 from kuberay_scaler.core.defaults import DRAIN_RETRY_S, MAX_DRAIN_RETRY_S
 from kuberay_scaler.core.model.cluster import ClusterSpec
-from kuberay_scaler.core.model.plan import (
-    Memory,
-    Plan,
-    RefusedDrain,
-    shown,
-)
+from kuberay_scaler.core.model.plan import Memory, Plan, RefusedDrain, shown
 from kuberay_scaler.core.model.ray import RayState
-from kuberay_scaler.core.model.reasons import (
-    Keep,
-    KeepKind,
-    Reason,
-    ScaleDown,
-    ScaleDownKind,
-)
+from kuberay_scaler.core.model.reasons import Keep, KeepKind, Reason, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.patch.intent import clear_ops
 from kuberay_scaler.core.patch.ops import build_patch
-from kuberay_scaler.core.planner.gate import (
-    Blocked,
-    SliceRef,
-    gate,
-    quiet,
-    without,
-)
+from kuberay_scaler.core.planner.gate import Blocked, SliceRef, gate, quiet, without
 
 
 @dataclass(frozen=True)
@@ -175,9 +158,7 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
         follow.append(replace(d, node_ids=rest, preempt=True, message=_partial_message(d, why)))
     result = without(result, dropped)
     memory = replace(
-        result.memory,
-        preempting=MappingProxyType(preempting),
-        refused=MappingProxyType(refused),
+        result.memory, preempting=MappingProxyType(preempting), refused=MappingProxyType(refused)
     )
     result = replace(result, memory=memory, deadline_s=_sooner(result.deadline_s, memory, now))
     ev = decision.evidence

@@ -1,22 +1,5 @@
-"""decide(): one observation → the plan and every write it takes, in order. Pure.
-
-The daemon executes the writes (loop/execute.py), the `plan` command prints them and
-/debug/plan shows them; all three build them here, so they cannot disagree. The writes are:
-
-1. `RecordIntent`: annotate the RayCluster with the slices about to be drained, so a restart in
-   the middle finishes the scale-down instead of forgetting it;
-2. one `Drain` per idle slice (every live raylet of its hosts, pinned to the GCS the plan was
-   made from), one per broken slice being replaced whose hosts' Ray nodes are still alive (and
-   idle: a busy broken slice is kept by the planner), and one per busy slice to drain for
-   preemption (above maxReplicas, or broken and busy for too long; not deleted by this patch);
-3. `Patch`: the guarded JSON patch (replicas, workersToDelete, the record cleared).
-
-Every deletion passes the deletion gate (core/planner/gate.py) twice: here, with every drain assumed
-accepted (so a slice it would refuse is never drained, and `plan` / /debug/plan show the patch
-the daemon sends when Ray accepts), and in `after_drains`, with what the drains really did.
-`drains_to_send` and `after_drains` are the rules the shell (loop/execute.py) applies around
-the drains, pure and typed so `plan` and tests see them.
-"""
+"""decide(): one observation → the plan past the gate (every drain assumed accepted) and every
+write that carries it out, in order (the package's docstring says which). Pure."""
 
 from __future__ import annotations
 
@@ -29,21 +12,12 @@ from kuberay_scaler.core.decision.observation import Observation
 from kuberay_scaler.core.decision.writes import writes_for
 from kuberay_scaler.core.defaults import DRAIN_DEADLINE_S
 from kuberay_scaler.core.liveness import HostClock
-from kuberay_scaler.core.model.plan import (
-    Memory,
-    Snapshot,
-    tick_of,
-)
+from kuberay_scaler.core.model.plan import Memory, Snapshot, tick_of
 from kuberay_scaler.core.model.ray import RayObservation, RayState
-from kuberay_scaler.core.model.reasons import (
-    PlanProblem,
-    ProblemKind,
-)
+from kuberay_scaler.core.model.reasons import PlanProblem, ProblemKind
 from kuberay_scaler.core.patch.ops import PatchError
 from kuberay_scaler.core.planner.core import Policy, plan
-from kuberay_scaler.core.planner.gate import (
-    evidence_for,
-)
+from kuberay_scaler.core.planner.gate import evidence_for
 
 
 def decide(

@@ -8,15 +8,10 @@ from typing import Any
 
 from kuberay_scaler.core.decision.writes import Drain, Patch, RecordIntent, Write
 from kuberay_scaler.core.model.cluster import ClusterSpec
-from kuberay_scaler.core.model.plan import (
-    Plan,
-)
+from kuberay_scaler.core.model.plan import Plan
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.gate import (
-    Blocked,
-    Evidence,
-)
+from kuberay_scaler.core.planner.gate import Blocked, Evidence
 
 
 @dataclass(frozen=True)

@@ -13,20 +13,11 @@ from datetime import datetime
 from types import MappingProxyType
 
 from kuberay_scaler.core.model.cluster import ClusterSpec
-from kuberay_scaler.core.model.plan import (
-    DeleteKind,
-    Plan,
-    SliceDeletion,
-    shown,
-)
+from kuberay_scaler.core.model.plan import DeleteKind, Plan, SliceDeletion, shown
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.patch.intent import clear_ops, record_ops, with_record
 from kuberay_scaler.core.patch.ops import Op, build_patch
-from kuberay_scaler.core.planner.gate import (
-    Blocked,
-    Evidence,
-    gate,
-)
+from kuberay_scaler.core.planner.gate import Blocked, Evidence, gate
 
 
 @dataclass(frozen=True)
