@@ -123,9 +123,10 @@ class Frame:
         # too); without one, decide() would derive it from timestamps in each of its users.
         clock = HostClock.from_timestamps(parsed[0], self.state.node_by_instance(), self.at)
         observed = Observation(
-            raycluster=self.sc.raycluster,
+            spec=self.spec,
+            hosts=parsed[0],
+            pod_problems=parsed[1],
             gcs=RayObservation(self.state, 0.0, cluster_id="c"),
-            parsed_pods=parsed,
             clock=clock,
         )
         decision = decide(observed, Memory(), Policy(), self.at)

@@ -102,7 +102,10 @@ def child(input_file: str) -> dict[str, Any]:
     reply = autoscaler_pb2.GetClusterResourceStateReply.FromString(reply_bytes)
     state = bench_frame.parse(reply, bench_frame.NOW)
     observed = Observation(
-        raycluster=raycluster, gcs=RayObservation(state, 0.0, cluster_id="c"), parsed_pods=parsed
+        spec=spec,
+        hosts=parsed[0],
+        pod_problems=parsed[1],
+        gcs=RayObservation(state, 0.0, cluster_id="c"),
     )
     decision = decide(observed, Memory(), Policy(), bench_frame.NOW)
     report_from_plan(decision.plan, int(bench_frame.NOW.timestamp()))

@@ -2,7 +2,7 @@
 
 Nothing here decides anything: which drains go (`decision.drains_to_send`, from a fresh GCS
 read made right before them) and what the patch is once they answered (`decision.after_drains`:
-kept slices, partly drained ones, the deletion gate) are pure functions of decision.py. This
+kept slices, partly drained ones, the deletion gate) are pure (core/decision/after.py). This
 module only does the I/O and hands each step's outcome back to the loop (replan on stale, back
 off on the rest; what the gate dropped, in `Executed.blocked`, for the recorder to count and say).
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
 
 import structlog
 
@@ -33,16 +33,25 @@ from kuberay_scaler.core.decision import (
     after_drains,
     drains_to_send,
 )
+from kuberay_scaler.core.model.cluster import ClusterSpec
 from kuberay_scaler.core.model.drains import DrainReason, HostDrain, SliceDrainResult
 from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Memory, Plan
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import Op, PatchError
 from kuberay_scaler.core.planner.gate import Blocked, SliceRef
 from kuberay_scaler.loop.ports import ClusterView, Gcs, GcsFeed, PodStore, Writer
 
 log = structlog.get_logger(__name__)
+
+
+class WriteStep(StrEnum):
+    """The writes that get an outcome of their own (the drains answer per slice)."""
+
+    RECORD = "record"  # the draining-intent record
+    PATCH = "patch"  # the guarded patch
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ class Executed:
 
     plan: Plan  # as carried out: slices whose drain was refused are kept
     outcome: PatchOutcome | None = None  # of the last write sent; None when nothing was sent
-    step: str = "patch"  # which write `outcome` belongs to: "record" or "patch"
+    step: WriteStep = WriteStep.PATCH  # which write `outcome` belongs to
     sent: tuple[Op, ...] = ()  # the patch ops sent
     refused: frozenset[SliceRef] = field(default_factory=frozenset)
     replan: bool = False  # the RayCluster changed under the plan: plan again
@@ -124,18 +133,18 @@ async def execute(
     read again and the pod cache's uids taken (`_last_read`), so a raylet replaced or a pod
     recreated while a host answered late is never named."""
     uid = decision.plan.uid
-    base: Mapping[str, Any] = decision.raycluster
+    base: ClusterSpec = decision.spec
     record, record_failed = decision.record, None
     drains: tuple[Drain, ...] = tuple(d for d in decision.drains if d.preempt)
     not_sent: dict[SliceRef, Keep] = {}
     fresh: RayState | None = None
     if record is not None:
-        outcome = await writer.apply(list(record.ops), expected_uid=uid)
+        outcome = await writer.apply(record.ops, expected_uid=uid)
         if outcome.kind == "stale":
-            return Executed(decision.plan, outcome, "record", replan=True)
+            return Executed(decision.plan, outcome, WriteStep.RECORD, replan=True)
         if outcome.kind == "applied" and outcome.obj is not None:
-            base = outcome.obj
-            view.observe(base)
+            view.observe(outcome.obj)
+            base = parse_raycluster(outcome.obj)  # the patch's guards: the object as now stored
         else:  # the slices it was for are not drained; everything else still goes
             record_failed = outcome
             not_sent = {
@@ -173,7 +182,7 @@ async def execute(
         return Executed(
             done.plan,
             record_failed,
-            "record",
+            WriteStep.RECORD,
             refused=refused,
             answered=answered,
             drain_errors=erred,
@@ -254,7 +263,7 @@ def _results(
     answers: Mapping[SliceRef, SliceDrainResult],
     not_sent: Mapping[SliceRef, Keep],
     fresh: RayState | None,
-    base: Mapping[str, Any],
+    base: ClusterSpec,
 ) -> DrainResults:
     accepted = frozenset(n for r in answers.values() for n in r.drained_node_ids)
     refused = {ref: r.reason for ref, r in answers.items() if not r.may_delete}
@@ -284,11 +293,11 @@ async def _send_patch(
 ) -> Executed:
     if writes.patch is None:
         return Executed(writes.plan, refused=refused)
-    outcome = await writer.apply(list(writes.patch.ops), expected_uid=uid)
+    outcome = await writer.apply(writes.patch.ops, expected_uid=uid)
     return Executed(
         writes.plan,
         outcome,
-        "patch",
+        WriteStep.PATCH,
         writes.patch.ops,
         refused=refused,
         replan=outcome.kind == "stale",

@@ -135,13 +135,13 @@ class Observer:
         maintenance = self._nodes.maintenance() if self._nodes is not None else {}
         blind, unknown = self.blindness(now.mono, found=True)
         observation = Observation(
-            raycluster=raw,
+            spec=spec,
+            hosts=hosts,
+            pod_problems=problems,
             gcs=ray,
             synced=synced,
             awaiting_write=holds,
             clock=self._liveness.clock(now.mono),
-            parsed_pods=(hosts, problems),
-            spec=spec,
             capacity_events=capacity,
             node_maintenance=maintenance,
         )

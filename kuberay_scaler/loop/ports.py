@@ -15,6 +15,7 @@ from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.report import AutoscalingReport
 from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
+from kuberay_scaler.core.patch.ops import Op
 
 RawObject = dict[str, Any]
 
@@ -103,7 +104,7 @@ class GcsFeed(Protocol):
 class Writer(Protocol):
     """Guarded JSON patches of the RayCluster (kube.writer.RayClusterWriter)."""
 
-    async def apply(self, ops: Sequence[dict[str, Any]], *, expected_uid: str) -> PatchOutcome: ...
+    async def apply(self, ops: Sequence[Op], *, expected_uid: str) -> PatchOutcome: ...
 
 
 class Events(Protocol):

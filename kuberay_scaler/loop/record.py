@@ -22,8 +22,9 @@ from kuberay_scaler.core.model.availability import Availability, AvailabilityCha
 from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Plan
 from kuberay_scaler.core.model.reasons import Action
 from kuberay_scaler.core.model.slices import SliceState
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.gate import Blocked
-from kuberay_scaler.loop.execute import Executed
+from kuberay_scaler.loop.execute import Executed, WriteStep
 from kuberay_scaler.loop.handsoff import Overridden
 from kuberay_scaler.loop.health import LoopStatus, Outcome, Progress, Step, Want, judge_wants
 from kuberay_scaler.loop.ports import Events
@@ -145,8 +146,8 @@ class Recorder:
     def _executed(self, executed: Executed) -> None:
         """What became of the writes: the patch sent, then as it ended."""
         self._blocked(executed.blocked)
-        if executed.step == "patch" and executed.sent:
-            self.status.last_patch = [dict(op) for op in executed.sent]
+        if executed.step is WriteStep.PATCH and executed.sent:
+            self.status.last_patch = ops_json(executed.sent)
         outcome = executed.outcome
         if executed.replan:
             return

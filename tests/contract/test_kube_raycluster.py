@@ -14,6 +14,7 @@ from kuberay_scaler.adapters.kube.access import detect_access
 from kuberay_scaler.adapters.kube.raycluster import Mode, RayClusterView
 from kuberay_scaler.adapters.kube.writer import RayClusterWriter
 from kuberay_scaler.core.backoff import Backoff
+from kuberay_scaler.core.patch.ops import Replace
 from kuberay_standins.apiserver import (
     ADMIN_TOKEN,
     RESTRICTED_TOKEN,
@@ -195,18 +196,14 @@ async def test_deleted_then_recreated_stops_writes_and_signals_uid_change(
         view.nudge()  # poll mode learns from pod events (the operator deletes the pods)
         await eventually(lambda: view.current() is None, "deletion seen")
         assert not view.uid_changed.is_set()
-        outcome = await writer.apply(
-            [{"op": "replace", "path": REPLICAS_PATH, "value": 2}], expected_uid=old_uid
-        )
+        outcome = await writer.apply([Replace(REPLICAS_PATH, 2)], expected_uid=old_uid)
         assert outcome.kind == "gone"
 
         apiserver.create("rayclusters", NAMESPACE, raycluster(replicas=1))
         view.nudge()
         await eventually(lambda: view.uid_changed.is_set(), "new UID signalled")
         assert view.uid != old_uid
-        outcome = await writer.apply(
-            [{"op": "replace", "path": REPLICAS_PATH, "value": 2}], expected_uid=old_uid
-        )
+        outcome = await writer.apply([Replace(REPLICAS_PATH, 2)], expected_uid=old_uid)
         assert outcome.kind == "stale"  # never patch the namesake with the old plan
         await eventually(lambda: shows(view, apiserver), "view equals the recreated object")
     stored = apiserver.get("rayclusters", NAMESPACE, CLUSTER)

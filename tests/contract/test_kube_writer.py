@@ -14,6 +14,7 @@ from kuberay_scaler.adapters.kube.raycluster import RayClusterView
 from kuberay_scaler.adapters.kube.session import open_api
 from kuberay_scaler.adapters.kube.writer import PatchOutcome, RayClusterWriter
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import Op, Replace, Test
 from kuberay_scaler.loop.expectations import Expectations
 from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 from tests.contract.conftest import CLUSTER, GROUP, NAMESPACE, Connect, metric, raycluster
@@ -25,12 +26,12 @@ REPLICAS_PATH = "/spec/workerGroupSpecs/0/replicas"
 PATCHES = "kuberay_scaler_patches_total"
 
 
-def scale_ops(from_replicas: int, to_replicas: int) -> list[dict[str, Any]]:
+def scale_ops(from_replicas: int, to_replicas: int) -> list[Op]:
     """What the patch builder emits: guard the group and the value the plan was made from."""
     return [
-        {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": GROUP},
-        {"op": "test", "path": REPLICAS_PATH, "value": from_replicas},
-        {"op": "replace", "path": REPLICAS_PATH, "value": to_replicas},
+        Test("/spec/workerGroupSpecs/0/groupName", GROUP),
+        Test(REPLICAS_PATH, from_replicas),
+        Replace(REPLICAS_PATH, to_replicas),
     ]
 
 
@@ -88,7 +89,7 @@ async def test_failed_test_op_is_stale_and_validation_422_is_invalid(
     assert stale.kind == "stale"
     assert stored_replicas(apiserver) == 1
 
-    bad_ops = [{"op": "replace", "path": REPLICAS_PATH, "value": "two"}]
+    bad_ops: list[Op] = [Replace(REPLICAS_PATH, "two")]
     with capture_logs() as logs:
         first = await writer.apply(bad_ops, expected_uid=uid)
         second = await writer.apply(bad_ops, expected_uid=uid)
@@ -96,7 +97,7 @@ async def test_failed_test_op_is_stale_and_validation_422_is_invalid(
     assert "replicas" in first.message
     rejected = [e for e in logs if e["event"] == "raycluster patch rejected as invalid"]
     assert len(rejected) == 1  # logged once, with the ops
-    assert rejected[0]["ops"] == bad_ops
+    assert rejected[0]["ops"] == [{"op": "replace", "path": REPLICAS_PATH, "value": "two"}]
     assert stored_replicas(apiserver) == 1
 
 

@@ -25,6 +25,7 @@ from kuberay_scaler.core.model.drains import DrainReason, HostDrain, SliceDrainR
 from kuberay_scaler.core.model.outcome import OutcomeKind, PatchOutcome
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.report import AutoscalingReport
+from kuberay_scaler.core.patch.ops import Op, ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import Reconciler
@@ -143,10 +144,10 @@ class FakeWriter:
     def applied(self) -> list[list[dict[str, Any]]]:
         return [c.ops for c in self.calls if c.outcome.kind == "applied"]
 
-    async def apply(self, ops: Any, *, expected_uid: str) -> PatchOutcome:
-        ops = copy.deepcopy(list(ops))
-        outcome = self._script.popleft() if self._script else self._apply(ops, expected_uid)
-        call = WriteCall(ops, expected_uid, outcome)
+    async def apply(self, ops: Sequence[Op], *, expected_uid: str) -> PatchOutcome:
+        sent = copy.deepcopy(ops_json(ops))  # the JSON patch, as the kube writer sends it
+        outcome = self._script.popleft() if self._script else self._apply(sent, expected_uid)
+        call = WriteCall(sent, expected_uid, outcome)
         self.calls.append(call)
         if self.after_apply is not None:
             self.after_apply(call)

@@ -35,7 +35,7 @@ def test_the_raycluster_is_parsed_once_per_object_and_the_inputs_are_stable() ->
     assert first is not None and second is not None
     assert seen.parses == 1  # the view still holds the same object
     assert first.inputs == second.inputs and first.fresh
-    assert first.observation.spec is not None and first.observation.parsed_pods is not None
+    assert first.observation.spec.groups and first.observation.hosts
     view.observe(view.server.obj)  # a new copy of the object: parsed again, same content
     third = seen.snapshot(at(2))
     assert seen.parses == 2 and third is not None and third.inputs == first.inputs

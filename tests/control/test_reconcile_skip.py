@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller, monotonic_ms
-from kuberay_scaler.core import decision as decision_module
+from kuberay_scaler.core.decision import deciding as decision_module
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import Reconciler

@@ -22,6 +22,7 @@ from kuberay_scaler.core.decision import Decision, Observation, decide
 from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.reasons import KeepKind
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop import reconciler as reconciler_module
@@ -50,7 +51,7 @@ TPU_A = ("tpu", "tpu-a")  # the scenario's idle slice (tpu-b is busy; CPU demand
 
 def _decision(rc: dict[str, Any], pods: list[dict[str, Any]], reply: Any) -> Decision:
     gcs = observation(reply, cluster_id="cluster-1")
-    return decide(Observation(raycluster=rc, pods=pods, gcs=gcs), Memory(), Policy(), NOW)
+    return decide(Observation.parse(raycluster=rc, pods=pods, gcs=gcs), Memory(), Policy(), NOW)
 
 
 class World:
@@ -91,7 +92,7 @@ async def test_execute_records_drains_then_patches_what_the_decision_says() -> N
     assert done.applied and done.step == "patch" and not done.replan
     record, patch = world.decision.record, world.decision.patch
     assert record is not None and patch is not None
-    assert [c.ops for c in world.writer.calls] == [list(record.ops), list(patch.ops)]
+    assert [c.ops for c in world.writer.calls] == [ops_json(record.ops), ops_json(patch.ops)]
     (drain,) = world.decision.drains
     assert sorted(world.gcs.drained) == sorted(drain.node_ids)
     assert {d.cluster_id for d in world.gcs.drains} == {"cluster-1"}  # pinned to the plan's GCS
@@ -289,7 +290,7 @@ def test_report_for_a_decision_made_with_and_without_ray_state() -> None:
     assert report is not None and [g.group for g in report.launching] == ["cpu"]
     quiet = report_for(_decision(rc, pods, reply), 1, launches_asked=False)
     assert quiet is not None and quiet.launching == ()  # not written: not launching
-    blind = decide(Observation(raycluster=rc, pods=pods), Memory(), Policy(), NOW)
+    blind = decide(Observation.parse(raycluster=rc, pods=pods), Memory(), Policy(), NOW)
     assert report_for(blind, 1, launches_asked=True) is None
 
 

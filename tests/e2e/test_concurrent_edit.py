@@ -10,6 +10,7 @@ import pytest
 
 from kuberay_scaler.adapters.kube.session import open_api
 from kuberay_scaler.adapters.kube.writer import RayClusterWriter
+from kuberay_scaler.core.patch.ops import Op, Replace, Test
 from tests.e2e.controlplane import RESTRICTED_USER
 from tests.e2e.kube import JSON_PATCH
 from tests.e2e.observer import group_named
@@ -122,7 +123,7 @@ async def test_guarded_patch_refused_for_a_reorder_or_a_replicas_change(
         )
         assert outcome.kind == "stale", outcome
         # A patch that applies but yields an invalid object: a validation 422, not "stale".
-        invalid = [{"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": "x"}]
+        invalid: list[Op] = [Replace("/spec/workerGroupSpecs/1/replicas", "x")]
         outcome = await writer.apply(invalid, expected_uid=uid)
         assert outcome.kind == "invalid", outcome
     finally:
@@ -143,13 +144,13 @@ async def _until_reads_settle(daemon: Daemon, quiet_polls: int = 4) -> None:
         await asyncio.sleep(0.5)
 
 
-def _scale_ops(index: int, group: str, *, planned_from: int, to: int) -> list[dict[str, Any]]:
+def _scale_ops(index: int, group: str, *, planned_from: int, to: int) -> list[Op]:
     """The shape of the daemon's guarded scale patch (core/patch/ops.py)."""
     base = f"/spec/workerGroupSpecs/{index}"
     return [
-        {"op": "test", "path": f"{base}/groupName", "value": group},
-        {"op": "test", "path": f"{base}/replicas", "value": planned_from},
-        {"op": "replace", "path": f"{base}/replicas", "value": to},
+        Test(f"{base}/groupName", group),
+        Test(f"{base}/replicas", planned_from),
+        Replace(f"{base}/replicas", to),
     ]
 
 

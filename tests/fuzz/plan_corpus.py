@@ -32,10 +32,11 @@ from typing import Any
 import jsonpatch
 
 from kuberay_scaler.adapters.ray_gcs.poller import observation_of
-from kuberay_scaler.core.decision import Observation, decide, patch_after_drains
+from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.plan import Memory
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
-from tests.fuzz.pipeline import BUSY, node_statuses
+from tests.fuzz.pipeline import BUSY, node_statuses, refused_outright
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "plan_corpus.json.gz"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -78,20 +79,20 @@ def _frame(
     gcs = observation_of(
         parsed, observed_at=mono_s, cluster_id="c0", epoch=0, read_at_ms=int(mono_s * 1000)
     )
-    observed = Observation(raycluster=copy.deepcopy(rc), pods=list(pods), gcs=gcs)
+    observed = Observation.parse(raycluster=copy.deepcopy(rc), pods=list(pods), gcs=gcs)
     now = NOW + timedelta(seconds=later_s)
     decision = decide(observed, memory, Policy(), now, mono_s=mono_s)
     base = copy.deepcopy(rc)
     if decision.record is not None:
-        base = jsonpatch.apply_patch(base, list(decision.record.ops))
+        base = jsonpatch.apply_patch(base, ops_json(decision.record.ops))
     status = node_statuses(reply)
     refused = {
         (d.group, d.slice_key)
         for d in decision.drains
         if not d.preempt and any(status.get(n) == BUSY for n in d.node_ids)
     }
-    carried, patch = patch_after_drains(decision, refused, base)
-    after = jsonpatch.apply_patch(base, list(patch.ops)) if patch is not None else base
+    carried, patch = refused_outright(decision, refused, base)
+    after = jsonpatch.apply_patch(base, ops_json(patch.ops)) if patch is not None else base
     shown = {
         "decision": canonical(decision.document()),
         "error": decision.error,

@@ -51,6 +51,7 @@ from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayObservation, RayState
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import quiet
 from kuberay_scaler.core.slicemap import SliceTimeouts
@@ -191,7 +192,7 @@ class GateMachine(RuleBasedStateMachine):
             return
         base = self.rc
         if decision.record is not None:
-            base = jsonpatch.apply_patch(self.rc, list(decision.record.ops))
+            base = jsonpatch.apply_patch(self.rc, ops_json(decision.record.ops))
             self.rc = base
             if kill_after_record:
                 self._restart_daemon()
@@ -206,7 +207,7 @@ class GateMachine(RuleBasedStateMachine):
             refused=MappingProxyType(refused),
             not_sent=MappingProxyType(not_sent),
             fresh=fresh,
-            base=base,
+            base=parse_raycluster(base),
             last=last,
         )
         writes = after_drains(decision, results)
@@ -219,7 +220,7 @@ class GateMachine(RuleBasedStateMachine):
         if writes.patch is None:
             self.memory = replace(self.memory, **_carried(writes.plan.memory))
             return
-        after = jsonpatch.apply_patch(base, list(writes.patch.ops))
+        after = jsonpatch.apply_patch(base, ops_json(writes.patch.ops))
         self._check_named(base, after, accepted, planned)
         self.rc = after
         self.memory = replace(writes.plan.memory, awaiting_write={}, draining={})
@@ -317,10 +318,11 @@ class GateMachine(RuleBasedStateMachine):
             if h.phase.value == "running":
                 self.seen.first_running.setdefault(h.pod_name, self.t)
         observed = Observation(
-            raycluster=self.rc,
+            spec=spec,
+            hosts=hosts,
+            pod_problems=problems,
             gcs=RayObservation(shown, 0.0, cluster_id="c", epoch=self.epoch),
             clock=self.tracker.clock(mono),
-            parsed_pods=(hosts, problems),
         )
         decision = decide(observed, self.memory, POLICY, self._now(), mono_s=mono)
         self.memory = replace(self.memory, broken_busy_since=decision.plan.memory.broken_busy_since)

@@ -19,6 +19,7 @@ from kuberay_scaler.adapters.ray_gcs.drain import deadline_in, drain_slice
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.decision import Decision, Drain, drains_to_send
 from kuberay_scaler.core.model.plan import Memory, Plan
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_standins.ray_local import (
     HostSpec,
     RayHead,
@@ -64,7 +65,7 @@ def _decision(key: str, node_ids: tuple[str, ...]) -> Decision:
     plan = Plan("rc", "uid", "1", (), (), (), None, Memory())
     pods = tuple(f"{key}-{i}" for i in range(4))
     drain = Drain("win", key, node_ids, None, deadline_in(60), "idle", pods=pods)
-    return Decision(plan, (drain,), {})
+    return Decision(plan, (drain,), parse_raycluster({}))
 
 
 @pytest.mark.parametrize("key", sorted(SLICES))

@@ -33,6 +33,7 @@ from kuberay_scaler.adapters.kube.transport import (
 )
 from kuberay_scaler.core.defaults import CRD_VERSION, rayclusters_path
 from kuberay_scaler.core.model.outcome import OutcomeKind, PatchOutcome
+from kuberay_scaler.core.patch.ops import Op, Test, ops_json
 from kuberay_scaler.runtime.metrics import PATCHES
 
 __all__ = ["OutcomeKind", "PatchOutcome", "RayClusterWriter", "classify"]
@@ -63,11 +64,11 @@ class RayClusterWriter:
         self._path = f"{rayclusters_path(namespace, crd_version)}/{name}"
         self._logged_invalid: set[str] = set()
 
-    async def apply(self, ops: Sequence[dict[str, Any]], *, expected_uid: str) -> PatchOutcome:
+    async def apply(self, ops: Sequence[Op], *, expected_uid: str) -> PatchOutcome:
         """Send `ops` (guarded by a `test` of `metadata.uid` == `expected_uid`) and classify."""
-        guard = {"op": "test", "path": "/metadata/uid", "value": expected_uid}
+        guard = Test("/metadata/uid", expected_uid)
         # Plans from patch.build_patch already open with this guard: don't send it twice.
-        body = list(ops) if ops and ops[0] == guard else [guard, *ops]
+        body = ops_json(ops if ops and ops[0] == guard else [guard, *ops])
         try:
             obj = await request_json(
                 self._api, _PATCH, "PATCH", self._path, body=body, content_type=JSON_PATCH
@@ -84,7 +85,7 @@ class RayClusterWriter:
     def _describe(self) -> str:
         return f"patch rayclusters.ray.io {self._namespace}/{self._name}"
 
-    def _log(self, outcome: PatchOutcome, ops: Sequence[dict[str, Any]]) -> None:
+    def _log(self, outcome: PatchOutcome, ops: Sequence[Op]) -> None:
         if outcome.kind == "applied":
             log.info("raycluster patched", ops=len(ops), rv=_resource_version(outcome.obj))
         elif outcome.kind == "invalid":
@@ -92,14 +93,15 @@ class RayClusterWriter:
         else:
             log.warning("raycluster patch not applied", kind=outcome.kind, error=outcome.message)
 
-    def _log_invalid_once(self, outcome: PatchOutcome, ops: Sequence[dict[str, Any]]) -> None:
-        key = json.dumps(list(ops), sort_keys=True, default=str)
+    def _log_invalid_once(self, outcome: PatchOutcome, ops: Sequence[Op]) -> None:
+        sent = ops_json(ops)
+        key = json.dumps(sent, sort_keys=True, default=str)
         if key in self._logged_invalid:
             return
         if len(self._logged_invalid) >= _MAX_REMEMBERED_INVALID:
             self._logged_invalid.clear()
         self._logged_invalid.add(key)
-        log.error("raycluster patch rejected as invalid", error=outcome.message, ops=list(ops))
+        log.error("raycluster patch rejected as invalid", error=outcome.message, ops=sent)
 
 
 def classify(error: ApiError, action: str) -> PatchOutcome:

@@ -114,6 +114,12 @@ class WorkerGroup:
     # Disruption rules the group sets on its template's annotations (None: the daemon's default).
     disruption_budget: Budget | None = None
     scale_down_delay_s: float | None = None
+    # How the entry stores the keys the patch guards (a `test` on a stored value, an `add` where
+    # the key is absent): the guards are built from these, never from the raw object again.
+    num_of_hosts_present: bool = False
+    scale_strategy_present: bool = False  # scaleStrategy is a map
+    workers_to_delete_present: bool = False  # the key is in it (null counts)
+    workers_to_delete_null: bool = False  # ... and is null
 
     @property
     def is_multi_host(self) -> bool:
@@ -148,6 +154,10 @@ class ClusterSpec:
     problems: tuple[Problem, ...] = ()
     head_container_name: str = "ray-head"
     skipped_groups: tuple[str, ...] = field(default=())
+    # Our draining record (patch/intent.py): group → slice keys recorded; malformed: none.
+    draining: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    draining_record: str | None = None  # the annotation as stored (its removal is guarded by it)
+    has_annotations: bool = False  # metadata.annotations is a map (else the record `add`s it)
 
     def group(self, name: str) -> WorkerGroup | None:
         return self._by_name.get(name)

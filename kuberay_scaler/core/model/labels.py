@@ -18,6 +18,8 @@ LABEL_LEGACY_REPLICA = "replicaIndex"  # set by the GKE TPU webhook on older ope
 # Annotation on a worker group's template metadata: its own provisioning deadline in seconds (a
 # slice not up by then makes the group unavailable; the cluster default is
 # KUBERAY_SCALER_MAX_PROVISION_TIME_S).
+# Our record of the slices about to be drained (core/patch/intent.py): group → slice keys, JSON.
+DRAINING_ANNOTATION = "kuberay-scaler.ray.io/draining"
 ANNOTATION_MAX_PROVISION = "kuberay-scaler.ray.io/max-provision-time-s"
 
 # Ray node labels. KubeRay sets RAY_NODE_TYPE_NAME=<groupName>; Ray turns it into NODE_GROUP.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -26,6 +27,7 @@ from kuberay_scaler.core.model.labels import (
     ANNOTATION_DISRUPTION_BUDGET,
     ANNOTATION_MAX_PROVISION,
     ANNOTATION_SCALE_DOWN_DELAY,
+    DRAINING_ANNOTATION,
 )
 from kuberay_scaler.core.parse.quantity import parse_amount, resources_json
 
@@ -51,6 +53,8 @@ def parse_raycluster(obj: object) -> ClusterSpec:
         problems.append(Problem("spec is missing or not an object"))
     autoscaler = _autoscaler_options(spec.get("autoscalerOptions"), problems)
     groups, skipped = _groups(spec.get("workerGroupSpecs"), problems)
+    annotations = meta.get("annotations")
+    record = annotations.get(DRAINING_ANNOTATION) if isinstance(annotations, Mapping) else None
     return ClusterSpec(
         name=_str(meta.get("name")),
         namespace=_str(meta.get("namespace")) or "default",
@@ -63,7 +67,27 @@ def parse_raycluster(obj: object) -> ClusterSpec:
         problems=tuple(problems),
         head_container_name=_head_container_name(spec),
         skipped_groups=tuple(skipped),
+        draining=frozen_map(_draining(record)),
+        draining_record=record if isinstance(record, str) else None,
+        has_annotations=isinstance(annotations, Mapping),
     )
+
+
+def _draining(record: object) -> dict[str, tuple[str, ...]]:
+    """Group → slice keys our draining record names; a malformed record names none."""
+    if not isinstance(record, str):
+        return {}
+    try:
+        parsed = json.loads(record)
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {
+        str(group): tuple(str(k) for k in keys)
+        for group, keys in parsed.items()
+        if isinstance(keys, list)
+    }
 
 
 def _empty(problem: Problem) -> ClusterSpec:
@@ -139,6 +163,7 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
         raise GroupError(f"suspend must be a boolean, got {suspend!r}")
     pod_spec = _mapping(_mapping(raw.get("template")).get("spec"))
     scale_strategy = raw.get("scaleStrategy")
+    stored_names = isinstance(scale_strategy, Mapping) and "workersToDelete" in scale_strategy
     ray_start_params = _string_map(raw.get("rayStartParams"), "rayStartParams")
     resources = _string_map(raw.get("resources"), "resources")
     _check_amounts(ray_start_params, resources)
@@ -163,6 +188,10 @@ def parse_group(raw: object, index: int) -> WorkerGroup:
         max_provision_s=_max_provision(_mapping(raw.get("template")).get("metadata")),
         disruption_budget=budget,
         scale_down_delay_s=delay_s,
+        num_of_hosts_present="numOfHosts" in raw,
+        scale_strategy_present=isinstance(scale_strategy, Mapping),
+        workers_to_delete_present=stored_names,
+        workers_to_delete_null=stored_names and _mapping(scale_strategy)["workersToDelete"] is None,
     )
 
 

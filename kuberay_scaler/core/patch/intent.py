@@ -2,64 +2,48 @@
 
 Before draining slices we record them; the patch that deletes them removes the record. A daemon
 that restarts in between finds the record and finishes the deletion instead of forgetting it.
+The record is read by the parser (ClusterSpec.draining); the ops here are built from the spec.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import replace
 
-DRAINING_ANNOTATION = "kuberay-scaler.ray.io/draining"
+from kuberay_scaler.core.model.cluster import ClusterSpec, frozen_map
+from kuberay_scaler.core.model.labels import DRAINING_ANNOTATION
+from kuberay_scaler.core.patch.ops import Add, Op, Remove, Test
+
+__all__ = ["DRAINING_ANNOTATION", "clear_ops", "record_ops", "with_record"]
+
 _POINTER = "/metadata/annotations/" + DRAINING_ANNOTATION.replace("~", "~0").replace("/", "~1")
 
-Op = dict[str, Any]
+
+def _record(draining: Mapping[str, list[str]]) -> str:
+    return json.dumps(dict(draining), sort_keys=True)
 
 
-def read_draining(raycluster: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
-    """Group → slice keys recorded as being drained; malformed records count as none."""
-    raw = (raycluster.get("metadata", {}).get("annotations") or {}).get(DRAINING_ANNOTATION)
-    if not isinstance(raw, str):
-        return {}
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        return {}
-    if not isinstance(parsed, dict):
-        return {}
-    return {
-        str(group): tuple(str(k) for k in keys)
-        for group, keys in parsed.items()
-        if isinstance(keys, list)
-    }
-
-
-def record_ops(raycluster: Mapping[str, Any], draining: Mapping[str, list[str]]) -> list[Op]:
+def record_ops(spec: ClusterSpec, draining: Mapping[str, list[str]]) -> list[Op]:
     """Ops that write the record (creating the annotations map when it is absent)."""
-    value = json.dumps(dict(draining), sort_keys=True)
-    annotations = raycluster.get("metadata", {}).get("annotations")
-    if not isinstance(annotations, Mapping):
-        return [
-            {"op": "add", "path": "/metadata/annotations", "value": {DRAINING_ANNOTATION: value}}
-        ]
-    return [{"op": "add", "path": _POINTER, "value": value}]
+    value = _record(draining)
+    if not spec.has_annotations:
+        return [Add("/metadata/annotations", {DRAINING_ANNOTATION: value})]
+    return [Add(_POINTER, value)]
 
 
-def with_record(raycluster: Mapping[str, Any], draining: Mapping[str, list[str]]) -> dict[str, Any]:
-    """The object as it is once `record_ops` applied (only its annotations differ)."""
-    metadata = dict(raycluster.get("metadata") or {})
-    annotations = dict(metadata.get("annotations") or {})
-    annotations[DRAINING_ANNOTATION] = json.dumps(dict(draining), sort_keys=True)
-    metadata["annotations"] = annotations
-    return {**raycluster, "metadata": metadata}
+def with_record(spec: ClusterSpec, draining: Mapping[str, list[str]]) -> ClusterSpec:
+    """The spec as it is once `record_ops` applied (only the record differs)."""
+    return replace(
+        spec,
+        draining=frozen_map({g: tuple(keys) for g, keys in draining.items()}),
+        draining_record=_record(draining),
+        has_annotations=True,
+    )
 
 
-def clear_ops(raycluster: Mapping[str, Any]) -> list[Op]:
+def clear_ops(spec: ClusterSpec) -> list[Op]:
     """Ops that remove the record if the object carries one (guarded by its current value)."""
-    annotations = raycluster.get("metadata", {}).get("annotations") or {}
-    if DRAINING_ANNOTATION not in annotations:
+    if spec.draining_record is None:
         return []
-    return [
-        {"op": "test", "path": _POINTER, "value": annotations[DRAINING_ANNOTATION]},
-        {"op": "remove", "path": _POINTER},
-    ]
+    return [Test(_POINTER, spec.draining_record), Remove(_POINTER)]

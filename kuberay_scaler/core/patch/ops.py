@@ -7,30 +7,81 @@ key may be absent, because `replace` on a missing key fails.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from dataclasses import replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from kuberay_scaler.core.model.cluster import WorkerGroup
-from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Plan
-from kuberay_scaler.core.model.reasons import Keep, KeepKind
+from kuberay_scaler.core.model.cluster import ClusterSpec, WorkerGroup
+from kuberay_scaler.core.model.plan import GroupDecision, Plan
 
-Op = dict[str, Any]
+
+@dataclass(frozen=True)
+class Test:
+    """RFC 6902 `test`: the patch applies only if `path` holds `value`."""
+
+    __test__ = False  # not a pytest test class (tests import it)
+    path: str
+    value: Any  # a JSON value
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "test", "path": self.path, "value": self.value}
+
+
+@dataclass(frozen=True)
+class Replace:
+    """RFC 6902 `replace`: `path` must exist."""
+
+    path: str
+    value: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "replace", "path": self.path, "value": self.value}
+
+
+@dataclass(frozen=True)
+class Add:
+    """RFC 6902 `add`: creates `path` (its parent must exist) or sets it."""
+
+    path: str
+    value: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "add", "path": self.path, "value": self.value}
+
+
+@dataclass(frozen=True)
+class Remove:
+    """RFC 6902 `remove`: `path` must exist."""
+
+    path: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "remove", "path": self.path}
+
+
+Op = Test | Replace | Add | Remove
+
+
+def ops_json(ops: Iterable[Op]) -> list[dict[str, Any]]:
+    """The JSON-patch document: what is sent (adapters/kube) and printed (`plan`, /debug)."""
+    return [op.to_json() for op in ops]
 
 
 class PatchError(ValueError):
     """The RayCluster no longer matches the plan (group moved or vanished): replan."""
 
 
-def build_patch(raycluster: Mapping[str, Any], plan: Plan) -> list[Op]:
-    """JSON-patch ops that turn `raycluster` (the object planned from) into the planned spec."""
+def build_patch(spec: ClusterSpec, plan: Plan) -> list[Op]:
+    """JSON-patch ops that turn the RayCluster `spec` was parsed from (the object planned from,
+    or the one our record write left) into the planned spec. The guards come from the parsed
+    entries (WorkerGroup's stored-key fields), never from the raw object."""
     ops: list[Op] = []
-    groups = raycluster.get("spec", {}).get("workerGroupSpecs") or []
+    at = {g.index: g for g in spec.groups}
     for decision in plan.groups:
         if decision.spec_changes:
-            ops += _group_ops(groups, decision, _planned_from(plan, decision.group))
+            ops += _group_ops(at.get(decision.index), decision, _planned_from(plan, decision.group))
     if ops and plan.uid:
-        ops.insert(0, {"op": "test", "path": "/metadata/uid", "value": plan.uid})
+        ops.insert(0, Test("/metadata/uid", plan.uid))
     return ops
 
 
@@ -39,75 +90,47 @@ def _planned_from(plan: Plan, name: str) -> WorkerGroup | None:
     return gs.group if gs else None
 
 
-def _group_ops(groups: list[Any], d: GroupDecision, planned: WorkerGroup | None) -> list[Op]:
-    if d.index >= len(groups) or groups[d.index].get("groupName") != d.group:
+def _group_ops(
+    stored: WorkerGroup | None, d: GroupDecision, planned: WorkerGroup | None
+) -> list[Op]:
+    if stored is None or stored.name != d.group:
         raise PatchError(f"group {d.group!r} is no longer at workerGroupSpecs[{d.index}]")
-    raw = groups[d.index]
-    if planned is not None and not _unchanged(raw, planned):
+    if planned is not None and not _unchanged(stored, planned):
         raise PatchError(f"group {d.group!r} changed since the plan was made")
     base = f"/spec/workerGroupSpecs/{d.index}"
-    ops: list[Op] = [{"op": "test", "path": f"{base}/groupName", "value": d.group}]
-    if "numOfHosts" in raw:
+    ops: list[Op] = [Test(f"{base}/groupName", d.group)]
+    if stored.num_of_hosts_present:
         # Slices are numOfHosts pods: a changed value would make our deletions partial.
-        ops.append({"op": "test", "path": f"{base}/numOfHosts", "value": raw["numOfHosts"]})
-    if d.target != d.current or "replicas" not in raw:
-        if "replicas" in raw:
-            ops.append({"op": "test", "path": f"{base}/replicas", "value": d.current})
-            ops.append({"op": "replace", "path": f"{base}/replicas", "value": d.target})
+        ops.append(Test(f"{base}/numOfHosts", stored.num_of_hosts))
+    if d.target != d.current or not stored.replicas_present:
+        if stored.replicas_present:
+            ops.append(Test(f"{base}/replicas", d.current))
+            ops.append(Replace(f"{base}/replicas", d.target))
         else:
-            ops.append({"op": "add", "path": f"{base}/replicas", "value": d.target})
+            ops.append(Add(f"{base}/replicas", d.target))
     pods = [p for deletion in d.deletions for p in deletion.pods]
     if pods or d.clear_workers_to_delete:
-        ops += _workers_to_delete_ops(raw, base, pods)
+        ops += _workers_to_delete_ops(stored, base, pods)
     return ops
 
 
-def _unchanged(raw: Mapping[str, Any], planned: WorkerGroup) -> bool:
+def _unchanged(stored: WorkerGroup, planned: WorkerGroup) -> bool:
     """The entry still holds the values the plan was made from."""
-    if ("replicas" in raw) != planned.replicas_present:
+    if stored.replicas_present != planned.replicas_present:
         return False
-    if planned.replicas_present and raw["replicas"] != planned.replicas:
+    if planned.replicas_present and stored.replicas != planned.replicas:
         return False
-    strategy = raw.get("scaleStrategy")
-    current = strategy.get("workersToDelete") if isinstance(strategy, Mapping) else None
-    return list(current or []) == list(planned.workers_to_delete)
+    return stored.workers_to_delete == planned.workers_to_delete
 
 
-def _workers_to_delete_ops(raw: Mapping[str, Any], base: str, pods: list[str]) -> list[Op]:
-    strategy = raw.get("scaleStrategy")
-    if not isinstance(strategy, Mapping):
-        return [{"op": "add", "path": f"{base}/scaleStrategy", "value": {"workersToDelete": pods}}]
+def _workers_to_delete_ops(stored: WorkerGroup, base: str, pods: list[str]) -> list[Op]:
+    if not stored.scale_strategy_present:
+        return [Add(f"{base}/scaleStrategy", {"workersToDelete": pods})]
     path = f"{base}/scaleStrategy/workersToDelete"
-    if "workersToDelete" not in strategy:
-        return [{"op": "add", "path": path, "value": pods}]
+    if not stored.workers_to_delete_present:
+        return [Add(path, pods)]
+    was = None if stored.workers_to_delete_null else list(stored.workers_to_delete)
     return [
-        {"op": "test", "path": path, "value": strategy["workersToDelete"]},
-        {"op": "replace", "path": path, "value": pods},
+        Test(path, was),
+        Replace(path, pods),
     ]
-
-
-def drop_deletions(plan: Plan, slice_keys: Collection[tuple[str, str]]) -> Plan:
-    """The plan without some slice deletions (their drain was refused); targets adjusted."""
-    if not slice_keys:
-        return plan
-    groups = []
-    for d in plan.groups:
-        dropped = [x for x in d.deletions if (d.group, x.slice_key) in slice_keys]
-        if not dropped:
-            groups.append(d)
-            continue
-        kept = tuple(x for x in d.deletions if x not in dropped)
-        back = sum(
-            1 for x in dropped if x.kind in (DeleteKind.IDLE, DeleteKind.SURPLUS, DeleteKind.CANCEL)
-        )
-        reasons = (*d.reasons, *(Keep(KeepKind.DRAIN_REFUSED, slice=x.slice_key) for x in dropped))
-        # Never above maxReplicas: a group above it keeps the refused slice at target = max
-        # (KubeRay clamps replicas to it and deletes nothing unnamed).
-        target = min(d.target + back, _max_replicas(plan, d.group, d.target + back))
-        groups.append(replace(d, deletions=kept, target=target, reasons=reasons))
-    return replace(plan, groups=tuple(groups))
-
-
-def _max_replicas(plan: Plan, group: str, default: int) -> int:
-    planned = _planned_from(plan, group)
-    return planned.max_replicas if planned is not None else default

@@ -197,9 +197,9 @@ def test_decisions_with_the_frame_memo_equal_decisions_without(
         now = _later(op, i, now)
         ray = None if op == "ray_unknown" else RayState(tuple(nodes), (), (), ())
         observed = Observation(
-            raycluster=_raycluster(doomed),
+            spec=parse_raycluster(_raycluster(doomed)),
+            hosts=tuple(hosts),
             gcs=RayObservation(ray, 0.0, cluster_id="c"),
-            parsed_pods=(tuple(hosts), ()),
         )
         memoized = decide(observed, Memory(), Policy(), now)
         slicemap.FRAME_MEMO.clear()  # a frame afresh

@@ -4,7 +4,6 @@ hosts with no Ray node are not drained; unknown demand holds."""
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -16,6 +15,7 @@ from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import HoldKind, Keep, KeepKind, Replace, SliceFault
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.slicemap import SliceTimeouts
 from tests.factories import (
@@ -50,7 +50,7 @@ def _failed_host_slice() -> list[dict[str, Any]]:
 
 def _observe(pods: list[dict[str, Any]], nodes: list[Any]) -> Observation:
     rc = cluster(tpu_group(replicas=1))
-    return Observation(
+    return Observation.parse(
         rc, pods, RayObservation(state([head_node(), *nodes]), 0.0, cluster_id="c-1")
     )
 
@@ -91,8 +91,9 @@ def test_a_replaced_slice_drains_its_live_idle_hosts_before_the_patch() -> None:
     assert drain.cluster_id == "c-1"
     assert set(drain.node_ids) == {node_id_of(f"tpu-a-{i}") for i in range(4)}
     assert isinstance(patch, Patch)
-    after = jsonpatch.apply_patch(decision.raycluster, list(record.ops), in_place=False)
-    final = jsonpatch.apply_patch(after, list(patch.ops), in_place=False)
+    planned_from = cluster(tpu_group(replicas=1))  # as `_observe` builds it
+    after = jsonpatch.apply_patch(planned_from, ops_json(record.ops), in_place=False)
+    final = jsonpatch.apply_patch(after, ops_json(patch.ops), in_place=False)
     doomed = final["spec"]["workerGroupSpecs"][0]["scaleStrategy"]["workersToDelete"]
     assert sorted(doomed) == [f"tpu-a-{i}" for i in range(4)]  # whole slice
     assert final["spec"]["workerGroupSpecs"][0]["replicas"] == 1  # KubeRay recreates it
@@ -121,7 +122,7 @@ def test_a_replaced_slice_with_no_ray_node_left_is_deleted_without_a_drain() -> 
 
 def test_unknown_demand_holds_a_broken_slice() -> None:
     rc = cluster(tpu_group(replicas=1))
-    decision = decide(Observation(rc, _unknown_host_slice(), None), Memory(), POLICY, NOW)
+    decision = decide(Observation.parse(rc, _unknown_host_slice(), None), Memory(), POLICY, NOW)
     assert decision.writes == ()
     assert decision.plan.held is not None and decision.plan.held.kind is HoldKind.DEMAND_UNKNOWN
 
@@ -129,16 +130,17 @@ def test_unknown_demand_holds_a_broken_slice() -> None:
 def test_a_recorded_broken_slice_turned_busy_is_not_finished() -> None:
     # A replacement recorded (draining intent) whose patch never landed (stale, or a restart):
     # its hosts are busy now, so the record is not finished over them either.
-    observed = _observe(_unknown_host_slice(), tpu_slice_nodes("tpu-a", 4, idle_s=None))
-    rc = copy.deepcopy(dict(observed.raycluster))
+    nodes = tpu_slice_nodes("tpu-a", 4, idle_s=None)
+    gcs = RayObservation(state([head_node(), *nodes]), 0.0, cluster_id="c-1")
+    rc = cluster(tpu_group(replicas=1))
     rc["metadata"]["annotations"] = {DRAINING_ANNOTATION: json.dumps({"tpu": ["tpu-a"]})}
-    decision = decide(Observation(rc, observed.pods, observed.gcs), Memory(), POLICY, NOW)
+    decision = decide(Observation.parse(rc, _unknown_host_slice(), gcs), Memory(), POLICY, NOW)
     assert decision.plan.groups[0].deletions == ()
     assert decision.drains == ()
     final = rc
     for write in decision.writes:
         assert isinstance(write, (RecordIntent, Patch))
-        final = jsonpatch.apply_patch(final, list(write.ops), in_place=False)
+        final = jsonpatch.apply_patch(final, ops_json(write.ops), in_place=False)
     group = final["spec"]["workerGroupSpecs"][0]
     assert not (group.get("scaleStrategy") or {}).get("workersToDelete")
     assert group["replicas"] == 1

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kuberay_scaler.core.decision import Observation, decide, patch_after_drains, write_document
+from kuberay_scaler.core.decision import Observation, decide, write_document
 from kuberay_scaler.core.model.plan import GroupDecision, Memory, Plan
 from kuberay_scaler.core.model.ray import NodeStatus, RayObservation, RayState
 from kuberay_scaler.core.model.reasons import DisruptionKind, Keep, KeepKind
@@ -41,6 +41,7 @@ from tests.factories import (
     tpu_group,
     tpu_slice_nodes,
 )
+from tests.fuzz.pipeline import refused_outright
 
 WALL = NOW.timestamp()  # the monotonic reading equals the wall clock's number
 BOOT = 5_000.0  # a real monotonic clock: seconds since boot
@@ -82,12 +83,14 @@ def _frames(sc: Scenario, mono_at_now: float) -> list[tuple[Plan, tuple[Any, ...
     for f in sc.frames:
         mono = mono_at_now + f.at_s
         gcs = RayObservation(_on_clock(f.ray, mono_at_now), mono, "cluster-1", 1)
-        observed = Observation(raycluster=f.rc, pods=f.pods, gcs=gcs, capacity_events=f.events)
+        observed = Observation.parse(
+            raycluster=f.rc, pods=f.pods, gcs=gcs, capacity_events=f.events
+        )
         d = decide(observed, memory, sc.policy, NOW + timedelta(seconds=f.at_s), mono_s=mono)
         result, writes = d.plan, [write_document(w) for w in d.writes]
         idle_drains = {(x.group, x.slice_key) for x in d.drains if not x.preempt}
         if f.refuse and idle_drains:
-            result, patch = patch_after_drains(d, idle_drains, f.rc)
+            result, patch = refused_outright(d, idle_drains, f.rc)
             writes += [write_document(patch)] if patch else []
         memory = result.memory
         groups = tuple(_as_said(g) for g in result.groups)

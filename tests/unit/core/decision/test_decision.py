@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from datetime import timedelta
+from typing import Any
 
 import jsonpatch
 
@@ -16,12 +16,12 @@ from kuberay_scaler.core.decision import (
     Patch,
     RecordIntent,
     decide,
-    patch_after_drains,
 )
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import ProblemKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     NOW,
@@ -36,13 +36,19 @@ from tests.factories import (
     tpu_group,
     tpu_slice_nodes,
 )
+from tests.fuzz.pipeline import refused_outright
 
 
-def _idle(*keys: str) -> Observation:
+def _idle_inputs(*keys: str) -> tuple[dict[str, Any], list[dict[str, Any]], RayObservation]:
+    """The RayCluster, pods and Ray state of idle TPU slices `keys`."""
     pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
     nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
     rc = cluster(tpu_group(replicas=len(keys)))
-    return Observation(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c-1"))
+    return rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c-1")
+
+
+def _idle(*keys: str) -> Observation:
+    return Observation.parse(*_idle_inputs(*keys))
 
 
 def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
@@ -57,8 +63,9 @@ def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
         node_id_of(f"tpu-{k}-{i}") for k in "ab" for i in range(4)
     }
     # The patch applies to the object as the record left it, and removes the record.
-    after_record = jsonpatch.apply_patch(decision.raycluster, list(record.ops), in_place=False)
-    final = jsonpatch.apply_patch(after_record, list(patch.ops), in_place=False)
+    rc = _idle_inputs("tpu-a", "tpu-b")[0]  # the object planned from
+    after_record = jsonpatch.apply_patch(rc, ops_json(record.ops), in_place=False)
+    final = jsonpatch.apply_patch(after_record, ops_json(patch.ops), in_place=False)
     assert DRAINING_ANNOTATION not in final["metadata"]["annotations"]
     assert final["spec"]["workerGroupSpecs"][0]["replicas"] == 0
 
@@ -66,29 +73,32 @@ def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
 def test_no_change_means_no_writes() -> None:
     rc = cluster(group("cpu"))
     decision = decide(
-        Observation(rc, [], RayObservation(state([head_node()]), 0.0)), Memory(), Policy(), NOW
+        Observation.parse(rc, [], RayObservation(state([head_node()]), 0.0)),
+        Memory(),
+        Policy(),
+        NOW,
     )
     assert decision.writes == () and decision.error is None
 
 
 def test_scale_up_is_one_patch_without_record_or_drain() -> None:
     rc = cluster(group("cpu", max_replicas=5))
-    observed = Observation(
+    observed = Observation.parse(
         rc, [], RayObservation(state([head_node()], [tasks({"CPU": 8}, 2)]), 0.0)
     )
     (patch,) = decide(observed, Memory(), Policy(), NOW).writes
     assert isinstance(patch, Patch)
     assert (
-        jsonpatch.apply_patch(rc, list(patch.ops))["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+        jsonpatch.apply_patch(rc, ops_json(patch.ops))["spec"]["workerGroupSpecs"][0]["replicas"]
+        == 2
     )
 
 
 def test_a_drain_recorded_before_a_restart_is_finished() -> None:
-    observed = _idle("tpu-a")
-    rc = copy.deepcopy(dict(observed.raycluster))
+    rc, pods, gcs = _idle_inputs("tpu-a")
     rc["metadata"]["annotations"] = {DRAINING_ANNOTATION: json.dumps({"tpu": ["tpu-a"]})}
     rc["spec"]["workerGroupSpecs"][0]["idleTimeoutSeconds"] = 3600  # not idle long enough now
-    decision = decide(Observation(rc, observed.pods, observed.gcs), Memory(), Policy(), NOW)
+    decision = decide(Observation.parse(rc, pods, gcs), Memory(), Policy(), NOW)
     (deletion,) = decision.plan.groups[0].deletions
     assert isinstance(deletion.reason, ScaleDown)
     assert deletion.reason.kind is ScaleDownKind.RECORDED_DRAIN
@@ -100,10 +110,11 @@ def test_refused_drains_give_a_patch_that_keeps_those_slices() -> None:
     decision = decide(_idle("tpu-a", "tpu-b"), Memory(), Policy(), NOW)
     record = decision.record
     assert record is not None
-    base = jsonpatch.apply_patch(decision.raycluster, list(record.ops), in_place=False)
-    result, patch = patch_after_drains(decision, {("tpu", "tpu-a")}, base)
+    rc = _idle_inputs("tpu-a", "tpu-b")[0]  # the object planned from
+    base = jsonpatch.apply_patch(rc, ops_json(record.ops), in_place=False)
+    result, patch = refused_outright(decision, {("tpu", "tpu-a")}, base)
     assert patch is not None
-    final = jsonpatch.apply_patch(base, list(patch.ops), in_place=False)
+    final = jsonpatch.apply_patch(base, ops_json(patch.ops), in_place=False)
     spec = final["spec"]["workerGroupSpecs"][0]
     assert spec["replicas"] == 1
     assert sorted(spec["scaleStrategy"]["workersToDelete"]) == [f"tpu-b-{i}" for i in range(4)]
@@ -113,7 +124,7 @@ def test_refused_drains_give_a_patch_that_keeps_those_slices() -> None:
 def test_an_unusable_gcs_reply_holds_and_is_a_named_problem() -> None:
     rc = cluster(group("cpu", max_replicas=5))
     decision = decide(
-        Observation(
+        Observation.parse(
             rc,
             [],
             observation_of(
@@ -139,7 +150,7 @@ def test_a_busy_slice_whose_preemption_notice_is_over_is_deleted_with_one_write(
     rc = cluster(tpu_group(replicas=1, max_replicas=0))
     pods = slice_pods("tpu", "tpu-a", 4)
     busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
-    observed = Observation(rc, pods, RayObservation(state([head_node(), *busy]), 0.0, "c-1"))
+    observed = Observation.parse(rc, pods, RayObservation(state([head_node(), *busy]), 0.0, "c-1"))
     notice_over = Memory(preempting={"tpu-a": NOW - timedelta(seconds=1)})
     decision = decide(observed, notice_over, Policy(), NOW)
     (deletion,) = decision.plan.groups[0].deletions
@@ -150,7 +161,7 @@ def test_a_busy_slice_whose_preemption_notice_is_over_is_deleted_with_one_write(
     assert _raycluster_writes(decision) == ["Patch"]
     (patch,) = decision.writes
     assert isinstance(patch, Patch)
-    final = jsonpatch.apply_patch(rc, list(patch.ops), in_place=False)
+    final = jsonpatch.apply_patch(rc, ops_json(patch.ops), in_place=False)
     spec = final["spec"]["workerGroupSpecs"][0]
     assert spec["replicas"] == 0
     assert sorted(spec["scaleStrategy"]["workersToDelete"]) == [f"tpu-a-{i}" for i in range(4)]

@@ -9,7 +9,9 @@ import pytest
 
 from kuberay_scaler.core.model.plan import Plan
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
-from kuberay_scaler.core.patch.ops import PatchError, build_patch, drop_deletions
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import PatchError, build_patch, ops_json
+from kuberay_scaler.core.planner.gate import without
 from tests.factories import (
     cluster,
     cpu_nodes,
@@ -44,7 +46,7 @@ def planned_spec(rc: dict[str, Any], result: Plan) -> dict[str, Any]:
 
 
 def assert_patch_gives_the_plan(rc: dict[str, Any], result: Plan) -> list[dict[str, Any]]:
-    ops = build_patch(rc, result)
+    ops = ops_json(build_patch(parse_raycluster(rc), result))
     patched = jsonpatch.apply_patch(rc, ops, in_place=False)
     assert patched == planned_spec(rc, result)
     return ops
@@ -147,13 +149,13 @@ def test_no_changes_no_ops() -> None:
     result = plan_of(
         rc, [pod("cpu-a", "cpu")], state([head_node(), *cpu_nodes(["cpu-a"], free_cpu=0)])
     )
-    assert build_patch(rc, result) == []
+    assert ops_json(build_patch(parse_raycluster(rc), result)) == []
 
 
 def _scale_up_patch() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rc = cluster(group("cpu"), tpu_group())
     result = plan_of(rc, ray=state([head_node()], [tasks({"TPU": 4}, 1)]))
-    return rc, build_patch(rc, result)
+    return rc, ops_json(build_patch(parse_raycluster(rc), result))
 
 
 def _reorder(rc: dict[str, Any]) -> None:
@@ -183,7 +185,7 @@ def test_patch_fails_on_a_cluster_changed_since_the_plan(change: Any) -> None:
 
 def test_patch_fails_when_workers_to_delete_changed_since_the_plan() -> None:
     rc, pods, ray = _idle_tpu_cluster(scaleStrategy={"workersToDelete": []})
-    ops = build_patch(rc, plan_of(rc, pods, ray))
+    ops = ops_json(build_patch(parse_raycluster(rc), plan_of(rc, pods, ray)))
     changed = deep(rc)
     changed["spec"]["workerGroupSpecs"][1]["scaleStrategy"]["workersToDelete"] = ["x"]
     with pytest.raises(jsonpatch.JsonPatchTestFailed):
@@ -196,7 +198,7 @@ def test_building_from_a_moved_group_is_refused() -> None:
     moved = deep(rc)
     _reorder(moved)
     with pytest.raises(PatchError, match="no longer at workerGroupSpecs"):
-        build_patch(moved, result)
+        ops_json(build_patch(parse_raycluster(moved), result))
 
 
 def test_building_from_a_changed_group_is_refused() -> None:
@@ -205,10 +207,10 @@ def test_building_from_a_changed_group_is_refused() -> None:
     changed = deep(rc)
     _bump_replicas(changed)
     with pytest.raises(PatchError, match="changed since the plan"):
-        build_patch(changed, result)
+        ops_json(build_patch(parse_raycluster(changed), result))
 
 
-def test_drop_deletions_restores_the_target_and_keeps_the_rest() -> None:
+def test_a_refused_slice_put_back_restores_the_target_and_keeps_the_rest() -> None:
     rc, pods, ray = _idle_tpu_cluster()
     rc["spec"]["workerGroupSpecs"][1]["replicas"] = 3
     pods += slice_pods("tpu", "tpu-c", 4)
@@ -217,7 +219,7 @@ def test_drop_deletions_restores_the_target_and_keeps_the_rest() -> None:
     decision = result.group("tpu")
     assert decision is not None
     assert (decision.target, len(decision.deletions)) == (1, 2)
-    kept = drop_deletions(result, {("tpu", "tpu-a")})
+    kept = without(result, {("tpu", "tpu-a"): Keep(KeepKind.DRAIN_REFUSED, slice="tpu-a")})
     after = kept.group("tpu")
     assert after is not None
     assert after.target == 2
@@ -229,6 +231,7 @@ def test_drop_deletions_restores_the_target_and_keeps_the_rest() -> None:
 
 def test_drop_all_deletions_leaves_nothing_to_write() -> None:
     rc, pods, ray = _idle_tpu_cluster()
-    result = drop_deletions(plan_of(rc, pods, ray), {("tpu", "tpu-a")})
+    refused = {("tpu", "tpu-a"): Keep(KeepKind.DRAIN_REFUSED, slice="tpu-a")}
+    result = without(plan_of(rc, pods, ray), refused)
     assert not result.changes
-    assert build_patch(rc, result) == []
+    assert ops_json(build_patch(parse_raycluster(rc), result)) == []

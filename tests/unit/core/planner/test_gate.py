@@ -26,6 +26,7 @@ from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import evidence_for, pod_blocker
 from tests.factories import (
@@ -111,7 +112,7 @@ def _idle_decision(*keys: str):  # type: ignore[no-untyped-def]
     pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
     nodes = [head_node(), *(n for k in keys for n in tpu_slice_nodes(k, 4, idle_s=900))]
     rc = cluster(tpu_group(replicas=len(keys)))
-    observed = Observation(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c"))
+    observed = Observation.parse(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c"))
     return decide(observed, Memory(), Policy(), NOW)
 
 
@@ -200,9 +201,10 @@ def test_the_dry_path_shows_the_same_gate() -> None:
     accepted: what they show is what the daemon writes when Ray accepts."""
     decision = _idle_decision("tpu-a")
     assert decision.record is not None and decision.patch is not None
-    base = jsonpatch.apply_patch(decision.raycluster, list(decision.record.ops))
+    planned_from = cluster(tpu_group(replicas=1))  # as `_idle_decision` builds it
+    base = jsonpatch.apply_patch(planned_from, ops_json(decision.record.ops))
     assumed = DrainResults.assumed(decision.drains)
-    again = after_drains(decision, replace(assumed, base=base))
+    again = after_drains(decision, replace(assumed, base=parse_raycluster(base)))
     assert again.patch == decision.patch
     assert not decision.blocked and not again.blocked
 
@@ -215,7 +217,7 @@ def test_a_deletion_with_nothing_to_drain_is_kept_when_the_fresh_read_has_its_no
     nodes = tpu_slice_nodes("tpu-a", 4, idle_s=5)
     pod_names = [p["metadata"]["name"] for p in pods]
     clock = HostClock(missing_s=MappingProxyType(dict.fromkeys(pod_names, 2 * GRACE)))
-    observed = Observation(
+    observed = Observation.parse(
         rc, pods, RayObservation(state([head_node()]), 0.0, cluster_id="c"), clock=clock
     )
     decision = decide(observed, Memory(), Policy(), NOW)
@@ -281,7 +283,8 @@ def test_the_gate_drops_a_deletion_a_path_got_wrong_and_puts_the_target_back() -
     assert d.target == 1
     assert Keep(KeepKind.GATE_NOT_DRAINED, slice="tpu-b", detail="tpu-b-0") in d.reasons
     assert writes.patch is not None
-    named = {n for op in writes.patch.ops if isinstance(op.get("value"), list) for n in op["value"]}
+    sent = ops_json(writes.patch.ops)
+    named = {n for op in sent if isinstance(op.get("value"), list) for n in op["value"]}
     assert not {f"tpu-b-{i}" for i in range(4)} & named
 
 
@@ -318,7 +321,7 @@ def test_the_gate_refuses_everything_ray_unknown_and_never_puts_a_target_above_m
     rc = cluster(tpu_group(replicas=3, max_replicas=1))
     hosts, nodes = _hosts_and_nodes(keys, rc)
     pods = [p for k in keys for p in slice_pods("tpu", k, 4)]
-    observed = Observation(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c"))
+    observed = Observation.parse(rc, pods, RayObservation(state(nodes), 0.0, cluster_id="c"))
     plan = decide(observed, Memory(), Policy(), NOW).plan
     planned = plan.group("tpu")
     assert planned is not None and len(planned.deletions) == 2 and planned.target == 1

@@ -15,7 +15,8 @@ from kuberay_scaler.core.defaults import PREEMPT_DEADLINE_S, RAYCLUSTER_POLL_INT
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan
 from kuberay_scaler.core.model.ray import NodeStatus
 from kuberay_scaler.core.model.reasons import ScaleDownKind
-from kuberay_scaler.core.patch.ops import build_patch
+from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import build_patch, ops_json
 from tests.factories import (
     NOW,
     cluster,
@@ -82,7 +83,7 @@ def test_one_idle_surplus_slice_never_leaves_replicas_at_zero() -> None:
     got = answers(rc, reply)
     assert got.ours == got.ray == {"cpu": 1}
     assert deleted_pods(got.plan, "cpu") == ["cpu-1"] == sorted(_ray_terminated(got))
-    patch = build_patch(rc, got.plan)
+    patch = ops_json(build_patch(parse_raycluster(rc), got.plan))
     assert {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 1} in patch
 
 

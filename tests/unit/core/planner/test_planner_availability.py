@@ -37,6 +37,7 @@ from kuberay_scaler.core.model.reasons import (
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
 from kuberay_scaler.core.parse.pods import parse_pod, parse_pods, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.gate import evidence_for, pod_blocker
 from tests.factories import (
@@ -180,13 +181,13 @@ def test_stockout_cancels_the_stuck_slice_and_moves_the_demand_to_v5e() -> None:
 def test_the_cancel_passes_the_deletion_gate_without_a_drain() -> None:
     rc, pods = _groups(v6e_replicas=1), _stuck_v6e()
     gcs = RayObservation(state=_demand(), observed_at=0.0)
-    observed = Observation(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
+    observed = Observation.parse(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
     decision = decide(observed, Memory(), Policy(), NOW, mono_s=MONO)
     assert decision.blocked == ()
     assert decision.drains == ()  # pods that never ran need no drain
     patch = decision.patch
     assert patch is not None
-    applied = jsonpatch.apply_patch(rc, list(patch.ops))
+    applied = jsonpatch.apply_patch(rc, ops_json(patch.ops))
     v6e, v5e = applied["spec"]["workerGroupSpecs"]
     assert v6e["replicas"] == 0
     assert sorted(v6e["scaleStrategy"]["workersToDelete"]) == [f"v6e-a-{i}" for i in range(4)]
@@ -473,7 +474,7 @@ async def test_the_recorder_sets_the_gauges_counts_fallbacks_and_sends_one_event
 
     rc, pods = _groups(v6e_replicas=1), _stuck_v6e()
     gcs = RayObservation(state=_demand(), observed_at=0.0)
-    observed = Observation(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
+    observed = Observation.parse(raycluster=rc, pods=pods, gcs=gcs, capacity_events=(_stockout(),))
     decision = decide(observed, Memory(), Policy(), NOW, mono_s=MONO)
     metrics = Metrics()
 

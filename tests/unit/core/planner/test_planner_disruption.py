@@ -22,6 +22,7 @@ from kuberay_scaler.core.model.reasons import (
 )
 from kuberay_scaler.core.parse.pods import parse_pod, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch import ops as json_patch
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.core import plan as plan_fn
 from tests.factories import (
@@ -399,7 +400,7 @@ def test_a_going_slice_not_yet_in_ray_is_not_drained_and_gets_no_deadline() -> N
 def test_decide_drains_a_going_slice_for_preemption_and_deletes_nothing() -> None:
     pods, nodes = tpu_slices(None, None)
     going(pods[2])
-    observed = Observation(
+    observed = Observation.parse(
         cluster(tpu_group(replicas=2)), pods, RayObservation(state(nodes), 0.0, cluster_id="c")
     )
     decision = decide(observed, Memory(), Policy(), NOW, mono_s=T0)
@@ -407,7 +408,7 @@ def test_decide_drains_a_going_slice_for_preemption_and_deletes_nothing() -> Non
     assert [(d.slice_key, d.preempt) for d in drains] == [("tpu-a", True)]
     assert drains[0].deadline_ms == int((NOW + timedelta(seconds=30)).timestamp() * 1000)
     (patch,) = [w for w in decision.writes if isinstance(w, Patch)]
-    paths = {op["path"]: op.get("value") for op in patch.ops if op["op"] == "replace"}
+    paths = {op.path: op.value for op in patch.ops if isinstance(op, json_patch.Replace)}
     assert paths.get("/spec/workerGroupSpecs/0/replicas") == 3
     assert not any("workersToDelete" in p for p in paths)
 
@@ -492,12 +493,15 @@ def test_the_gate_lets_the_abandoned_slice_go_only_past_its_deadline() -> None:
     drained = [n if not n.instance_id.startswith("tpu-a") else _draining(n) for n in nodes]
     later = NOW + timedelta(seconds=31)
     gcs = RayObservation(state(drained), 0.0, cluster_id="c")
-    decision = decide(Observation(rc, pods, gcs), first.memory, Policy(), later, mono_s=T0 + 31)
+    decision = decide(
+        Observation.parse(rc, pods, gcs), first.memory, Policy(), later, mono_s=T0 + 31
+    )
     assert decision.blocked == ()
     (patch,) = [w for w in decision.writes if isinstance(w, Patch)]
-    (strategy,) = [op["value"] for op in patch.ops if op["path"].endswith("/scaleStrategy")]
+    sent = json_patch.ops_json(patch.ops)
+    (strategy,) = [op["value"] for op in sent if op["path"].endswith("/scaleStrategy")]
     assert strategy == {"workersToDelete": [f"tpu-a-{i}" for i in range(4)]}
-    assert not any(op["path"].endswith("/replicas") for op in patch.ops)  # replaced whole
+    assert not any(op["path"].endswith("/replicas") for op in sent)  # replaced whole
     assert not [w for w in decision.writes if isinstance(w, Drain)]  # no second drain
 
 

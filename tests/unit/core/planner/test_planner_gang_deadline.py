@@ -170,7 +170,7 @@ def test_the_release_passes_decide_and_its_gate() -> None:
     pods, nodes = _world(age_s=1000)
     ray = state(nodes, gangs=[GANG])
     decision = decide(
-        Observation(_cluster(), pods, RayObservation(ray, 0.0)), Memory(), Policy(), NOW
+        Observation.parse(_cluster(), pods, RayObservation(ray, 0.0)), Memory(), Policy(), NOW
     )
     a = decision.plan.group("tpu-a")
     assert a is not None

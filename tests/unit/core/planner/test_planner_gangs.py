@@ -14,6 +14,7 @@ from kuberay_scaler.core.decision import Observation, Patch, decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import GangStrategy, RayObservation, TaskDemand
 from kuberay_scaler.core.model.reasons import ScaleUp
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
 from tests.factories import (
     NOW,
@@ -39,10 +40,10 @@ def _train_request(workers: int) -> list[TaskDemand]:
 def test_request_resources_for_four_slices_launches_four_in_one_patch() -> None:
     rc = cluster(tpu_group(max_replicas=8))
     ray = state([head_node()], constraint=_train_request(16))
-    decision = decide(Observation(rc, [], RayObservation(ray, 0.0)), Memory(), Policy(), NOW)
+    decision = decide(Observation.parse(rc, [], RayObservation(ray, 0.0)), Memory(), Policy(), NOW)
     [patch] = decision.writes
     assert isinstance(patch, Patch)
-    after = jsonpatch.apply_patch(rc, list(patch.ops), in_place=False)
+    after = jsonpatch.apply_patch(rc, ops_json(patch.ops), in_place=False)
     assert after["spec"]["workerGroupSpecs"][0]["replicas"] == 4
     [up] = [r for r in decision.plan.group("tpu").reasons if isinstance(r, ScaleUp)]  # type: ignore[union-attr]
     assert up.count == 16

@@ -30,6 +30,7 @@ from kuberay_scaler.core.model.reasons import (
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.parse.pods import parse_pod, parse_pods, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.gate import evidence_for, gate
 from kuberay_scaler.loop.report import report_from_plan
@@ -174,14 +175,16 @@ def test_min_replicas_keeps_a_queued_slice() -> None:
 def test_the_cancel_passes_the_deletion_gate_with_no_drain_through_decide() -> None:
     rc = cluster(tpu_group(replicas=1))
     pods = _queued("tpu-a")
-    observed = Observation(rc, pods, RayObservation(state([head_node()]), 0.0, cluster_id="c"))
+    observed = Observation.parse(
+        rc, pods, RayObservation(state([head_node()]), 0.0, cluster_id="c")
+    )
     memory = Memory(queued_unneeded_since={"tpu-a": 0.0})
     decision = decide(observed, memory, Policy(), NOW, mono_s=1000.0)
     assert decision.blocked == ()
     assert not any(isinstance(w, (Drain, RecordIntent)) for w in decision.writes)
     [patch] = decision.writes
     assert isinstance(patch, Patch)
-    after = jsonpatch.apply_patch(decision.raycluster, list(patch.ops), in_place=False)
+    after = jsonpatch.apply_patch(rc, ops_json(patch.ops), in_place=False)
     spec = after["spec"]["workerGroupSpecs"][0]
     assert spec["replicas"] == 0
     assert spec["scaleStrategy"]["workersToDelete"] == [f"tpu-a-{i}" for i in range(4)]
