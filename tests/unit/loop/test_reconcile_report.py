@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 from kuberay_scaler.adapters.web.server import Probes, make_app
 from kuberay_scaler.core.decision import Decision
+from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.loop.execute import Executed
 from kuberay_scaler.loop.handsoff import Overridden
 from kuberay_scaler.loop.health import Outcome, Progress, Reading, Step
@@ -99,7 +100,7 @@ async def test_a_hand_built_report_drives_the_metrics_the_log_lines_the_events_a
 
     status = recorder.status
     assert status.last_decision is decision and status.last_outcome == "applied"
-    assert status.last_patch == [dict(op) for op in executed.sent] and status.last_patch
+    assert status.last_patch == ops_json(executed.sent) and status.last_patch
     assert status.reconciles == 1 and status.progress.last_achieved == 10.0
 
 
@@ -212,4 +213,4 @@ async def test_a_reconcile_that_replans_reports_each_pass_in_order_and_says_each
     assert last.executed is not None
     status = loop.reconciler.status
     assert status.last_decision is last.decision
-    assert status.last_patch == [dict(op) for op in last.executed.sent]
+    assert status.last_patch == ops_json(last.executed.sent)

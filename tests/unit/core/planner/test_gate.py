@@ -247,7 +247,7 @@ def test_a_blocked_deletion_is_counted_by_path_and_logged_at_error() -> None:
         value = metrics.sample("kuberay_scaler_deletions_blocked_total", {"path": "above_max"})
         return value or 0.0
 
-    observed = Observation(raycluster=cluster(tpu_group()), pods=[])
+    observed = Observation.parse(cluster(tpu_group()), [])
     decision = decide(observed, Memory(), Policy(), NOW)
     blocked = (Blocked("tpu", "tpu-b", "tpu-b-0", KeepKind.GATE_ABSENT, "above_max"),)
     executed = Executed(decision.plan, blocked=blocked)
