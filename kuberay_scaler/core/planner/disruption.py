@@ -157,6 +157,8 @@ def disruption_stage(
     last_add = mono_s if added else memory.scaled_up_at.get(name)
     delay_step = _delay(step.decision, last_add, rules.delay_s, mono_s, nodes.going)
     budget_step = _budget(delay_step.decision, slices, rules.budget, memory, nodes.going)
+    capped = _ahead_within_max(budget_step.decision, going, slices, memory)
+    going, budget_step = capped.going, replace(budget_step, decision=capped.decision)
     surplus = _surplus_despite(budget_step.decision, slices)
     reasons = (
         *going.step.reasons,
@@ -405,6 +407,46 @@ def _homes(
         deletions=tuple(x for x in decision.deletions if x not in dropped),
     )
     return _Homes(decision, tuple(reasons), bool(ahead), tuple(ahead))
+
+
+@dataclass(frozen=True)
+class _Capped:
+    decision: GroupDecision
+    going: _Going
+
+
+def _ahead_within_max(
+    decision: GroupDecision, going: _Going, slices: GroupSlices, memory: Memory
+) -> _Capped:
+    """This plan's slices added ahead, within maxReplicas once the later steps have kept their
+    idle slices: a spare, do-not-disrupt, the delay and the budget each give a replica back,
+    and the room an addition took may have been one of theirs. KubeRay clamps replicas to
+    maxReplicas, so an addition above it would never launch: the last ones give way, each
+    said (`NO_ROOM`), and their going slices are not remembered as replaced (a later plan
+    tries again)."""
+    limit = slices.group.max_replicas
+    added = [k for k in going.ahead if k not in memory.replaced_ahead]
+    over = min(max(0, decision.target - limit), len(added))
+    if not over:
+        return _Capped(decision, going)
+    undone = frozenset(added[len(added) - over :])
+    detail = f"maxReplicas {limit}; the idle slices this plan keeps fill it"
+    reasons = tuple(
+        Disruption(DisruptionKind.NO_ROOM, r.slice, detail=detail)
+        if isinstance(r, Disruption)
+        and r.kind is DisruptionKind.REPLACED_AHEAD
+        and r.slice in undone
+        else r
+        for r in going.step.reasons
+    )
+    return _Capped(
+        replace(decision, target=decision.target - over),
+        replace(
+            going,
+            step=replace(going.step, reasons=reasons),
+            ahead=tuple(k for k in going.ahead if k not in undone),
+        ),
+    )
 
 
 # --- 2-4. what may leave now ------------------------------------------------------------------
