@@ -42,6 +42,68 @@ class Capacity:
         return (self.available, self.total) if self.with_total else (self.available,)
 
 
+class CapacityMemo:
+    """Last frame's bins of live nodes, by node id (owned by the caller's FrameMemo).
+
+    Bins are the planner's scratch: placing work changes a bin's `free` only through
+    `bins.take` (which marks it `used`) and `give_back` (after a take). So a bin the last plan
+    never took from is still as `_node_bin` built it: when the next frame has the very same
+    node object (the poller hands on an unchanged node as the same frozen value) in the same
+    slice and state, that bin is handed out again instead of a new one for each of 10k nodes.
+    A bin that was used, or got a settling twin, is built afresh; so is every bin of a node
+    that changed. The plan is the same with a cold memo (tests/unit/test_frame_memo.py).
+    """
+
+    def __init__(self) -> None:
+        self._bins: dict[str, _NodeBins] = {}
+        self._next: dict[str, _NodeBins] = {}
+        self.hits = 0  # bins handed out again (tests, the benchmark)
+
+    def node_bins(
+        self,
+        node: RayNode,
+        owner: tuple[str | None, str | None, SliceState | None],
+        with_total: bool,
+    ) -> _NodeBins:
+        """The live (and, `with_total`, whole-host) bin of `node` in its slice `owner`."""
+        name = node.instance_id or node.node_id
+        found = self._bins.get(name)
+        if (
+            found is not None
+            and name not in self._next  # one bin per entry of the reply, never one twice
+            and found.node is node
+            and found.owner == owner
+            and not found.live.used
+            and found.live.twin is None
+            and (not with_total or (found.total is not None and not found.total.used))
+        ):
+            self.hits += 1
+        else:
+            group, key, _ = owner
+            accelerators = (
+                found.live.accelerators
+                if found is not None and found.node.total is node.total
+                else accelerators_of(node.total)
+            )
+            live = _node_bin(node, group, key, node.available, accelerators)
+            total = _node_bin(node, group, key, node.total, accelerators) if with_total else None
+            found = _NodeBins(node, owner, live, total)
+        self._next.setdefault(name, found)
+        return found
+
+    def end_frame(self) -> None:
+        """Keep only what this frame built or handed out (bounded by the live nodes)."""
+        self._bins, self._next = self._next, {}
+
+
+@dataclass(frozen=True)
+class _NodeBins:
+    node: RayNode
+    owner: tuple[str | None, str | None, SliceState | None]
+    live: Bin
+    total: Bin | None
+
+
 def build_capacity(
     slice_map: SliceMap,
     ray: RayState,
@@ -52,6 +114,7 @@ def build_capacity(
     now: datetime | None = None,
     settle_s: float = 0.0,
     unavailable: Collection[str] = (),
+    memo: CapacityMemo | None = None,
 ) -> Capacity:
     """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
 
@@ -66,29 +129,33 @@ def build_capacity(
     see `_settling_bin`, a pure function of the pod's own `startedAt` and `now`.
     `unavailable` names groups that cannot get capacity (core/planner/availability.py): what
     they have coming up (pending, partial, replicas without pods) is not capacity.
+    `memo`: last frame's bins of unchanged nodes (CapacityMemo); the result is the same without.
     """
     cap = Capacity(with_total=with_total)
     unidentified = _unidentified_pods(slice_map)
     if not bins:
         _count_virtual(cap, slice_map, shapes, unidentified)
         return cap
+    memo = memo if memo is not None else CapacityMemo()
     owner = _slice_of_pod(slice_map)
     started = _started_at(slice_map) if now is not None and settle_s > 0 else {}
+    nowhere = (None, None, None)
     for node in ray.nodes:
         if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
             continue
-        group, key, state = owner.get(node.instance_id, (None, None, None))
+        found = owner.get(node.instance_id, nowhere)
+        group, key, state = found
         usable = state in (None, SliceState.COMPLETE, SliceState.OUTDATED) or state in _COMING_UP
         if state is SliceState.PENDING and group in unavailable:
             continue  # a stuck slice of a group that cannot get capacity: not coming
         if not usable and node.instance_id not in unidentified:
             continue  # broken, partial and terminating slices are never capacity as they are
-        accelerators = accelerators_of(node.total)
+        made = memo.node_bins(node, found, with_total)
+        accelerators = made.live.accelerators
         if state in _COMING_UP:
             cap.available.append(_coming_bin(node, group, key, accelerators))
         else:
-            live = _node_bin(node, group, key, node.available, accelerators)
-            cap.available.append(live)
+            live = made.live
             since = started.get(node.instance_id) if state is SliceState.COMPLETE else None
             if since is not None and now is not None and not node.is_head:
                 # A start stamped ahead of `now` (clock skew) settles no longer than settle_s.
@@ -96,10 +163,17 @@ def build_capacity(
                 settling = _settling_bin(node, group, key, accelerators) if left > 0 else None
                 if settling is not None:
                     settling.twin, live.twin = live, settling
+                    cap.available.append(live)
                     cap.available.append(settling)
                     cap.settling.append((settling, left))
+                else:
+                    cap.available.append(live)
+            else:
+                cap.available.append(live)
         if with_total:
-            cap.total.append(_node_bin(node, group, key, node.total, accelerators))
+            assert made.total is not None  # built with_total
+            cap.total.append(made.total)
+    memo.end_frame()
     for name, gs in slice_map.groups.items():
         shape = shapes.get(name)
         if shape is None:

@@ -85,6 +85,7 @@ from kuberay_scaler.core.planner.disruption import (
 from kuberay_scaler.core.planner.explain import why_unchanged
 from kuberay_scaler.core.planner.gang_deadline import GangDeadlines, gang_deadlines
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
+from kuberay_scaler.core.planner.memo import FrameMemo
 from kuberay_scaler.core.planner.pool import Pool
 from kuberay_scaler.core.planner.queued import QueuedCancels, queued_cancellations
 from kuberay_scaler.core.planner.replace import BrokenBusy, backing_off, live_backoff, replacements
@@ -100,7 +101,7 @@ from kuberay_scaler.core.planner.scale_down import (
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 from kuberay_scaler.core.planner.shapes import ShapeError, SliceShape, slice_shape
 from kuberay_scaler.core.planner.stuck_gangs import gang_stuck_slices
-from kuberay_scaler.core.slicemap import FRAME_MEMO, SliceTimeouts, build_slice_map
+from kuberay_scaler.core.slicemap import SliceTimeouts, build_slice_map
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,7 @@ def plan(
     mono_s: float | None = None,
     events: tuple[CapacityEvent, ...] = (),
     maintenance: Mapping[str, NodeMaintenance] | None = None,
+    memo: FrameMemo | None = None,
 ) -> Plan:
     """The plan for every group; a group whose planning raises is held with a named problem
     and the others are planned without it (one bad group never stops the others).
@@ -204,12 +206,14 @@ def plan(
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
     built it (`decide()` does, so it is built once per frame); otherwise built here.
     `events`: capacity Events, oldest first (availability backoffs run on `mono_s` too).
-    `maintenance`: GKE maintenance announced on nodes (node name → window), where readable."""
+    `maintenance`: GKE maintenance announced on nodes (node name → window), where readable.
+    `memo`: the caller's frame memo (FrameMemo, carried across its frames); None: a cold one.
+    The plan is the same either way."""
     at = _At(now, tick_of(mono_s, now))
     mono = now.timestamp() if mono_s is None else mono_s
     news = _Capacity(events, mono, MappingProxyType(dict(maintenance or {})))
     try:
-        result = _plan(snapshot, ray, memory, policy, at, evidence, news)
+        result = _plan(snapshot, ray, memory, policy, at, evidence, news, memo=memo)
     except Exception:  # a planner bug reached by one group's numbers: find the group
         failed = _failing_groups(snapshot, ray, memory, policy, at, news)
         if not failed:
@@ -308,6 +312,8 @@ def _plan(
     at: _At,
     evidence: Evidence | None = None,
     news: _Capacity = _NO_NEWS,
+    *,
+    memo: FrameMemo | None = None,
 ) -> Plan:
     now, tick = at.now, at.tick
     spec = snapshot.spec
@@ -317,8 +323,9 @@ def _plan(
     if not snapshot.synced:
         why = Hold(HoldKind.NOT_SYNCED)
         return _held_plan(spec, None, memory, problems, why, policy=policy)
+    memo = memo or FrameMemo()  # None: a cold memo, this frame's alone
     slice_map = build_slice_map(
-        spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock, FRAME_MEMO
+        spec, snapshot.hosts, ray, now, policy.timeouts, snapshot.clock, memo.slices
     )
     problems += _problems(ProblemKind.SLICE_MAP, slice_map.problems)
     groups = _analyse(slice_map, memory, problems)
@@ -346,6 +353,7 @@ def _plan(
         now=now,
         settle_s=policy.join_settle_s,
         unavailable=unavailable,
+        memo=memo.capacity,
     )
     mode = spec.autoscaler.upscaling_mode
     rooms = {n: _room(g, capacity, ray, memory, mode, at, news) for n, g in groups.items()}
