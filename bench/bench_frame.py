@@ -54,6 +54,11 @@ try:
 except ImportError:  # an older tree (a before/after run): every node a new object
     unchanged = None  # type: ignore[assignment]
 
+try:  # the caller's frame memo (issue 31); an older tree keeps a process-global one
+    from kuberay_scaler.core.planner.memo import FrameMemo
+except ImportError:
+    FrameMemo = None  # type: ignore[assignment,misc]
+
 
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.plan import Memory
@@ -116,6 +121,8 @@ class Frame:
         self.reply = sc.reply()
         self.at = NOW
         self.state = parse(self.reply, self.at)
+        # The observer's memo, carried from frame to frame as the daemon carries it.
+        self.memo = FrameMemo() if FrameMemo is not None else None
 
     def run(self) -> Decision:
         parsed = self.cache.hosts(self.store, self.spec)
@@ -128,7 +135,10 @@ class Frame:
             parsed_pods=parsed,
             clock=clock,
         )
-        decision = decide(observed, Memory(), Policy(), self.at)
+        if self.memo is not None:
+            decision = decide(observed, Memory(), Policy(), self.at, memo=self.memo)
+        else:
+            decision = decide(observed, Memory(), Policy(), self.at)
         report_from_plan(decision.plan, int(self.at.timestamp()))
         return decision
 

@@ -121,7 +121,7 @@ def test_frames_whose_demand_changes_decide_alike_warm_and_cold() -> None:
             gcs=RayObservation(ray, MONO_S + step, cluster_id="c"),
         )
         memory = _both(observed, memory, float(step), memo).plan.memory
-    assert memo.capacity.hits > 0
+    assert memo.capacity.view_hits > 0  # every node bin at once, the taken ones built again
 
 
 async def test_the_reconciler_decides_with_its_observers_memo_as_a_cold_one_would(
