@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from ray.core.generated import autoscaler_pb2
 
-from kuberay_scaler.adapters.ray_gcs.poller import observation_of
+from kuberay_scaler.adapters.ray_gcs.poller import NodeEntries, observation_of
 from kuberay_scaler.core.decision import Decision, Observation, decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation, RayState
@@ -158,3 +158,22 @@ async def test_the_reconciler_decides_with_its_observers_memo_as_a_cold_one_woul
 
 def _none() -> RayState:
     raise AssertionError("the scenario's reply parses")
+
+
+def test_the_pollers_node_entries_give_the_content_built_afresh() -> None:
+    """The poller's memo of each node's part of the content (NodeEntries) over replies that
+    keep every node, change one, drop one, and change only the demand: each content equals
+    the one built without it."""
+    _, _, nodes = _busy_cluster()
+    entries = NodeEntries()
+    freed = replace(nodes[2], available={**nodes[2].available, "CPU": 8.0})
+    frames = [
+        state(nodes),
+        state(nodes, [tasks({"CPU": 1}, 3)]),  # new demand, the same node objects
+        state([*nodes[:2], freed, *nodes[3:]]),  # one node changed
+        state(nodes[1:]),  # one node gone
+        state(nodes),
+    ]
+    for ray in frames:
+        observed = RayObservation(ray, 0.0, "c")
+        assert observed.content(entries.of) == observed.content()

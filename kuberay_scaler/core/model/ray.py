@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -215,6 +215,21 @@ def _busier(node: RayNode, than: RayNode) -> bool:
     return node.idle and (node.idle_since_ms or 0) > (than.idle_since_ms or 0)
 
 
+def node_content(n: RayNode) -> object:
+    """A node's part of `RayObservation.content`: all of it but its idle-since."""
+    return (
+        n.node_id,
+        n.instance_id,
+        n.node_type,
+        n.status,
+        n.total,
+        n.available,
+        n.labels,
+        n.ip,
+        n.is_head,
+    )
+
+
 @dataclass(frozen=True)
 class RayObservation:
     """What one read of the GCS said, parsed: the only form Ray's state crosses the adapter in.
@@ -243,27 +258,18 @@ class RayObservation:
         """Instance ids (pod names) of the live Ray nodes; None when the state is unknown."""
         return None if self.state is None else self.state.alive_instance_ids()
 
-    def content(self) -> object:
+    def content(
+        self, entries: Callable[[tuple[RayNode, ...]], tuple[object, ...]] | None = None
+    ) -> object:
         """What the plan reads of this observation, minus what moves on every poll (versions)
         and the idle-since times (time alone moves a plan from those; the loop's timer replans
-        for them): equal contents plan alike (the poller wakes the loop when it changes)."""
+        for them): equal contents plan alike (the poller wakes the loop when it changes).
+        `entries`: the nodes' parts (`node_content` of each), from the caller's memo if it keeps
+        one."""
         if self.state is None:  # not the error text: it changes on every retry
             return ("unknown", self.epoch)
         s = self.state
-        nodes = tuple(
-            (
-                n.node_id,
-                n.instance_id,
-                n.node_type,
-                n.status,
-                n.total,
-                n.available,
-                n.labels,
-                n.ip,
-                n.is_head,
-            )
-            for n in s.nodes
-        )
+        nodes = entries(s.nodes) if entries is not None else tuple(map(node_content, s.nodes))
         return ("known", self.epoch, self.cluster_id, nodes, s.tasks, s.gangs, s.constraint)
 
     @property
