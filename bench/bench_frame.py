@@ -83,7 +83,7 @@ def parse(reply: Any, at: datetime) -> RayState:
     """`parse_ray_state` of this tree, read at `at` where it takes a read time (idle-since,
     issue 23); an older tree's keeps durations."""
     if _TAKES_READ_TIME:
-        return parse_ray_state(reply, read_at_ms=_ms(at))  # type: ignore[call-arg]
+        return parse_ray_state(reply, read_at_ms=_ms(at))
     return parse_ray_state(reply)  # type: ignore[call-arg]
 
 
@@ -92,8 +92,8 @@ def keep_nodes(previous: RayState, state: RayState, at: datetime) -> RayState:
     if unchanged is None:
         return state
     if "read" in inspect.signature(unchanged.with_nodes_of).parameters:
-        read = unchanged.ReadWindow.at(_ms(at))  # type: ignore[attr-defined]
-        return unchanged.with_nodes_of(previous, state, read)  # type: ignore[call-arg]
+        read = unchanged.ReadWindow.at(_ms(at))
+        return unchanged.with_nodes_of(previous, state, read)
     return unchanged.with_nodes_of(previous, state)  # type: ignore[call-arg]
 
 
