@@ -13,6 +13,11 @@ benchmark's 20-group cluster scaled to N hosts (scenario.py, no pending demand):
   (the change itself, the pod cache's store update or the poller's parse, is not timed);
 - `new_demand`: the frame after the GCS shows new pending demand (more `{"CPU": 16}` tasks than
   the free CPUs hold): the one on a reaction's path, where every live node becomes a bin;
+- `scale_up`: every host busy (nothing free on any), and demand only new slices can take:
+  many task shapes (60 entries of distinct shapes, 1,200 tasks), slice reservations (60
+  `TPU-<pod type>-head` bundles pinned to worker 0) and gangs (40 STRICT_SPREAD slices of
+  `TPU: 4`, 60 PACK, 20 STRICT_PACK, 20 SPREAD): the frame after that demand changed (the
+  issue's "frame whose demand needs new slices"), at the same size as the others;
 - `a_second_later`: the daemon's usual frame: one second has passed (the planner's `now`, the
   read time and every idle node's `idle_duration_ms` moved by 1 s) and one node changed (it
   was busy in between: its idle clock restarted). With idle durations in the model (before
@@ -45,6 +50,7 @@ from datetime import timedelta
 
 import scenario
 from common import loadavg
+from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.decision import Decision, Observation, decide
@@ -95,6 +101,22 @@ def keep_nodes(previous: RayState, state: RayState, at: datetime) -> RayState:
         read = unchanged.ReadWindow.at(_ms(at))
         return unchanged.with_nodes_of(previous, state, read)
     return unchanged.with_nodes_of(previous, state)  # type: ignore[call-arg]
+
+
+SCALE_UP_DEMAND = 0.2  # of the planner benchmark's demand (6,000 tasks, 1,000 gangs)
+
+
+def busy_cluster(hosts: int) -> scenario.Scenario:
+    """Every host busy (every resource taken, no node idle), with demand only new slices can
+    take (the planner benchmark's shapes, reservations and gangs, SCALE_UP_DEMAND of them)."""
+    sc = scenario.build(seed=7, scale=scenario.Scale(hosts / HOSTS_AT_SCALE_1, SCALE_UP_DEMAND))
+    for node in sc.state.node_states[1:]:
+        node.status = autoscaler_pb2.NodeStatus.RUNNING
+        node.idle_duration_ms = 0
+        taken = {name: 0.0 for name in node.total_resources}
+        node.available_resources.clear()
+        node.available_resources.update(taken)
+    return sc
 
 
 def cluster(hosts: int, launching: bool) -> scenario.Scenario:
@@ -162,6 +184,12 @@ class Frame:
         requests[0].count += 40
         self.state = keep_nodes(self.state, parse(self.reply, self.at), self.at)
 
+    def more_demand(self) -> None:
+        """The scale-up frame's change: one more task of the first shape (new demand, every
+        node unchanged, as a poll that sees new work hands it on)."""
+        self.reply.cluster_resource_state.pending_resource_requests[0].count += 1
+        self.state = keep_nodes(self.state, parse(self.reply, self.at), self.at)
+
     def second_later(self) -> None:
         """One second passes (every idle clock and the read time move) and the middle node's
         idle clock restarts (it ran a task in between)."""
@@ -219,7 +247,18 @@ def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dic
             log(f"  one node changed: {out['one_node_changed']}")
             log(f"  a second later (one node changed): {out['a_second_later']}")
             log(f"  new demand (every live node a bin): {out['new_demand']}")
+    out["scale_up"] = scale_up(hosts, repeats)
+    log(f"  scale-up frame (every host busy, demand for new slices): {out['scale_up']}")
     return out
+
+
+def scale_up(hosts: int, repeats: int) -> dict[str, Any]:
+    """The `scale_up` case: its median, and how many slices the frame adds."""
+    frame = Frame(busy_cluster(hosts))
+    decision = frame.run()
+    timed = _median(frame.run, repeats, frame.more_demand)
+    added = sum(max(0, d.target - d.current) for d in decision.plan.groups)
+    return {**timed, "slices_added": added, "tasks": frame.sc.num_bundles}
 
 
 def run(

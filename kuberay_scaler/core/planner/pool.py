@@ -165,10 +165,11 @@ class _View:
             if quick is not None:  # a cheap look at one label rules most bins out
                 key, values = quick
                 new = [b for b in new if b.labels.get(key) in values]
-            new = [b for b in new if selectors_match(self._selectors, b.labels)]
+            if quick is None or not _only(self._selectors):
+                new = [b for b in new if selectors_match(self._selectors, b.labels)]
         self.bins.extend(new)
         for resource, tree in self._trees.items():
-            tree.extend([_left_of(b, resource) for b in new])
+            tree.extend(_left_in(new, resource))
 
     def raised(self, bins: Iterable[Bin]) -> None:
         """Set the bounds of `bins` (those in this view) to what they have left now."""
@@ -190,8 +191,7 @@ class _View:
                 continue
             tree = self._trees.get(resource)
             if tree is None:
-                values = [_left_of(b, resource) for b in self.bins]
-                tree = self._trees[resource] = _MaxTree(resource, values)
+                tree = self._trees[resource] = _MaxTree(resource, _left_in(self.bins, resource))
             # Never above what copies_that_fit accepts (it adds EPSILON before dividing).
             out.append((tree, need - EPSILON - abs(need) * 1e-12))
         return out
@@ -220,6 +220,17 @@ class _View:
 def _left_of(bin_: Bin, resource: str) -> float:
     # As copies_that_fit reads it: an implicit resource Ray never reports is there at 1.
     return free_amount(bin_.free, resource)
+
+
+def _left_in(bins: Sequence[Bin], resource: str) -> list[float]:
+    """`_left_of` each bin (one list pass: the default looked up once, not per bin)."""
+    default = free_amount({}, resource)
+    return [b.free.get(resource, default) for b in bins]
+
+
+def _only(selectors: tuple[LabelSelector, ...]) -> bool:
+    """The selectors are the one label `_required_label` found: matching it is matching them."""
+    return len(selectors) == 1 and len(selectors[0].constraints) == 1
 
 
 class _MaxTree:
