@@ -3,7 +3,8 @@
 The decisions are those of a plain scan in preference order (tests hold it to that); only the
 bins that provably cannot fit are passed over faster:
 
-- a bundle with label selectors only looks at the bins whose labels match (labels never change);
+- a bundle with label selectors only looks at the bins whose labels match (labels never change),
+  found for a one-label prefilter through an index of each order by that label's value;
 - per resource, a max-tree over positions finds the next bin with enough of it left in
   O(log bins), so a shape never walks the bins that are too full for it (without it, each of
   1,000 shapes walked 100,000 half-full bins);
@@ -16,6 +17,8 @@ by `released(those bins)`.
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left
 from collections.abc import Collection, Iterable, Sequence
 
 from kuberay_scaler.core.model.ray import Bundle, LabelSelector, selectors_match
@@ -40,6 +43,7 @@ class Pool:
     def __init__(self, bins: Iterable[Bin]) -> None:
         self.bins: list[Bin] = list(bins)
         self._orders: dict[_OrderKey, list[Bin]] = {}
+        self._indexes: dict[_OrderKey, _LabelIndex] = {}
         self._views: dict[tuple[_OrderKey, tuple[LabelSelector, ...]], _View] = {}
         self._cursors: dict[tuple[_OrderKey, str], int] = {}
 
@@ -123,7 +127,10 @@ class Pool:
         view = self._views.get(view_key)
         if view is None:
             order = self.ordered(*order_key)
-            view = self._views[view_key] = _View(order, bundle.selectors)
+            index = self._indexes.get(order_key)
+            if index is None:
+                index = self._indexes[order_key] = _LabelIndex(order)
+            view = self._views[view_key] = _View(order, bundle.selectors, index)
         view.sync()
         return view, (order_key, signature(bundle))
 
@@ -146,9 +153,12 @@ _Needs = list[tuple["_MaxTree", float]]
 class _View:
     """The bins of one order whose labels match some selectors, with a max-tree per resource."""
 
-    def __init__(self, order: list[Bin], selectors: tuple[LabelSelector, ...]) -> None:
+    def __init__(
+        self, order: list[Bin], selectors: tuple[LabelSelector, ...], index: _LabelIndex
+    ) -> None:
         self._order = order
         self._selectors = selectors
+        self._index = index
         self._seen = 0  # how much of `order` has been filtered into `bins`
         self.bins: list[Bin] = []
         self._trees: dict[str, _MaxTree] = {}
@@ -156,17 +166,17 @@ class _View:
 
     def sync(self) -> None:
         """Take in bins appended to the order since the last call."""
-        new = self._order[self._seen :]
-        self._seen = len(self._order)
-        if not new:
+        start, self._seen = self._seen, len(self._order)
+        if start == self._seen:
             return
-        if self._selectors:
-            quick = _required_label(self._selectors)
-            if quick is not None:  # a cheap look at one label rules most bins out
-                key, values = quick
-                new = [b for b in new if b.labels.get(key) in values]
-            if quick is None or not _only(self._selectors):
-                new = [b for b in new if selectors_match(self._selectors, b.labels)]
+        quick = _required_label(self._selectors) if self._selectors else None
+        if quick is not None:  # one label rules most bins out: the index has them by its value
+            key, values = quick
+            new = [self._order[i] for i in self._index.positions(key, values, start)]
+        else:
+            new = self._order[start:]
+        if self._selectors and (quick is None or not _only(self._selectors)):
+            new = [b for b in new if selectors_match(self._selectors, b.labels)]
         self.bins.extend(new)
         for resource, tree in self._trees.items():
             tree.extend(_left_in(new, resource))
@@ -215,6 +225,33 @@ class _View:
         bin_ = self.bins[index]
         for tree, _ in needs:
             tree.lower(index, _left_of(bin_, tree.resource))
+
+
+class _LabelIndex:
+    """One order's positions by the value of a label, per label asked for (extended as bins
+    are appended to the order): the views of many selectors on one label share one pass."""
+
+    def __init__(self, order: list[Bin]) -> None:
+        self._order = order
+        self._by_key: dict[str, tuple[int, dict[str | None, list[int]]]] = {}
+
+    def positions(self, key: str, values: Collection[str], start: int) -> list[int]:
+        """Ascending positions from `start` whose bin's label `key` is one of `values`."""
+        seen, index = self._by_key.get(key, (0, {}))
+        order = self._order
+        for i in range(seen, len(order)):
+            index.setdefault(order[i].labels.get(key), []).append(i)
+        self._by_key[key] = (len(order), index)
+        found = [tail for v in values if (tail := _from(index.get(v), start))]
+        if len(found) == 1:
+            return found[0]
+        return list(heapq.merge(*found))
+
+
+def _from(positions: list[int] | None, start: int) -> list[int]:
+    if not positions:
+        return []
+    return positions[bisect_left(positions, start) :]
 
 
 def _left_of(bin_: Bin, resource: str) -> float:
