@@ -140,11 +140,14 @@ def new_accelerator(bin_: Bin) -> bool:
     return bin_.planned and bool(bin_.accelerators)
 
 
-def _required_label(selectors: tuple[LabelSelector, ...]) -> tuple[str, frozenset[str]] | None:
-    """A label every matching host must carry with one of some values, if there is one."""
+_Required = tuple[tuple[str, frozenset[str]], ...]
+
+
+def _required_labels(selectors: tuple[LabelSelector, ...]) -> _Required:
+    """The labels every matching host must carry, each with one of some values."""
     if len(selectors) != 1:
-        return None  # alternatives: no single label is required
-    return next(((c.key, c.values) for c in selectors[0].constraints if not c.negated), None)
+        return ()  # alternatives: no single label is required
+    return tuple((c.key, c.values) for c in selectors[0].constraints if not c.negated)
 
 
 _Needs = list[tuple["_MaxTree", float]]
@@ -169,13 +172,10 @@ class _View:
         start, self._seen = self._seen, len(self._order)
         if start == self._seen:
             return
-        quick = _required_label(self._selectors) if self._selectors else None
-        if quick is not None:  # one label rules most bins out: the index has them by its value
-            key, values = quick
-            new = [self._order[i] for i in self._index.positions(key, values, start)]
-        else:
-            new = self._order[start:]
-        if self._selectors and (quick is None or not _only(self._selectors)):
+        required = _required_labels(self._selectors)
+        # Required labels rule most bins out: the index has them by their values.
+        new = self._index.matching(required, start) if required else self._order[start:]
+        if self._selectors and not _only(self._selectors, required):
             new = [b for b in new if selectors_match(self._selectors, b.labels)]
         self.bins.extend(new)
         for resource, tree in self._trees.items():
@@ -235,6 +235,19 @@ class _LabelIndex:
         self._order = order
         self._by_key: dict[str, tuple[int, dict[str | None, list[int]]]] = {}
 
+    def matching(self, required: _Required, start: int) -> list[Bin]:
+        """The bins from `start` on, in order, that carry every label of `required` with one of
+        its values (through the shortest list of positions, the others checked on its bins)."""
+        found = sorted(
+            ((self.positions(key, values, start), key, values) for key, values in required),
+            key=lambda t: len(t[0]),
+        )
+        (shortest, _, _), *others = found
+        bins = [self._order[i] for i in shortest]
+        for _, key, values in others:
+            bins = [b for b in bins if b.labels.get(key) in values]
+        return bins
+
     def positions(self, key: str, values: Collection[str], start: int) -> list[int]:
         """Ascending positions from `start` whose bin's label `key` is one of `values`."""
         seen, index = self._by_key.get(key, (0, {}))
@@ -265,9 +278,9 @@ def _left_in(bins: Sequence[Bin], resource: str) -> list[float]:
     return [b.free.get(resource, default) for b in bins]
 
 
-def _only(selectors: tuple[LabelSelector, ...]) -> bool:
-    """The selectors are the one label `_required_label` found: matching it is matching them."""
-    return len(selectors) == 1 and len(selectors[0].constraints) == 1
+def _only(selectors: tuple[LabelSelector, ...], required: _Required) -> bool:
+    """`required` is all the selectors ask: a bin with those labels matches them."""
+    return len(selectors) == 1 and len(selectors[0].constraints) == len(required)
 
 
 class _MaxTree:
