@@ -452,13 +452,30 @@ class _LiveNodes:
     def __init__(self, nodes: Sequence[RayNode]) -> None:
         self._nodes = nodes
         self._fits: dict[tuple[object, ...], bool] = {}
+        self._by_label: dict[str, dict[str | None, list[RayNode]]] = {}
 
     def fit(self, bundle: Bundle) -> bool:
         key = bundle_key(bundle)
         found = self._fits.get(key)
         if found is None:
-            found = self._fits[key] = _fits_a_live_node(bundle, self._nodes)
+            found = self._fits[key] = _fits_a_live_node(bundle, self._candidates(bundle))
         return found
+
+    def _candidates(self, bundle: Bundle) -> Sequence[RayNode]:
+        """The nodes that may match the bundle's selectors: those carrying a label its one
+        selector requires (every node when it requires none)."""
+        if len(bundle.selectors) != 1:
+            return self._nodes
+        required = [c for c in bundle.selectors[0].constraints if not c.negated]
+        if not required:
+            return self._nodes
+        label = required[0].key
+        index = self._by_label.get(label)
+        if index is None:
+            index = self._by_label[label] = {}
+            for node in self._nodes:
+                index.setdefault(node.labels.get(label), []).append(node)
+        return [n for value in required[0].values for n in index.get(value, ())]
 
 
 def _fits_a_live_node(bundle: Bundle, nodes: Sequence[RayNode]) -> bool:
