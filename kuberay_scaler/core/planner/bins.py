@@ -54,6 +54,10 @@ class Bin:
     # STRICT_SPREAD, never two.
     twin: Bin | None = None
     used: bool = field(default=False)
+    # Its two preference keys (`preference`), worked out at its first sort: what they read is
+    # set when the bin is built and never changes after (placing work changes `free`, `used`);
+    # a bin the capacity memo hands on to the next frame is not keyed again.
+    keys: tuple[_Key, _Key] | None = None
 
 
 _NONE: frozenset[str] = frozenset()
@@ -205,9 +209,10 @@ def bundle_size(bundle: Bundle) -> tuple[int, float]:
     return (int(needs_accelerator(bundle)), sum(bundle.resources.values()))
 
 
-def preference(
-    bundle_wants_accelerator: bool,
-) -> Callable[[Bin], tuple[int, int, int, int, int, str]]:
+_Key = tuple[int, int, int, int, int, str]
+
+
+def preference(bundle_wants_accelerator: bool) -> Callable[[Bin], _Key]:
     """Order bins for one kind of demand.
 
     Running hosts before launching ones (work that fits a running host must not keep a
@@ -218,11 +223,20 @@ def preference(
     existing or launching bin: what it holds would otherwise be a new slice.
     """
 
-    def key(bin_: Bin) -> tuple[int, int, int, int, int, str]:
-        wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
-        # Least idle first: the latest idle-since first, busy ones before every idle one.
-        since = bin_.idle_since_ms
-        idle = -since if since is not None else -(1 << 62)
-        return (int(bin_.planned), int(bin_.settling), wasted, int(bin_.launching), idle, bin_.name)
+    which = int(bundle_wants_accelerator)
+
+    def key(bin_: Bin) -> _Key:
+        keys = bin_.keys
+        if keys is None:
+            keys = bin_.keys = (_key(bin_, False), _key(bin_, True))
+        return keys[which]
 
     return key
+
+
+def _key(bin_: Bin, bundle_wants_accelerator: bool) -> _Key:
+    wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
+    # Least idle first: the latest idle-since first, busy ones before every idle one.
+    since = bin_.idle_since_ms
+    idle = -since if since is not None else -(1 << 62)
+    return (int(bin_.planned), int(bin_.settling), wasted, int(bin_.launching), idle, bin_.name)

@@ -325,9 +325,9 @@ class _MaxTree:
 
     def _recompute(self, low: int, high: int) -> None:
         nodes = self._nodes
-        for i in range(low, high + 1):
-            left, right = nodes[2 * i], nodes[2 * i + 1]
-            nodes[i] = left if left >= right else right
+        lefts = nodes[2 * low : 2 * high + 2 : 2]
+        rights = nodes[2 * low + 1 : 2 * high + 2 : 2]
+        nodes[low : high + 1] = [a if a >= b else b for a, b in zip(lefts, rights, strict=True)]
 
     def set(self, position: int, value: float) -> None:
         nodes = self._nodes
