@@ -61,15 +61,14 @@ class Bin:
 
 
 _NONE: frozenset[str] = frozenset()
-_SETS: dict[frozenset[str], frozenset[str]] = {}
 
 
 _ACCELERATOR_KEYS = frozenset(ACCELERATORS)
 
 
 def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
-    # Called for every node of a 10k-node cluster: the keys it has found in C (a CPU host has
-    # none), one shared set per combination, not one each.
+    # Called for every node of a 10k-node cluster that changed: the keys it has found in C (a
+    # CPU host has none, one shared empty set). The capacity memo keeps one set per combination.
     keys = _ACCELERATOR_KEYS.intersection(resources)
     if not keys:
         return _NONE
@@ -77,7 +76,7 @@ def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
         if not resources[key] > 0:  # listed at 0: not an accelerator this host has
             keys = frozenset(k for k in keys if resources[k] > 0)
             break
-    return _SETS.setdefault(keys, keys) if keys else _NONE
+    return keys if keys else _NONE
 
 
 def bins_for_new_slice(

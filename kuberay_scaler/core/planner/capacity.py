@@ -62,6 +62,7 @@ class CapacityMemo:
         self._bins: dict[str, _NodeBins] = {}
         self._next: dict[str, _NodeBins] = {}
         self._view: _KeptView | None = None
+        self._sets: dict[frozenset[str], frozenset[str]] = {}  # few: accelerator combinations
         self._arriving: dict[str, tuple[GroupSlices, tuple[Slice, ...]]] = {}
         self._arriving_next: dict[str, tuple[GroupSlices, tuple[Slice, ...]]] = {}
         self.hits = 0  # bins handed out again (tests, the benchmark)
@@ -91,13 +92,17 @@ class CapacityMemo:
             accelerators = (
                 found.live.accelerators
                 if found is not None and found.node.total is node.total
-                else accelerators_of(node.total)
+                else self._interned(accelerators_of(node.total))
             )
             live = _node_bin(node, group, key, node.available, accelerators)
             total = _node_bin(node, group, key, node.total, accelerators) if with_total else None
             found = _NodeBins(node, owner, live, total)
         self._next.setdefault(name, found)
         return found
+
+    def _interned(self, accelerators: frozenset[str]) -> frozenset[str]:
+        """One set per combination of accelerators, not one per node (10k of them)."""
+        return self._sets.setdefault(accelerators, accelerators)
 
     def end_frame(self) -> None:
         """Keep only what this frame built or handed out (bounded by the live nodes)."""
