@@ -33,6 +33,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy bench  # scripts, not a package: checked on their own (same strict settings)
 	$(BIN)/lint-imports
 
 demo: install

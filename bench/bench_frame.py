@@ -13,6 +13,11 @@ benchmark's 20-group cluster scaled to N hosts (scenario.py, no pending demand):
   (the change itself, the pod cache's store update or the poller's parse, is not timed);
 - `new_demand`: the frame after the GCS shows new pending demand (more `{"CPU": 16}` tasks than
   the free CPUs hold): the one on a reaction's path, where every live node becomes a bin;
+- `scale_up`: every host busy (nothing free on any), and demand only new slices can take:
+  many task shapes (60 entries of distinct shapes, 1,200 tasks), slice reservations (60
+  `TPU-<pod type>-head` bundles pinned to worker 0) and gangs (40 STRICT_SPREAD slices of
+  `TPU: 4`, 60 PACK, 20 STRICT_PACK, 20 SPREAD): the frame after that demand changed (the
+  issue's "frame whose demand needs new slices"), at the same size as the others;
 - `a_second_later`: the daemon's usual frame: one second has passed (the planner's `now`, the
   read time and every idle node's `idle_duration_ms` moved by 1 s) and one node changed (it
   was busy in between: its idle clock restarted). With idle durations in the model (before
@@ -45,6 +50,7 @@ from datetime import timedelta
 
 import scenario
 from common import loadavg
+from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.decision import Decision, Observation, decide
@@ -53,6 +59,11 @@ try:
     from kuberay_scaler.adapters.ray_gcs import unchanged
 except ImportError:  # an older tree (a before/after run): every node a new object
     unchanged = None  # type: ignore[assignment]
+
+try:  # the caller's frame memo (issue 31); an older tree keeps a process-global one
+    from kuberay_scaler.core.planner.memo import FrameMemo
+except ImportError:
+    FrameMemo = None  # type: ignore[assignment,misc]
 
 
 from kuberay_scaler.core.liveness import HostClock
@@ -78,7 +89,7 @@ def parse(reply: Any, at: datetime) -> RayState:
     """`parse_ray_state` of this tree, read at `at` where it takes a read time (idle-since,
     issue 23); an older tree's keeps durations."""
     if _TAKES_READ_TIME:
-        return parse_ray_state(reply, read_at_ms=_ms(at))  # type: ignore[call-arg]
+        return parse_ray_state(reply, read_at_ms=_ms(at))
     return parse_ray_state(reply)  # type: ignore[call-arg]
 
 
@@ -87,9 +98,25 @@ def keep_nodes(previous: RayState, state: RayState, at: datetime) -> RayState:
     if unchanged is None:
         return state
     if "read" in inspect.signature(unchanged.with_nodes_of).parameters:
-        read = unchanged.ReadWindow.at(_ms(at))  # type: ignore[attr-defined]
-        return unchanged.with_nodes_of(previous, state, read)  # type: ignore[call-arg]
+        read = unchanged.ReadWindow.at(_ms(at))
+        return unchanged.with_nodes_of(previous, state, read)
     return unchanged.with_nodes_of(previous, state)  # type: ignore[call-arg]
+
+
+SCALE_UP_DEMAND = 0.2  # of the planner benchmark's demand (6,000 tasks, 1,000 gangs)
+
+
+def busy_cluster(hosts: int) -> scenario.Scenario:
+    """Every host busy (every resource taken, no node idle), with demand only new slices can
+    take (the planner benchmark's shapes, reservations and gangs, SCALE_UP_DEMAND of them)."""
+    sc = scenario.build(seed=7, scale=scenario.Scale(hosts / HOSTS_AT_SCALE_1, SCALE_UP_DEMAND))
+    for node in sc.state.node_states[1:]:
+        node.status = autoscaler_pb2.NodeStatus.RUNNING
+        node.idle_duration_ms = 0
+        taken = {name: 0.0 for name in node.total_resources}
+        node.available_resources.clear()
+        node.available_resources.update(taken)
+    return sc
 
 
 def cluster(hosts: int, launching: bool) -> scenario.Scenario:
@@ -116,6 +143,8 @@ class Frame:
         self.reply = sc.reply()
         self.at = NOW
         self.state = parse(self.reply, self.at)
+        # The observer's memo, carried from frame to frame as the daemon carries it.
+        self.memo = FrameMemo() if FrameMemo is not None else None
 
     def run(self) -> Decision:
         parsed = self.cache.hosts(self.store, self.spec)
@@ -129,7 +158,10 @@ class Frame:
             gcs=RayObservation(self.state, 0.0, cluster_id="c"),
             clock=clock,
         )
-        decision = decide(observed, Memory(), Policy(), self.at)
+        if self.memo is not None:
+            decision = decide(observed, Memory(), Policy(), self.at, memo=self.memo)
+        else:
+            decision = decide(observed, Memory(), Policy(), self.at)
         report_from_plan(decision.plan, int(self.at.timestamp()))
         return decision
 
@@ -151,6 +183,12 @@ class Frame:
         if not requests:
             requests.add().request.resources_bundle.update({"CPU": 16.0})
         requests[0].count += 40
+        self.state = keep_nodes(self.state, parse(self.reply, self.at), self.at)
+
+    def more_demand(self) -> None:
+        """The scale-up frame's change: one more task of the first shape (new demand, every
+        node unchanged, as a poll that sees new work hands it on)."""
+        self.reply.cluster_resource_state.pending_resource_requests[0].count += 1
         self.state = keep_nodes(self.state, parse(self.reply, self.at), self.at)
 
     def second_later(self) -> None:
@@ -210,7 +248,18 @@ def measure(hosts: int, repeats: int, log: Callable[[str], None] = print) -> dic
             log(f"  one node changed: {out['one_node_changed']}")
             log(f"  a second later (one node changed): {out['a_second_later']}")
             log(f"  new demand (every live node a bin): {out['new_demand']}")
+    out["scale_up"] = scale_up(hosts, repeats)
+    log(f"  scale-up frame (every host busy, demand for new slices): {out['scale_up']}")
     return out
+
+
+def scale_up(hosts: int, repeats: int) -> dict[str, Any]:
+    """The `scale_up` case: its median, and how many slices the frame adds."""
+    frame = Frame(busy_cluster(hosts))
+    decision = frame.run()
+    timed = _median(frame.run, repeats, frame.more_demand)
+    added = sum(max(0, d.target - d.current) for d in decision.plan.groups)
+    return {**timed, "slices_added": added, "tasks": frame.sc.num_bundles}
 
 
 def run(

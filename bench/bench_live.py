@@ -203,14 +203,14 @@ async def ready(proc: Proc, timeout_s: float) -> float:
 def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except OSError:
         return False
 
 
 def _http_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read().decode()
+        return str(response.read().decode())
 
 
 # ---- reaction -------------------------------------------------------------------------------

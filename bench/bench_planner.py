@@ -89,7 +89,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def _snapshot(sc: scenario.Scenario) -> Snapshot:
     spec = parse_raycluster(sc.raycluster)
     hosts, problems = parse_pods(sc.pods, spec)
-    return Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(map(str, problems)))
+    return Snapshot(spec=spec, hosts=tuple(hosts), problems=tuple(problems))
 
 
 def _time_ours(sc: scenario.Scenario, repeats: int) -> tuple[float, float, Plan]:

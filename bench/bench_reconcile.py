@@ -60,7 +60,7 @@ def measure(pods: int) -> dict[str, Any]:
     def from_scratch() -> None:
         spec = parse_raycluster(sc.raycluster)
         hosts, problems = parse_pods(sc.pods, spec)
-        snapshot = Snapshot(spec, tuple(hosts), True, tuple(map(str, problems)))
+        snapshot = Snapshot(spec, tuple(hosts), True, tuple(problems))
         plan(snapshot, parse_ray_state(reply, read_at_ms=epoch_ms(NOW)), Memory(), Policy(), NOW)
 
     out: dict[str, Any] = {"pods": len(sc.pods), "from_scratch_ms": _median_ms(from_scratch)}

@@ -368,7 +368,10 @@ def _percentiles(done: list[float]) -> dict[str, float | None]:
     done = sorted(done)
     if not done:
         return {"p50_s": None, "p90_s": None, "p99_s": None, "max_s": None}
-    rank = lambda q: done[min(len(done) - 1, int(q * len(done)))]  # noqa: E731
+
+    def rank(q: float) -> float:
+        return done[min(len(done) - 1, int(q * len(done)))]
+
     return {
         "p50_s": round(statistics.median(done), 3),
         "p90_s": round(rank(0.9), 3),

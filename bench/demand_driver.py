@@ -9,6 +9,7 @@ RESOURCES_JSON (e.g. `{"TPU": 4}`) each task asks for those resources and no CPU
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 
@@ -18,7 +19,10 @@ def main() -> None:
     import ray
 
     ray.init(
-        address=gcs_address, _node_ip_address=node_ip, log_to_driver=False, logging_level="warning"
+        address=gcs_address,
+        _node_ip_address=node_ip,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
     )
 
     @ray.remote(num_cpus=1)

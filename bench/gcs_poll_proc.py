@@ -32,8 +32,11 @@ def _ours(address: str, window_s: float) -> dict[str, float]:
         poller = GcsPoller(client, interval_s=interval, on_observation=on_observation)
         task = asyncio.create_task(poller.run())
         await asyncio.sleep(WARMUP_S)
+
         # Older pollers parsed every reply (no `parses` counter): then parses == polls.
-        parsed = lambda: getattr(poller, "parses", polls)  # noqa: E731
+        def parsed() -> int:
+            return int(getattr(poller, "parses", polls))
+
         cpu0, t0, polls0, parses0 = time.process_time(), time.monotonic(), polls, parsed()
         await asyncio.sleep(window_s)
         cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
@@ -51,7 +54,7 @@ def _ours(address: str, window_s: float) -> dict[str, float]:
 
 
 def _ray(address: str, window_s: float) -> dict[str, float]:
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stub
     from ray.autoscaler._private.constants import AUTOSCALER_UPDATE_INTERVAL_S
     from ray.autoscaler.v2.sdk import get_cluster_resource_state
 

@@ -61,7 +61,10 @@ def summary(stacks: Counter[tuple[str, ...]], top: int) -> dict[str, object]:
             inclusive[name] += n
         if stack:
             own[_name(stack[-1])] += n
-    share = lambda n: round(100 * n / running, 1)  # noqa: E731
+
+    def share(n: int) -> float:
+        return round(100 * n / running, 1)
+
     hot = {
         spot: share(sum(n for name, n in inclusive.items() if name.startswith(spot + " ")))
         for spot in HOT_SPOTS

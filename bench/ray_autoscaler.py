@@ -21,7 +21,7 @@ def main() -> None:
 
     from ray.autoscaler._private.kuberay.autoscaling_config import AutoscalingConfigProducer
 
-    producer = AutoscalingConfigProducer(cluster, namespace)
+    producer = AutoscalingConfigProducer(cluster, namespace)  # type: ignore[no-untyped-call]
     monitor_ip = gcs_address.rsplit(":", 1)[0]
     if version == "v2":
         from ray.autoscaler.v2.instance_manager.config import KubeRayConfigReader
@@ -32,7 +32,7 @@ def main() -> None:
             config_reader=KubeRayConfigReader(producer),
             log_dir=None,
             monitor_ip=monitor_ip,
-        ).run()
+        ).run()  # type: ignore[no-untyped-call]
     else:
         from ray.autoscaler._private.monitor import Monitor
 
@@ -41,7 +41,7 @@ def main() -> None:
             autoscaling_config=producer,
             monitor_ip=monitor_ip,
             retry_on_failure=False,
-        ).run()
+        ).run()  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

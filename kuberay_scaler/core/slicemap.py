@@ -36,6 +36,10 @@ class SliceTimeouts:
 class SliceMemo:
     """Complete slices of the last frame, by the values that judged them (pure memoization).
 
+    Owned by the caller that plans frame after frame (core/planner/memo.py FrameMemo, held by
+    the daemon's observer); keyed by values and by the identity of frozen values the caller
+    hands on unchanged, so no decision depends on it.
+
     A slice complete with every host joined to Ray is judged so from its group, its hosts and
     their Ray nodes alone (`_whole`: no timers, no `now`; one complete while Ray's view is
     unknown is not kept). When all of those are the very objects of last frame (frozen values;
@@ -107,11 +111,6 @@ class SliceMemo:
         self._next.clear()
         self._whole.clear()
         self._whole_next.clear()
-
-
-# The planner's memo across frames (one daemon plans one RayCluster; other callers, `plan` or
-# /debug/plan, only cost it hits). Keyed by values, so the decisions never depend on it.
-FRAME_MEMO = SliceMemo()
 
 
 @dataclass(frozen=True)

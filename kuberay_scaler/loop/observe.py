@@ -24,6 +24,7 @@ from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import Hold, HoldKind
 from kuberay_scaler.core.parse.pod_cache import PodCache
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.planner.memo import FrameMemo
 from kuberay_scaler.loop.expectations import Expectations
 from kuberay_scaler.loop.handsoff import HandsOff, Overridden, OverrideBackoff, hands_off
 from kuberay_scaler.loop.ports import CapacityFeed, ClusterView, NodeFeed, PodStore
@@ -93,6 +94,9 @@ class Observer:
         self._uid: str | None = None
         self._fresh_at: dict[str, float] = {}  # source → when it was last fresh (monotonic)
         self.parses = 0  # RayCluster parses (for the reads-per-reconcile measurement)
+        # The planner's frame memo: ours, carried from frame to frame and passed to decide();
+        # a new one for a recreated RayCluster (it is keyed by values: only hits change).
+        self.memo = FrameMemo()
 
     def see_ray(self, observation: RayObservation) -> None:
         """Every poll: the latest observation, and the liveness memory of Ray's nodes."""
@@ -196,6 +200,7 @@ class Observer:
             return None
         self.expectations.forget()
         self.hands_off = HandsOff()
+        self.memo = FrameMemo()
         return old
 
     def _holds(self, now: Instant) -> dict[str, str | Hold]:

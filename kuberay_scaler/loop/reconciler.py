@@ -237,6 +237,7 @@ class Reconciler:
             now.wall,
             self._config.drain_deadline_s,
             mono_s=now.mono,  # every timer that licenses a deletion (the GCS replies too)
+            memo=self.observer.memo,  # the observer's, carried across frames
         )
 
     def _publish(self, decision: Decision, now: Instant) -> None:

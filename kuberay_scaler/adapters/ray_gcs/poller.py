@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 import statistics
 import time
 from collections import deque
@@ -50,7 +51,7 @@ from kuberay_scaler.adapters.ray_gcs.unchanged import (
     with_nodes_of,
     zeroed,
 )
-from kuberay_scaler.core.model.ray import RayObservation, RayState
+from kuberay_scaler.core.model.ray import RayNode, RayObservation, RayState, node_content
 from kuberay_scaler.runtime.metrics import GCS_CONNECTED
 
 log = structlog.get_logger(__name__)
@@ -143,6 +144,7 @@ class GcsPoller:
         self._motion: object = None  # the last content without its epoch (`_moved`)
         self._motion_before: object = None  # and the one before it
         self.content_version = 0  # rises whenever the content (not the version) changed
+        self._entries = NodeEntries()  # each node's part of the content, by node object
         self._wake = asyncio.Event()
         self._unknown_kind: str | None = None  # the kind of failure last logged
         self.latest = RayObservation(None, monotonic(), error="not polled yet")
@@ -313,7 +315,7 @@ class GcsPoller:
             and (observation.epoch, observation.cluster_id) == (epoch, cluster_id)
         )
         self._content_of = same
-        content = self._content if unchanged else observation.content()
+        content = self._content if unchanged else observation.content(self._entries.of)
         if content != self._content:
             self._content = content
             self.content_version += 1
@@ -332,6 +334,33 @@ class GcsPoller:
         if motion != self._motion:
             self._motion_before, self._motion = self._motion, motion
         return moved
+
+
+class NodeEntries:
+    """Each node's part of `RayObservation.content`, kept while its node object is handed on
+    (the poller keeps an unchanged node's object, `unchanged.py`): a reply with new demand
+    reuses every entry (one identity pass in C when no node changed), one with changed nodes
+    builds theirs only; two contents whose entries are the same objects compare at C speed.
+    Owned by the poller; holds the last content's nodes only."""
+
+    def __init__(self) -> None:
+        self._nodes: tuple[RayNode, ...] = ()
+        self._entries: tuple[object, ...] = ()
+        self._by_id: dict[str, tuple[RayNode, object]] = {}
+
+    def of(self, nodes: tuple[RayNode, ...]) -> tuple[object, ...]:
+        if len(nodes) == len(self._nodes) and all(map(operator.is_, nodes, self._nodes)):
+            return self._entries
+        last, by_id = self._by_id, {}
+        entries = []
+        for node in nodes:
+            found = last.get(node.node_id)
+            if found is None or found[0] is not node:
+                found = (node, node_content(node))
+            by_id[node.node_id] = found
+            entries.append(found[1])
+        self._nodes, self._entries, self._by_id = nodes, tuple(entries), by_id
+        return self._entries
 
 
 def _without_epoch(content: object) -> object:

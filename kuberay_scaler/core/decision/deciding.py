@@ -18,6 +18,7 @@ from kuberay_scaler.core.model.reasons import PlanProblem, ProblemKind
 from kuberay_scaler.core.patch.ops import PatchError
 from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.gate import evidence_for
+from kuberay_scaler.core.planner.memo import FrameMemo
 
 
 def decide(
@@ -28,9 +29,12 @@ def decide(
     drain_deadline_s: float = DRAIN_DEADLINE_S,
     *,
     mono_s: float | None = None,
+    memo: FrameMemo | None = None,
 ) -> Decision:
     """Plan from `observed` at `now` (wall clock) and `mono_s` (monotonic: every timer that
-    licenses a deletion; None: `now` stands in) and list the writes that carry the plan out."""
+    licenses a deletion; None: `now` stands in) and list the writes that carry the plan out.
+    `memo`: the caller's frame memo, carried across its frames (None: a cold one); the
+    decision is the same either way."""
     tick = tick_of(mono_s, now)
     spec, hosts, pod_problems = observed.spec, observed.hosts, observed.pod_problems
     ray, ray_problem = _ray_state(observed.gcs)
@@ -51,7 +55,16 @@ def decide(
     events = observed.capacity_events
     nodes = observed.node_maintenance
     result = plan(
-        snapshot, ray, memory, policy, now, ev, mono_s=mono_s, events=events, maintenance=nodes
+        snapshot,
+        ray,
+        memory,
+        policy,
+        now,
+        ev,
+        mono_s=mono_s,
+        events=events,
+        maintenance=nodes,
+        memo=memo,
     )
     if ray_problem is not None:
         result = replace(result, problems=(*result.problems, ray_problem))

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, TypeVar
-
-_T = TypeVar("_T")  # what a RayState memo holds
 
 HEAD_RESOURCE = "node:__internal_head__"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -136,77 +133,78 @@ class RayNode:
 
 @dataclass(frozen=True)
 class RayState:
-    """Known Ray state at one moment. Absence of a RayState means demand is unknown."""
+    """Known Ray state at one moment. Absence of a RayState means demand is unknown.
+
+    The views every frame reads (nodes by instance, the alive ones, the idle positions) are
+    plain fields computed once when the state is built (by the parser, or the poller when it
+    hands on a state with a few nodes changed): outside equality, hashing and `repr`, a
+    function of `nodes` alone, never written again."""
 
     nodes: tuple[RayNode, ...]
     tasks: tuple[TaskDemand, ...]
     gangs: tuple[GangDemand, ...]
     constraint: tuple[TaskDemand, ...]  # the request_resources floor for the whole cluster
+    # Derived from `nodes` at construction (see `_views`).
+    by_instance: Mapping[str, RayNode] = field(init=False, compare=False, repr=False)
+    alive_ids: frozenset[str] = field(init=False, compare=False, repr=False)
+    idle_at: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    alive: tuple[RayNode, ...] = field(init=False, compare=False, repr=False)
+    entries: Mapping[str, tuple[RayNode, ...]] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # The dataclass idiom for derived fields of a frozen value: set once, here, never after.
+        for name, value in _views(self.nodes).items():
+            object.__setattr__(self, name, value)
 
     def node_by_instance(self) -> Mapping[str, RayNode]:
         """Alive nodes keyed by instance id (pod name); a DEAD entry never hides a live one, and
         of two alive entries for one pod the busier wins (never the order of the reply): a pod
-        with any entry not idle is not idle. Built once per state (the slice map, the clock and
-        the gate all ask), read-only."""
-        return self._memo("_node_by_instance", self._alive_by_instance)
+        with any entry not idle is not idle. Read-only."""
+        return self.by_instance
 
     def alive_instance_ids(self) -> frozenset[str]:
-        """Instance ids (pod names) of the alive nodes. Built once per state: a poller that
-        hands on the same state object hands on the same set (the liveness tracker's fast path)."""
-        return self._cached("_alive_instance_ids", lambda: frozenset(self.node_by_instance()))
+        """Instance ids (pod names) of the alive nodes: a poller that hands on the same state
+        object hands on the same set (the liveness tracker's fast path)."""
+        return self.alive_ids
 
     def idle_positions(self) -> tuple[int, ...]:
-        """Where in `nodes` the idle ones are (those with an idle-since). Built once per state."""
-        return self._cached(
-            "_idle_positions",
-            lambda: tuple(i for i, n in enumerate(self.nodes) if n.idle_since_ms is not None),
-        )
+        """Where in `nodes` the idle ones are (those with an idle-since)."""
+        return self.idle_at
 
     def alive_nodes(self) -> tuple[RayNode, ...]:
-        """The nodes not DEAD, in reply order. Built once per state."""
-        dead = NodeStatus.DEAD
-        return self._cached(
-            "_alive_nodes", lambda: tuple(n for n in self.nodes if n.status is not dead)
-        )
+        """The nodes not DEAD, in reply order."""
+        return self.alive
 
     def entries_by_instance(self) -> Mapping[str, tuple[RayNode, ...]]:
         """Every entry (any status) per instance id, in reply order: what the deletion gate
-        judges, since a pod may carry more than one raylet. Built once per state, read-only."""
-        return self._memo("_entries_by_instance", self._all_by_instance)
+        judges, since a pod may carry more than one raylet. Read-only."""
+        return self.entries
 
-    def _memo(self, name: str, build: Callable[[], dict[str, Any]]) -> Mapping[str, Any]:
-        return self._cached(name, lambda: MappingProxyType(build()))
 
-    def _cached(self, name: str, build: Callable[[], _T]) -> _T:
-        # A frozen dataclass: the memo goes into __dict__ directly (not a field, so equality,
-        # hashing and `replace` ignore it). Pure: a function of the fields only.
-        found: _T | None = self.__dict__.get(name)
-        if found is None:
-            found = build()
-            object.__setattr__(self, name, found)
-        return found
-
-    def _alive_by_instance(self) -> dict[str, RayNode]:
-        out: dict[str, RayNode] = {}
-        dead = NodeStatus.DEAD
-        for node in self.nodes:
-            instance = node.instance_id
-            if node.status is dead or not instance:
-                continue
-            seen = out.get(instance)
-            if seen is None or _busier(node, seen):
-                out[instance] = node
-        return out
-
-    def _all_by_instance(self) -> dict[str, tuple[RayNode, ...]]:
-        # Almost every pod has one entry: one tuple each, grown only for the rare second one.
-        out: dict[str, tuple[RayNode, ...]] = {}
-        for node in self.nodes:
-            instance = node.instance_id
-            if instance:
-                seen = out.get(instance)
-                out[instance] = (node,) if seen is None else (*seen, node)
-        return out
+def _views(nodes: tuple[RayNode, ...]) -> dict[str, object]:
+    """RayState's derived fields, in two passes over the nodes."""
+    alive: dict[str, RayNode] = {}
+    # Almost every pod has one entry: one tuple each, grown only for the rare second one.
+    entries: dict[str, tuple[RayNode, ...]] = {}
+    dead = NodeStatus.DEAD
+    for node in nodes:
+        instance = node.instance_id
+        if not instance:
+            continue
+        seen = entries.get(instance)
+        entries[instance] = (node,) if seen is None else (*seen, node)
+        if node.status is dead:
+            continue
+        held = alive.get(instance)
+        if held is None or _busier(node, held):
+            alive[instance] = node
+    return {
+        "by_instance": MappingProxyType(alive),
+        "alive_ids": frozenset(alive),
+        "idle_at": tuple(i for i, n in enumerate(nodes) if n.idle_since_ms is not None),
+        "alive": tuple(n for n in nodes if n.status is not dead),
+        "entries": MappingProxyType(entries),
+    }
 
 
 def _busier(node: RayNode, than: RayNode) -> bool:
@@ -215,6 +213,21 @@ def _busier(node: RayNode, than: RayNode) -> bool:
     if node.idle != than.idle:
         return not node.idle
     return node.idle and (node.idle_since_ms or 0) > (than.idle_since_ms or 0)
+
+
+def node_content(n: RayNode) -> object:
+    """A node's part of `RayObservation.content`: all of it but its idle-since."""
+    return (
+        n.node_id,
+        n.instance_id,
+        n.node_type,
+        n.status,
+        n.total,
+        n.available,
+        n.labels,
+        n.ip,
+        n.is_head,
+    )
 
 
 @dataclass(frozen=True)
@@ -245,27 +258,18 @@ class RayObservation:
         """Instance ids (pod names) of the live Ray nodes; None when the state is unknown."""
         return None if self.state is None else self.state.alive_instance_ids()
 
-    def content(self) -> object:
+    def content(
+        self, entries: Callable[[tuple[RayNode, ...]], tuple[object, ...]] | None = None
+    ) -> object:
         """What the plan reads of this observation, minus what moves on every poll (versions)
         and the idle-since times (time alone moves a plan from those; the loop's timer replans
-        for them): equal contents plan alike (the poller wakes the loop when it changes)."""
+        for them): equal contents plan alike (the poller wakes the loop when it changes).
+        `entries`: the nodes' parts (`node_content` of each), from the caller's memo if it keeps
+        one."""
         if self.state is None:  # not the error text: it changes on every retry
             return ("unknown", self.epoch)
         s = self.state
-        nodes = tuple(
-            (
-                n.node_id,
-                n.instance_id,
-                n.node_type,
-                n.status,
-                n.total,
-                n.available,
-                n.labels,
-                n.ip,
-                n.is_head,
-            )
-            for n in s.nodes
-        )
+        nodes = entries(s.nodes) if entries is not None else tuple(map(node_content, s.nodes))
         return ("known", self.epoch, self.cluster_id, nodes, s.tasks, s.gangs, s.constraint)
 
     @property

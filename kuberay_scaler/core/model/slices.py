@@ -169,6 +169,12 @@ class GroupSlices:
         }
 
     @cached_property
+    def latest_worker_start(self) -> datetime | None:
+        """The latest of `worker_started_at` (None without one): no host of the group settles
+        (capacity.py) once it is older than the settle time."""
+        return max(self.worker_started_at.values(), default=None)
+
+    @cached_property
     def idle_by_since(self) -> tuple[tuple[int, str, Slice], ...]:
         """Complete (and outdated) slices idle on every host, longest idle first (earliest
         idle-since, then key): (idle-since, key, slice)."""

@@ -54,18 +54,21 @@ class Bin:
     # STRICT_SPREAD, never two.
     twin: Bin | None = None
     used: bool = field(default=False)
+    # Its two preference keys (`preference`), worked out at its first sort: what they read is
+    # set when the bin is built and never changes after (placing work changes `free`, `used`);
+    # a bin the capacity memo hands on to the next frame is not keyed again.
+    keys: tuple[_Key, _Key] | None = None
 
 
 _NONE: frozenset[str] = frozenset()
-_SETS: dict[frozenset[str], frozenset[str]] = {}
 
 
 _ACCELERATOR_KEYS = frozenset(ACCELERATORS)
 
 
 def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
-    # Called for every node of a 10k-node cluster: the keys it has found in C (a CPU host has
-    # none), one shared set per combination, not one each.
+    # Called for every node of a 10k-node cluster that changed: the keys it has found in C (a
+    # CPU host has none, one shared empty set). The capacity memo keeps one set per combination.
     keys = _ACCELERATOR_KEYS.intersection(resources)
     if not keys:
         return _NONE
@@ -73,7 +76,7 @@ def accelerators_of(resources: Mapping[str, float]) -> frozenset[str]:
         if not resources[key] > 0:  # listed at 0: not an accelerator this host has
             keys = frozenset(k for k in keys if resources[k] > 0)
             break
-    return _SETS.setdefault(keys, keys) if keys else _NONE
+    return keys if keys else _NONE
 
 
 def bins_for_new_slice(
@@ -205,9 +208,10 @@ def bundle_size(bundle: Bundle) -> tuple[int, float]:
     return (int(needs_accelerator(bundle)), sum(bundle.resources.values()))
 
 
-def preference(
-    bundle_wants_accelerator: bool,
-) -> Callable[[Bin], tuple[int, int, int, int, int, str]]:
+_Key = tuple[int, int, int, int, int, str]
+
+
+def preference(bundle_wants_accelerator: bool) -> Callable[[Bin], _Key]:
     """Order bins for one kind of demand.
 
     Running hosts before launching ones (work that fits a running host must not keep a
@@ -218,11 +222,20 @@ def preference(
     existing or launching bin: what it holds would otherwise be a new slice.
     """
 
-    def key(bin_: Bin) -> tuple[int, int, int, int, int, str]:
-        wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
-        # Least idle first: the latest idle-since first, busy ones before every idle one.
-        since = bin_.idle_since_ms
-        idle = -since if since is not None else -(1 << 62)
-        return (int(bin_.planned), int(bin_.settling), wasted, int(bin_.launching), idle, bin_.name)
+    which = int(bundle_wants_accelerator)
+
+    def key(bin_: Bin) -> _Key:
+        keys = bin_.keys
+        if keys is None:
+            keys = bin_.keys = (_key(bin_, False), _key(bin_, True))
+        return keys[which]
 
     return key
+
+
+def _key(bin_: Bin, bundle_wants_accelerator: bool) -> _Key:
+    wasted = int(not bundle_wants_accelerator and bool(bin_.accelerators))
+    # Least idle first: the latest idle-since first, busy ones before every idle one.
+    since = bin_.idle_since_ms
+    idle = -since if since is not None else -(1 << 62)
+    return (int(bin_.planned), int(bin_.settling), wasted, int(bin_.launching), idle, bin_.name)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from kuberay_scaler.core.model.hosts import Host, HostPhase
 from kuberay_scaler.core.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayState
-from kuberay_scaler.core.model.slices import GroupSlices, SliceMap, SliceState
+from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceMap, SliceState
 from kuberay_scaler.core.planner.bins import Bin, accelerators_of, bins_for_new_slice
 from kuberay_scaler.core.planner.shapes import SliceShape
 
@@ -24,6 +24,10 @@ COUNTED = (
 # Slices still coming up, counted at full size: a queued one (Kueue) is capacity on its way
 # too, so demand it will serve is not provisioned twice.
 _COMING_UP = (SliceState.PENDING, SliceState.QUEUED)
+# The slices capacity may count beyond their Ray nodes (see build_capacity's slice loop).
+_ARRIVING_OR_BROKEN = frozenset(
+    (SliceState.PENDING, SliceState.QUEUED, SliceState.PARTIAL, SliceState.BROKEN)
+)
 
 
 @dataclass
@@ -42,6 +46,164 @@ class Capacity:
         return (self.available, self.total) if self.with_total else (self.available,)
 
 
+class CapacityMemo:
+    """Last frame's bins of live nodes, by node id (owned by the caller's FrameMemo).
+
+    Bins are the planner's scratch: placing work changes a bin's `free` only through
+    `bins.take` (which marks it `used`) and `give_back` (after a take). So a bin the last plan
+    never took from is still as `_node_bin` built it: when the next frame has the very same
+    node object (the poller hands on an unchanged node as the same frozen value) in the same
+    slice and state, that bin is handed out again instead of a new one for each of 10k nodes.
+    A bin that was used, or got a settling twin, is built afresh; so is every bin of a node
+    that changed. The plan is the same with a cold memo (tests/unit/test_frame_memo.py).
+    """
+
+    def __init__(self) -> None:
+        self._bins: dict[str, _NodeBins] = {}
+        self._next: dict[str, _NodeBins] = {}
+        self._view: _KeptView | None = None
+        self._sets: dict[frozenset[str], frozenset[str]] = {}  # few: accelerator combinations
+        self._arriving: dict[str, tuple[GroupSlices, tuple[Slice, ...]]] = {}
+        self._arriving_next: dict[str, tuple[GroupSlices, tuple[Slice, ...]]] = {}
+        self.hits = 0  # bins handed out again (tests, the benchmark)
+        self.view_hits = 0  # frames that took every node's bin at once
+
+    def node_bins(
+        self,
+        node: RayNode,
+        owner: tuple[str | None, str | None, SliceState | None],
+        with_total: bool,
+    ) -> _NodeBins:
+        """The live (and, `with_total`, whole-host) bin of `node` in its slice `owner`."""
+        name = node.instance_id or node.node_id
+        found = self._bins.get(name)
+        if (
+            found is not None
+            and name not in self._next  # one bin per entry of the reply, never one twice
+            and found.node is node
+            and found.owner == owner
+            and not found.live.used
+            and found.live.twin is None
+            and (not with_total or (found.total is not None and not found.total.used))
+        ):
+            self.hits += 1
+        else:
+            group, key, _ = owner
+            accelerators = (
+                found.live.accelerators
+                if found is not None and found.node.total is node.total
+                else self._interned(accelerators_of(node.total))
+            )
+            live = _node_bin(node, group, key, node.available, accelerators)
+            total = _node_bin(node, group, key, node.total, accelerators) if with_total else None
+            found = _NodeBins(node, owner, live, total)
+        self._next.setdefault(name, found)
+        return found
+
+    def _interned(self, accelerators: frozenset[str]) -> frozenset[str]:
+        """One set per combination of accelerators, not one per node (10k of them)."""
+        return self._sets.setdefault(accelerators, accelerators)
+
+    def end_frame(self) -> None:
+        """Keep only what this frame built or handed out (bounded by the live nodes)."""
+        self._bins, self._next = self._next, {}
+
+    def node_view(self, view: _NodeView) -> _KeptView | None:
+        """Last frame's bins of live nodes, when `view` equals its inputs (nodes and slices by
+        identity: frozen values the caller hands on), each bin the last plan took from built
+        again from its node: a frame whose nodes did not change costs what the plan used."""
+        kept = self._view
+        if kept is None or not view.same_as(kept.view):
+            return None
+        available = _repaired(kept.available, kept.available_from)
+        total = _repaired(kept.total, kept.total_from)
+        if available is not kept.available or total is not kept.total:
+            kept = self._view = replace(kept, available=available, total=total)
+        self.view_hits += 1
+        return kept
+
+    def keep_view(self, view: _NodeView, cap: Capacity, sources: _Sources) -> None:
+        """The node bins just built for `view` (no settling bin among them), and their sources."""
+        available_from, total_from = sources
+        self._view = _KeptView(
+            view, tuple(cap.available), tuple(cap.total), available_from, total_from
+        )
+
+    def arriving(self, gs: GroupSlices) -> tuple[Slice, ...]:
+        """The group's slices capacity may count beyond their Ray nodes (pending, queued,
+        partial, broken), in order; once per group object."""
+        found = self._arriving.get(gs.group.name)
+        if found is None or found[0] is not gs:
+            found = (gs, tuple(s for s in gs.slices if s.state in _ARRIVING_OR_BROKEN))
+        self._arriving_next[gs.group.name] = found
+        return found[1]
+
+    def end_arriving(self) -> None:
+        self._arriving, self._arriving_next = self._arriving_next, {}
+
+
+@dataclass(frozen=True)
+class _NodeView:
+    """What the bins of live nodes are a function of when none is settling."""
+
+    nodes: tuple[RayNode, ...]
+    groups: tuple[GroupSlices, ...]
+    unavailable: frozenset[str]
+    with_total: bool
+
+    def same_as(self, other: _NodeView) -> bool:
+        return (
+            self.with_total == other.with_total
+            and self.unavailable == other.unavailable
+            and len(self.groups) == len(other.groups)
+            and all(a is b for a, b in zip(self.groups, other.groups, strict=True))
+            and (self.nodes is other.nodes or self.nodes == other.nodes)
+        )
+
+
+@dataclass(frozen=True)
+class _KeptView:
+    view: _NodeView
+    available: tuple[Bin, ...]
+    total: tuple[Bin, ...]
+    # What each bin was built from, to build it again once a plan took from it.
+    available_from: tuple[_Source, ...]
+    total_from: tuple[_Source, ...]
+
+
+@dataclass(frozen=True)
+class _Source:
+    node: RayNode
+    free: Mapping[str, float]  # node.available or node.total
+    coming: bool  # a joined host of a slice coming up (`_coming_bin`)
+
+
+_Sources = tuple[tuple[_Source, ...], tuple[_Source, ...]]  # of `available`, of `total`
+
+
+def _repaired(bins: tuple[Bin, ...], sources: tuple[_Source, ...]) -> tuple[Bin, ...]:
+    """`bins` with each one a plan took from built again (`bins` itself when none was)."""
+    used = [i for i, b in enumerate(bins) if b.used]
+    if not used:
+        return bins
+    out = list(bins)
+    for i in used:
+        old, src = bins[i], sources[i]
+        if src.coming:
+            out[i] = _coming_bin(src.node, old.group, old.slice_key, old.accelerators)
+        else:
+            out[i] = _node_bin(src.node, old.group, old.slice_key, src.free, old.accelerators)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class _NodeBins:
+    node: RayNode
+    owner: tuple[str | None, str | None, SliceState | None]
+    live: Bin
+    total: Bin | None
+
+
 def build_capacity(
     slice_map: SliceMap,
     ray: RayState,
@@ -52,6 +214,7 @@ def build_capacity(
     now: datetime | None = None,
     settle_s: float = 0.0,
     unavailable: Collection[str] = (),
+    memo: CapacityMemo | None = None,
 ) -> Capacity:
     """Bins of live nodes, of hosts still coming up, and of replicas without pods yet.
 
@@ -66,40 +229,27 @@ def build_capacity(
     see `_settling_bin`, a pure function of the pod's own `startedAt` and `now`.
     `unavailable` names groups that cannot get capacity (core/planner/availability.py): what
     they have coming up (pending, partial, replicas without pods) is not capacity.
+    `memo`: last frame's bins of unchanged nodes (CapacityMemo); the result is the same without.
     """
     cap = Capacity(with_total=with_total)
     unidentified = _unidentified_pods(slice_map)
     if not bins:
         _count_virtual(cap, slice_map, shapes, unidentified)
         return cap
-    owner = _slice_of_pod(slice_map)
-    started = _started_at(slice_map) if now is not None and settle_s > 0 else {}
-    for node in ray.nodes:
-        if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
-            continue
-        group, key, state = owner.get(node.instance_id, (None, None, None))
-        usable = state in (None, SliceState.COMPLETE, SliceState.OUTDATED) or state in _COMING_UP
-        if state is SliceState.PENDING and group in unavailable:
-            continue  # a stuck slice of a group that cannot get capacity: not coming
-        if not usable and node.instance_id not in unidentified:
-            continue  # broken, partial and terminating slices are never capacity as they are
-        accelerators = accelerators_of(node.total)
-        if state in _COMING_UP:
-            cap.available.append(_coming_bin(node, group, key, accelerators))
-        else:
-            live = _node_bin(node, group, key, node.available, accelerators)
-            cap.available.append(live)
-            since = started.get(node.instance_id) if state is SliceState.COMPLETE else None
-            if since is not None and now is not None and not node.is_head:
-                # A start stamped ahead of `now` (clock skew) settles no longer than settle_s.
-                left = settle_s - max(0.0, (now - since).total_seconds())
-                settling = _settling_bin(node, group, key, accelerators) if left > 0 else None
-                if settling is not None:
-                    settling.twin, live.twin = live, settling
-                    cap.available.append(settling)
-                    cap.settling.append((settling, left))
-        if with_total:
-            cap.total.append(_node_bin(node, group, key, node.total, accelerators))
+    memo = memo if memo is not None else CapacityMemo()
+    started = _started_at(slice_map, now, settle_s) if now is not None and settle_s > 0 else {}
+    view = _NodeView(
+        ray.nodes, tuple(slice_map.groups.values()), frozenset(unavailable), with_total
+    )
+    kept = memo.node_view(view) if not started else None
+    if kept is not None:  # the same nodes in the same slices: last frame's untaken bins
+        cap.available, cap.total = list(kept.available), list(kept.total)
+    else:
+        sources = _node_bins(
+            cap, slice_map, ray, unavailable, unidentified, started, now, settle_s, memo
+        )
+        if not started:  # nothing settling: a function of `view` alone
+            memo.keep_view(view, cap, sources)
     for name, gs in slice_map.groups.items():
         shape = shapes.get(name)
         if shape is None:
@@ -107,7 +257,7 @@ def build_capacity(
         if name in unavailable:
             cap.virtual[name] = _virtual(gs, unidentified)  # asked for, but none will come
             continue
-        for sl in gs.slices:
+        for sl in memo.arriving(gs) if not unidentified else gs.slices:
             if sl.hosts and sl.hosts[0].pod_name in unidentified:
                 # No replica label: siblings unknown. Count only what each pod really is (its
                 # Ray node, or one launching host), never a whole fresh slice per pod.
@@ -125,7 +275,62 @@ def build_capacity(
         virtual = cap.virtual[name] = _virtual(gs, unidentified)
         for i in range(virtual):
             _add_fresh_slice(cap, name, f"launching:{name}:{i}", shape)
+    memo.end_arriving()
     return cap
+
+
+def _node_bins(
+    cap: Capacity,
+    slice_map: SliceMap,
+    ray: RayState,
+    unavailable: Collection[str],
+    unidentified: set[str],
+    started: Mapping[str, datetime],
+    now: datetime | None,
+    settle_s: float,
+    memo: CapacityMemo,
+) -> _Sources:
+    """The bins of live nodes, in reply order (see build_capacity); what each was built from."""
+    available_from: list[_Source] = []
+    total_from: list[_Source] = []
+    owner = _slice_of_pod(slice_map)
+    nowhere = (None, None, None)
+    with_total = cap.with_total
+    for node in ray.nodes:
+        if node.status in (NodeStatus.DEAD, NodeStatus.DRAINING):
+            continue
+        found = owner.get(node.instance_id, nowhere)
+        group, key, state = found
+        usable = state in (None, SliceState.COMPLETE, SliceState.OUTDATED) or state in _COMING_UP
+        if state is SliceState.PENDING and group in unavailable:
+            continue  # a stuck slice of a group that cannot get capacity: not coming
+        if not usable and node.instance_id not in unidentified:
+            continue  # broken, partial and terminating slices are never capacity as they are
+        made = memo.node_bins(node, found, with_total)
+        accelerators = made.live.accelerators
+        if state in _COMING_UP:
+            cap.available.append(_coming_bin(node, group, key, accelerators))
+            available_from.append(_Source(node, node.total, True))
+        else:
+            live = made.live
+            cap.available.append(live)
+            available_from.append(_Source(node, node.available, False))
+            since = started.get(node.instance_id) if state is SliceState.COMPLETE else None
+            if since is not None and now is not None and not node.is_head:
+                # A start stamped ahead of `now` (clock skew) settles no longer than settle_s.
+                left = settle_s - max(0.0, (now - since).total_seconds())
+                settling = _settling_bin(node, group, key, accelerators) if left > 0 else None
+                if settling is not None:
+                    settling.twin, live.twin = live, settling
+                    cap.available.append(settling)
+                    available_from.append(_Source(node, node.available, False))  # not kept
+                    cap.settling.append((settling, left))
+        if with_total:
+            assert made.total is not None  # built with_total
+            cap.total.append(made.total)
+            total_from.append(_Source(node, node.total, False))
+    memo.end_frame()
+    return tuple(available_from), tuple(total_from)
 
 
 def _count_virtual(
@@ -190,11 +395,15 @@ def _node_bin(
     )
 
 
-def _started_at(slice_map: SliceMap) -> dict[str, datetime]:
-    """When each running worker host's Ray container started (`startedAt` of its pod)."""
+def _started_at(slice_map: SliceMap, now: datetime, settle_s: float) -> dict[str, datetime]:
+    """When each running worker host's Ray container started (`startedAt` of its pod), for
+    the groups where one started less than `settle_s` before `now` (or after it: clock skew):
+    in the others no host settles."""
     out: dict[str, datetime] = {}
     for gs in slice_map.groups.values():
-        out.update(gs.worker_started_at)  # built once per group object (the memo hands it on)
+        latest = gs.latest_worker_start  # built once per group object (the memo hands it on)
+        if latest is not None and (now - latest).total_seconds() < settle_s:
+            out.update(gs.worker_started_at)
     return out
 
 

@@ -20,7 +20,7 @@ from kuberay_scaler.core.model.reasons import Hold, HoldKind, PlanProblem, Probl
 from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 from kuberay_scaler.core.model.slices import SliceMap
 from kuberay_scaler.core.planner.availability import AvailabilityResult
-from kuberay_scaler.core.planner.capacity import Capacity, build_capacity
+from kuberay_scaler.core.planner.capacity import Capacity, CapacityMemo, build_capacity
 from kuberay_scaler.core.planner.carried import (
     StageResults,
     first,
@@ -51,13 +51,14 @@ from kuberay_scaler.core.planner.groups import (
 )
 from kuberay_scaler.core.planner.held import held_plan
 from kuberay_scaler.core.planner.isolation import isolated
+from kuberay_scaler.core.planner.memo import FrameMemo
 from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.core.planner.queues import Queues, queue_stage
 from kuberay_scaler.core.planner.replace import BrokenBusy
 from kuberay_scaler.core.planner.rooms import Fitted, fallbacks, fit_demand, room_limit
 from kuberay_scaler.core.planner.scale_down import finish_recorded_drains
 from kuberay_scaler.core.planner.stuck_gangs import gang_stuck_slices
-from kuberay_scaler.core.slicemap import FRAME_MEMO, build_slice_map
+from kuberay_scaler.core.slicemap import build_slice_map
 
 __all__ = ["Policy", "next_deadline_s", "plan"]
 
@@ -73,6 +74,7 @@ def plan(
     mono_s: float | None = None,
     events: tuple[CapacityEvent, ...] = (),
     maintenance: Mapping[str, NodeMaintenance] | None = None,
+    memo: FrameMemo | None = None,
 ) -> Plan:
     """The plan for every group; a group whose planning raises is held with a named problem
     and the others are planned without it (one bad group never stops the others).
@@ -82,13 +84,17 @@ def plan(
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
     built it (`decide()` does, so it is built once per frame); otherwise built here.
     `events`: capacity Events, oldest first (availability backoffs run on `mono_s` too).
-    `maintenance`: GKE maintenance announced on nodes (node name → window), where readable."""
+    `maintenance`: GKE maintenance announced on nodes (node name → window), where readable.
+    `memo`: the caller's frame memo (FrameMemo, carried across its frames); None: a cold one.
+    The plan is the same either way."""
     at = At(now, tick_of(mono_s, now))
     mono = now.timestamp() if mono_s is None else mono_s
     news = News(events, mono, MappingProxyType(dict(maintenance or {})))
 
     def frame(shot: Snapshot, ev: Evidence | None) -> Plan:
-        return _frame(shot, ray, memory, policy, at, ev, news)
+        # The memo's views are of the whole cluster: a frame without a failed group plans cold.
+        warm = memo if shot is snapshot else None
+        return _frame(shot, ray, memory, policy, at, ev, news, warm)
 
     result = isolated(frame, snapshot, evidence)
     return replace(result, now_ms=epoch_ms(at.tick), wall_ms=epoch_ms(at.now))
@@ -102,6 +108,7 @@ def _frame(
     at: At,
     evidence: Evidence | None,
     news: News,
+    memo: FrameMemo | None = None,
 ) -> Plan:
     """The slice map and the groups' analysis; held whole when nothing can be decided."""
     spec = snapshot.spec
@@ -109,15 +116,16 @@ def _frame(
     problems += problems_of(ProblemKind.POD, snapshot.problems)
     if not snapshot.synced:
         return held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED), policy=policy)
+    memo = memo or FrameMemo()  # None: a cold memo, this frame's alone
     slice_map = build_slice_map(
-        spec, snapshot.hosts, ray, at.now, policy.timeouts, snapshot.clock, FRAME_MEMO
+        spec, snapshot.hosts, ray, at.now, policy.timeouts, snapshot.clock, memo.slices
     )
     analysed = analyse_groups(slice_map, memory)
     problems += problems_of(ProblemKind.SLICE_MAP, slice_map.problems) + analysed.problems
     if spec.suspended or ray is None:
         why = Hold(HoldKind.CLUSTER_SUSPENDED if spec.suspended else HoldKind.DEMAND_UNKNOWN)
         return held_plan(spec, slice_map, memory, problems, why, analysed.groups, policy)
-    frame = _Frame(snapshot, slice_map, ray, memory, policy, at, news)
+    frame = _Frame(snapshot, slice_map, ray, memory, policy, at, news, memo.capacity)
     return frame.planned(analysed.groups, evidence, problems)
 
 
@@ -132,6 +140,7 @@ class _Frame:
     policy: Policy
     at: At
     news: News
+    capacity_memo: CapacityMemo  # the caller's, carried across frames (FrameMemo.capacity)
 
     def planned(
         self, groups: Notes, evidence: Evidence | None, problems: tuple[PlanProblem, ...]
@@ -179,6 +188,7 @@ class _Frame:
             now=self.at.now,
             settle_s=self.policy.join_settle_s,
             unavailable=unavailable,
+            memo=self.capacity_memo,
         )
 
     def fitted(self, groups: Notes, capacity: Capacity) -> Fitted:

@@ -3,7 +3,8 @@
 The decisions are those of a plain scan in preference order (tests hold it to that); only the
 bins that provably cannot fit are passed over faster:
 
-- a bundle with label selectors only looks at the bins whose labels match (labels never change);
+- a bundle with label selectors only looks at the bins whose labels match (labels never change),
+  found for a one-label prefilter through an index of each order by that label's value;
 - per resource, a max-tree over positions finds the next bin with enough of it left in
   O(log bins), so a shape never walks the bins that are too full for it (without it, each of
   1,000 shapes walked 100,000 half-full bins);
@@ -16,6 +17,8 @@ by `released(those bins)`.
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left
 from collections.abc import Collection, Iterable, Sequence
 
 from kuberay_scaler.core.model.ray import Bundle, LabelSelector, selectors_match
@@ -40,6 +43,7 @@ class Pool:
     def __init__(self, bins: Iterable[Bin]) -> None:
         self.bins: list[Bin] = list(bins)
         self._orders: dict[_OrderKey, list[Bin]] = {}
+        self._indexes: dict[_OrderKey, _LabelIndex] = {}
         self._views: dict[tuple[_OrderKey, tuple[LabelSelector, ...]], _View] = {}
         self._cursors: dict[tuple[_OrderKey, str], int] = {}
 
@@ -123,7 +127,10 @@ class Pool:
         view = self._views.get(view_key)
         if view is None:
             order = self.ordered(*order_key)
-            view = self._views[view_key] = _View(order, bundle.selectors)
+            index = self._indexes.get(order_key)
+            if index is None:
+                index = self._indexes[order_key] = _LabelIndex(order)
+            view = self._views[view_key] = _View(order, bundle.selectors, index)
         view.sync()
         return view, (order_key, signature(bundle))
 
@@ -133,11 +140,14 @@ def new_accelerator(bin_: Bin) -> bool:
     return bin_.planned and bool(bin_.accelerators)
 
 
-def _required_label(selectors: tuple[LabelSelector, ...]) -> tuple[str, frozenset[str]] | None:
-    """A label every matching host must carry with one of some values, if there is one."""
+_Required = tuple[tuple[str, frozenset[str]], ...]
+
+
+def _required_labels(selectors: tuple[LabelSelector, ...]) -> _Required:
+    """The labels every matching host must carry, each with one of some values."""
     if len(selectors) != 1:
-        return None  # alternatives: no single label is required
-    return next(((c.key, c.values) for c in selectors[0].constraints if not c.negated), None)
+        return ()  # alternatives: no single label is required
+    return tuple((c.key, c.values) for c in selectors[0].constraints if not c.negated)
 
 
 _Needs = list[tuple["_MaxTree", float]]
@@ -146,9 +156,12 @@ _Needs = list[tuple["_MaxTree", float]]
 class _View:
     """The bins of one order whose labels match some selectors, with a max-tree per resource."""
 
-    def __init__(self, order: list[Bin], selectors: tuple[LabelSelector, ...]) -> None:
+    def __init__(
+        self, order: list[Bin], selectors: tuple[LabelSelector, ...], index: _LabelIndex
+    ) -> None:
         self._order = order
         self._selectors = selectors
+        self._index = index
         self._seen = 0  # how much of `order` has been filtered into `bins`
         self.bins: list[Bin] = []
         self._trees: dict[str, _MaxTree] = {}
@@ -156,19 +169,17 @@ class _View:
 
     def sync(self) -> None:
         """Take in bins appended to the order since the last call."""
-        new = self._order[self._seen :]
-        self._seen = len(self._order)
-        if not new:
+        start, self._seen = self._seen, len(self._order)
+        if start == self._seen:
             return
-        if self._selectors:
-            quick = _required_label(self._selectors)
-            if quick is not None:  # a cheap look at one label rules most bins out
-                key, values = quick
-                new = [b for b in new if b.labels.get(key) in values]
+        required = _required_labels(self._selectors)
+        # Required labels rule most bins out: the index has them by their values.
+        new = self._index.matching(required, start) if required else self._order[start:]
+        if self._selectors and not _only(self._selectors, required):
             new = [b for b in new if selectors_match(self._selectors, b.labels)]
         self.bins.extend(new)
         for resource, tree in self._trees.items():
-            tree.extend([_left_of(b, resource) for b in new])
+            tree.extend(_left_in(new, resource))
 
     def raised(self, bins: Iterable[Bin]) -> None:
         """Set the bounds of `bins` (those in this view) to what they have left now."""
@@ -190,8 +201,7 @@ class _View:
                 continue
             tree = self._trees.get(resource)
             if tree is None:
-                values = [_left_of(b, resource) for b in self.bins]
-                tree = self._trees[resource] = _MaxTree(resource, values)
+                tree = self._trees[resource] = _MaxTree(resource, _left_in(self.bins, resource))
             # Never above what copies_that_fit accepts (it adds EPSILON before dividing).
             out.append((tree, need - EPSILON - abs(need) * 1e-12))
         return out
@@ -217,9 +227,60 @@ class _View:
             tree.lower(index, _left_of(bin_, tree.resource))
 
 
+class _LabelIndex:
+    """One order's positions by the value of a label, per label asked for (extended as bins
+    are appended to the order): the views of many selectors on one label share one pass."""
+
+    def __init__(self, order: list[Bin]) -> None:
+        self._order = order
+        self._by_key: dict[str, tuple[int, dict[str | None, list[int]]]] = {}
+
+    def matching(self, required: _Required, start: int) -> list[Bin]:
+        """The bins from `start` on, in order, that carry every label of `required` with one of
+        its values (through the shortest list of positions, the others checked on its bins)."""
+        found = sorted(
+            ((self.positions(key, values, start), key, values) for key, values in required),
+            key=lambda t: len(t[0]),
+        )
+        (shortest, _, _), *others = found
+        bins = [self._order[i] for i in shortest]
+        for _, key, values in others:
+            bins = [b for b in bins if b.labels.get(key) in values]
+        return bins
+
+    def positions(self, key: str, values: Collection[str], start: int) -> list[int]:
+        """Ascending positions from `start` whose bin's label `key` is one of `values`."""
+        seen, index = self._by_key.get(key, (0, {}))
+        order = self._order
+        for i in range(seen, len(order)):
+            index.setdefault(order[i].labels.get(key), []).append(i)
+        self._by_key[key] = (len(order), index)
+        found = [tail for v in values if (tail := _from(index.get(v), start))]
+        if len(found) == 1:
+            return found[0]
+        return list(heapq.merge(*found))
+
+
+def _from(positions: list[int] | None, start: int) -> list[int]:
+    if not positions:
+        return []
+    return positions[bisect_left(positions, start) :]
+
+
 def _left_of(bin_: Bin, resource: str) -> float:
     # As copies_that_fit reads it: an implicit resource Ray never reports is there at 1.
     return free_amount(bin_.free, resource)
+
+
+def _left_in(bins: Sequence[Bin], resource: str) -> list[float]:
+    """`_left_of` each bin (one list pass: the default looked up once, not per bin)."""
+    default = free_amount({}, resource)
+    return [b.free.get(resource, default) for b in bins]
+
+
+def _only(selectors: tuple[LabelSelector, ...], required: _Required) -> bool:
+    """`required` is all the selectors ask: a bin with those labels matches them."""
+    return len(selectors) == 1 and len(selectors[0].constraints) == len(required)
 
 
 class _MaxTree:
@@ -264,9 +325,9 @@ class _MaxTree:
 
     def _recompute(self, low: int, high: int) -> None:
         nodes = self._nodes
-        for i in range(low, high + 1):
-            left, right = nodes[2 * i], nodes[2 * i + 1]
-            nodes[i] = left if left >= right else right
+        lefts = nodes[2 * low : 2 * high + 2 : 2]
+        rights = nodes[2 * low + 1 : 2 * high + 2 : 2]
+        nodes[low : high + 1] = [a if a >= b else b for a, b in zip(lefts, rights, strict=True)]
 
     def set(self, position: int, value: float) -> None:
         nodes = self._nodes

@@ -255,6 +255,7 @@ def fit_gangs(
     # since (a failed trial is undone), so a copy is recorded as the first was, without another
     # trial: 10^4 identical waiting placement groups cost one trial, not 10^4 over every bin.
     unserved: dict[tuple[object, ...], Callable[[], None]] = {}
+    live = _LiveNodes(nodes)
     for gang in sorted(gangs, key=_gang_order, reverse=True):
         key = gang_key(gang)
         again = unserved.get(key)
@@ -264,7 +265,7 @@ def fit_gangs(
         if _place_gang_with_new_slices(gang, pool, rooms):
             unserved.clear()  # what it took or opened may change what first fit does next
             continue
-        record, waits = _unserved_gang(gang, rooms, nodes, fit)
+        record, waits = _unserved_gang(gang, rooms, live, fit)
         unserved[key] = record
         record()
         if waits:
@@ -416,15 +417,13 @@ def _unserved(
 
 
 def _unserved_gang(
-    gang: GangDemand, rooms: Mapping[str, GroupRoom], nodes: Sequence[RayNode], fit: DemandFit
+    gang: GangDemand, rooms: Mapping[str, GroupRoom], live: _LiveNodes, fit: DemandFit
 ) -> tuple[Callable[[], None], bool]:
     """What records one gang like this as waiting (True) or as never placeable (False)."""
     demand = _gang_demand(gang)
     units = gang_units(gang)
     options = [candidates(u, rooms.values()) for u in units]
-    unservable = [
-        u for u, o in zip(units, options, strict=True) if not o and not _fits_a_live_node(u, nodes)
-    ]
+    unservable = [u for u, o in zip(units, options, strict=True) if not o and not live.fit(u)]
     missing = unservable[0] if unservable else None
     if missing is not None:
         kind = (
@@ -444,6 +443,39 @@ def _unserved_gang(
 def _blocking(options: Sequence[GroupRoom]) -> GroupRoom:
     """The group to blame for demand left waiting: the first blocked one, else the best."""
     return next((r for r in options if r.blocked), options[0])
+
+
+class _LiveNodes:
+    """The live nodes, asked once per bundle shape in one `fit_gangs`: a unit no group offers
+    is checked against every node (10^5 of them), and gangs repeat their units."""
+
+    def __init__(self, nodes: Sequence[RayNode]) -> None:
+        self._nodes = nodes
+        self._fits: dict[tuple[object, ...], bool] = {}
+        self._by_label: dict[str, dict[str | None, list[RayNode]]] = {}
+
+    def fit(self, bundle: Bundle) -> bool:
+        key = bundle_key(bundle)
+        found = self._fits.get(key)
+        if found is None:
+            found = self._fits[key] = _fits_a_live_node(bundle, self._candidates(bundle))
+        return found
+
+    def _candidates(self, bundle: Bundle) -> Sequence[RayNode]:
+        """The nodes that may match the bundle's selectors: those carrying a label its one
+        selector requires (every node when it requires none)."""
+        if len(bundle.selectors) != 1:
+            return self._nodes
+        required = [c for c in bundle.selectors[0].constraints if not c.negated]
+        if not required:
+            return self._nodes
+        label = required[0].key
+        index = self._by_label.get(label)
+        if index is None:
+            index = self._by_label[label] = {}
+            for node in self._nodes:
+                index.setdefault(node.labels.get(label), []).append(node)
+        return [n for value in required[0].values for n in index.get(value, ())]
 
 
 def _fits_a_live_node(bundle: Bundle, nodes: Sequence[RayNode]) -> bool:

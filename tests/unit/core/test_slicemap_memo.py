@@ -12,7 +12,6 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kuberay_scaler.core import slicemap
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.hosts import Host, HostPhase
@@ -21,6 +20,7 @@ from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayObservation, R
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.memo import FrameMemo
 from kuberay_scaler.core.slicemap import SliceMemo, SliceTimeouts, build_slice_map
 from tests.factories import (
     NOW,
@@ -192,6 +192,7 @@ def test_decisions_with_the_frame_memo_equal_decisions_without(
 ) -> None:
     hosts, nodes = _start()
     now = NOW
+    memo = FrameMemo()  # the caller's, carried across the frames
     for op, i in [("nothing", 0), *steps]:
         doomed = _mutate(op, i, hosts, nodes)
         now = _later(op, i, now)
@@ -201,8 +202,7 @@ def test_decisions_with_the_frame_memo_equal_decisions_without(
             hosts=tuple(hosts),
             gcs=RayObservation(ray, 0.0, cluster_id="c"),
         )
-        memoized = decide(observed, Memory(), Policy(), now)
-        slicemap.FRAME_MEMO.clear()  # a frame afresh
-        afresh = decide(observed, Memory(), Policy(), now)
+        memoized = decide(observed, Memory(), Policy(), now, memo=memo)
+        afresh = decide(observed, Memory(), Policy(), now)  # a cold memo
         assert memoized.document() == afresh.document()
         assert memoized.plan == afresh.plan
