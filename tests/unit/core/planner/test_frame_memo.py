@@ -22,7 +22,7 @@ from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.memo import FrameMemo
 from kuberay_scaler.loop import reconciler as reconciler_module
 from tests.control.fakes import make_loop, read_now
-from tests.control.test_one_pipeline import _scenario
+from tests.control.worlds import drain_busy_and_scale_up
 from tests.factories import (
     NOW,
     cluster,
@@ -50,7 +50,7 @@ def _corpus_frame(case: dict[str, Any], later_s: float) -> Observation:
     gcs = observation_of(
         parsed, observed_at=mono_s, cluster_id="c0", epoch=0, read_at_ms=int(mono_s * 1000)
     )
-    return Observation(raycluster=copy.deepcopy(rc), pods=list(pods), gcs=gcs)
+    return Observation.parse(copy.deepcopy(rc), list(pods), gcs)
 
 
 def _both(
@@ -111,15 +111,12 @@ def test_frames_whose_demand_changes_decide_alike_warm_and_cold() -> None:
     ]
     gangs = [(), (), (), (slice_reservation(),), (slice_reservation(),), (), ()]
     memory = Memory()
+    parsed = Observation.parse(rc, pods)  # parsed once, as the daemon's observer does
     for step, (wanted, gang) in enumerate(zip(demand, gangs, strict=True)):
         if step == 4:  # one CPU host frees up: a new node object, the others unchanged
             nodes[-1] = replace(nodes[-1], available={**nodes[-1].available, "CPU": 8.0})
         ray = state(nodes, wanted, gang)
-        observed = Observation(
-            raycluster=rc,
-            pods=pods,
-            gcs=RayObservation(ray, MONO_S + step, cluster_id="c"),
-        )
+        observed = replace(parsed, gcs=RayObservation(ray, MONO_S + step, cluster_id="c"))
         memory = _both(observed, memory, float(step), memo).plan.memory
     assert memo.capacity.view_hits > 0  # every node bin at once, the taken ones built again
 
@@ -140,7 +137,7 @@ async def test_the_reconciler_decides_with_its_observers_memo_as_a_cold_one_woul
         return warm
 
     monkeypatch.setattr(reconciler_module, "decide", checked)
-    rc, pods, reply = _scenario()
+    rc, pods, reply = drain_busy_and_scale_up()
     loop = make_loop(rc, pods)
     first = read_now(reply, loop.clock.monotonic(), cluster_id="cluster-1", epoch=1)
     parsed = first.state or _none()  # parsed once: its node objects are handed on
