@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any
 
 from kuberay_scaler.core import defaults as D
 from kuberay_scaler.core.model.cluster import ClusterSpec
@@ -81,7 +80,6 @@ class HandsOff:
 def hands_off(
     state: HandsOff,
     spec: ClusterSpec,
-    raw: Mapping[str, Any],
     awaiting: Callable[[str], bool],
     now: float,
     backoff: OverrideBackoff,
@@ -102,17 +100,8 @@ def hands_off(
         count = 1 if last is None or now - last.until > backoff.memory_s else last.count + 1
         delay = min(backoff.max_s, backoff.initial_s * 2 ** (count - 1))
         overrides[name] = Override(count, now + delay)
-        noticed.append(Overridden(name, ours, group.replicas, count, delay, field_managers(raw)))
+        managers = tuple(w.manager for w in spec.spec_writers)
+        noticed.append(Overridden(name, ours, group.replicas, count, delay, managers))
     if not noticed:
         return state, ()
     return HandsOff(MappingProxyType(written), MappingProxyType(overrides)), tuple(noticed)
-
-
-def field_managers(raw: Mapping[str, Any]) -> tuple[str, ...]:
-    """Field managers that last wrote the spec (metadata.managedFields), newest first."""
-    entries = (raw.get("metadata") or {}).get("managedFields") or []
-    spec_writers = [
-        e for e in entries if isinstance(e, Mapping) and "f:spec" in (e.get("fieldsV1") or {})
-    ]
-    spec_writers.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
-    return tuple(str(e.get("manager")) for e in spec_writers if e.get("manager"))

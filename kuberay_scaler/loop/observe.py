@@ -125,7 +125,6 @@ class Observer:
         self.hands_off, overridden = hands_off(
             self.hands_off,
             spec,
-            raw,
             lambda name: self.expectations.pending(name, groups.get(name), now.mono),
             now.mono,
             self._config.override,
@@ -149,10 +148,10 @@ class Observer:
             capacity_events=capacity,
             node_maintenance=maintenance,
         )
-        meta = raw.get("metadata") or {}
         inputs = (
-            replace(spec, resource_version=""),
-            meta.get("annotations"),
+            # The spec by content: not its version, nor who wrote it (our draining record is in
+            # it, parsed: no other annotation of the RayCluster is read by the plan).
+            replace(spec, resource_version="", spec_writers=()),
             self._pod_cache.version,
             self._ray_content,
             ray is not None and ray.known,

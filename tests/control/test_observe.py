@@ -96,6 +96,36 @@ def test_our_write_is_held_until_seen_and_an_override_is_held_typed() -> None:
     assert _kind(overridden.observation.awaiting_write["cpu"]) is HoldKind.OVERRIDDEN
 
 
+def _managed(manager: str, time: str, fields: dict[str, object]) -> dict[str, object]:
+    return {"manager": manager, "operation": "Update", "time": time, "fieldsV1": fields}
+
+
+def test_an_override_names_the_spec_writers_newest_first_from_managed_fields() -> None:
+    seen, view, _ = observer(cluster(group("cpu", max_replicas=5)))
+    seen.see_ray(observation(state([head_node()], [tasks({"CPU": 8}, 2)]), observed_at=1000.0))
+    snap = seen.snapshot(at(0))
+    assert snap is not None
+    seen.wrote(decide(snap.observation, Memory(), Policy(), NOW).plan, 1000.0)  # 0 -> 2 applied
+    view.server.edit(["spec", "workerGroupSpecs", 0, "replicas"], 2)
+    view.observe(view.server.obj)
+    assert seen.snapshot(at(1)) is not None  # our write is seen
+    view.server.edit(
+        ["metadata", "managedFields"],
+        [
+            _managed("kubectl-edit", "2026-01-01T10:00:00Z", {"f:spec": {}}),
+            _managed("kuberay-operator", "2026-01-01T12:00:00Z", {"f:status": {}}),
+            _managed("argocd-controller", "2026-01-01T11:00:00Z", {"f:spec": {"f:x": {}}}),
+            _managed("", "2026-01-01T13:00:00Z", {"f:spec": {}}),  # names nobody
+        ],
+    )
+    view.server.edit(["spec", "workerGroupSpecs", 0, "replicas"], 0)
+    view.observe(view.server.obj)
+    overridden = seen.snapshot(at(2))
+    assert overridden is not None
+    (notice,) = overridden.overridden
+    assert notice.managers == ("argocd-controller", "kubectl-edit")
+
+
 def _kind(hold: str | Hold) -> HoldKind:
     assert isinstance(hold, Hold)
     return hold.kind

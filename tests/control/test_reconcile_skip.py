@@ -17,6 +17,7 @@ import pytest
 
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller, monotonic_ms
 from kuberay_scaler.core.decision import deciding as decision_module
+from kuberay_scaler.core.model.labels import DRAINING_ANNOTATION
 from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import Reconciler
@@ -158,3 +159,38 @@ async def test_a_pod_event_that_changes_no_host_triggers_no_plan(plans: list[int
     view.raw = changed
     await rec.reconcile({"raycluster"})
     assert len(plans) == 3
+
+
+async def test_who_wrote_the_spec_and_unread_annotations_trigger_no_plan_our_record_does(
+    plans: list[int],
+) -> None:
+    """The fingerprint holds the parsed spec: the spec's writers (managedFields) and annotations
+    the plan does not read change nothing it plans from; our draining record is read."""
+    pods = Pods({"rc-head": pod("rc-head", "headgroup", head=True, container="ray-head")})
+    view = View(cluster(group("cpu", max_replicas=5)))
+    view.raw["metadata"]["annotations"] = {}  # a map already: adding one is not a new map
+    poller, rec = _wired(iter([_head_reply(1, idle_ms=0)]), pods, view)
+    await poller.poll_once()
+    await rec.reconcile({"raycluster"})
+    assert len(plans) == 1
+
+    def edited(key: str, value: Any) -> dict[str, Any]:
+        changed = copy.deepcopy(view.raw)
+        changed["metadata"][key] = value
+        changed["metadata"]["resourceVersion"] = str(
+            int(changed["metadata"]["resourceVersion"]) + 1
+        )
+        return changed
+
+    writer = {"manager": "argocd", "time": "2026-01-01T10:00:00Z", "fieldsV1": {"f:spec": {}}}
+    view.raw = edited("managedFields", [writer])
+    await rec.reconcile({"raycluster"})
+    assert len(plans) == 1
+    view.raw = edited("annotations", {"argocd.argoproj.io/tracking-id": "app:ray/RayCluster:rc"})
+    await rec.reconcile({"raycluster"})
+    assert len(plans) == 1 and rec.skipped == 2
+
+    notes = {**view.raw["metadata"]["annotations"], DRAINING_ANNOTATION: '{"cpu": []}'}
+    view.raw = edited("annotations", notes)
+    await rec.reconcile({"raycluster"})
+    assert len(plans) == 2  # our draining record is an input

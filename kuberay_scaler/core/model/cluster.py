@@ -134,6 +134,16 @@ class WorkerGroup:
 
 
 @dataclass(frozen=True)
+class SpecWriter:
+    """A field manager that owns part of the spec (a metadata.managedFields entry whose FieldsV1
+    has `f:spec`). workerGroupSpecs is an atomic list in KubeRay's CRD, so FieldsV1 cannot name
+    the writer of one group's replicas: the spec's writers are the finest naming there is."""
+
+    manager: str
+    time: str  # as stored (RFC 3339, which sorts as text); "" when absent
+
+
+@dataclass(frozen=True)
 class AutoscalerOptions:
     idle_timeout_s: float | None = None
     upscaling_mode: UpscalingMode = UpscalingMode.DEFAULT
@@ -158,6 +168,9 @@ class ClusterSpec:
     draining: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     draining_record: str | None = None  # the annotation as stored (its removal is guarded by it)
     has_annotations: bool = False  # metadata.annotations is a map (else the record `add`s it)
+    # Who last wrote the spec, newest first: names another writer that overrode our replicas
+    # (loop/handsoff.py). Not a planning input: the reconcile's inputs fingerprint leaves it out.
+    spec_writers: tuple[SpecWriter, ...] = ()
 
     def group(self, name: str) -> WorkerGroup | None:
         return self._by_name.get(name)

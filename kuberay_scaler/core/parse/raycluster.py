@@ -18,6 +18,7 @@ from kuberay_scaler.core.model.cluster import (
     ClusterSpec,
     ContainerShape,
     Problem,
+    SpecWriter,
     UpscalingMode,
     WorkerGroup,
     frozen_map,
@@ -36,6 +37,9 @@ from kuberay_scaler.core.parse.quantity import parse_amount, resources_json
 # accelerator manager reports Gaudi devices visible in the pod as HPU.
 OTHER_ACCELERATORS = {"aws.amazon.com/neuroncore": "neuron_cores", "habana.ai/gaudi": "HPU"}
 _MIG = re.compile(r"nvidia\.com/mig-\d+g\.\d+gb")
+# managedFields entries read. The API server keeps at most 10 Update entries plus one per applier;
+# past this the rest are named in a problem, not read (a file for `plan` can hold anything).
+MAX_MANAGED_FIELDS = 1000
 
 
 class GroupError(ValueError):
@@ -55,6 +59,7 @@ def parse_raycluster(obj: object) -> ClusterSpec:
     groups, skipped = _groups(spec.get("workerGroupSpecs"), problems)
     annotations = meta.get("annotations")
     record = annotations.get(DRAINING_ANNOTATION) if isinstance(annotations, Mapping) else None
+    writers, writer_problems = _spec_writers(meta.get("managedFields"))
     return ClusterSpec(
         name=_str(meta.get("name")),
         namespace=_str(meta.get("namespace")) or "default",
@@ -64,13 +69,68 @@ def parse_raycluster(obj: object) -> ClusterSpec:
         suspended=spec.get("suspend") is True,
         autoscaler=autoscaler,
         groups=tuple(groups),
-        problems=tuple(problems),
+        problems=(*problems, *writer_problems),
         head_container_name=_head_container_name(spec),
         skipped_groups=tuple(skipped),
         draining=frozen_map(_draining(record)),
         draining_record=record if isinstance(record, str) else None,
         has_annotations=isinstance(annotations, Mapping),
+        spec_writers=writers,
     )
+
+
+def _spec_writers(raw: object) -> tuple[tuple[SpecWriter, ...], tuple[Problem, ...]]:
+    """The managers that own part of the spec, newest first (stable among equal times).
+
+    Reads each entry's manager, time and the top-level keys of its FieldsV1, never the field
+    sets below them (the bulk of managedFields); at most MAX_MANAGED_FIELDS entries. A malformed
+    entry is named in one problem with the count, and the well-formed ones are still read."""
+    if raw is None:
+        return (), ()
+    if not isinstance(raw, list):
+        return (), (Problem(f"metadata.managedFields is not a list but {type(raw).__name__}"),)
+    writers: list[SpecWriter] = []
+    complaints: list[str] = []
+    for index, entry in enumerate(raw[:MAX_MANAGED_FIELDS]):
+        writer, complaint = _spec_writer(entry)
+        if writer is not None:
+            writers.append(writer)
+        if complaint is not None:
+            complaints.append(f"entry {index} {complaint}")
+    problems: list[Problem] = []
+    if complaints:
+        more = f" (and {len(complaints) - 1} more)" if len(complaints) > 1 else ""
+        problems.append(Problem(f"metadata.managedFields: {complaints[0]}{more}"))
+    if len(raw) > MAX_MANAGED_FIELDS:
+        problems.append(
+            Problem(
+                f"metadata.managedFields has {len(raw)} entries; the first {MAX_MANAGED_FIELDS}"
+                " were read for the spec's writers"
+            )
+        )
+    writers.sort(key=lambda w: w.time, reverse=True)
+    return tuple(writers), tuple(problems)
+
+
+def _spec_writer(entry: object) -> tuple[SpecWriter | None, str | None]:
+    """One entry: the spec writer it names (None: none), and what is wrong with it (None: ok)."""
+    if not isinstance(entry, Mapping):
+        return None, f"is not an object but {type(entry).__name__}; ignored"
+    fields = entry.get("fieldsV1")
+    if fields is not None and not isinstance(fields, Mapping):
+        return None, f"fieldsV1 is not an object but {type(fields).__name__}; ignored"
+    if fields is None or "f:spec" not in fields:
+        return None, None
+    manager = entry.get("manager")
+    if manager is not None and not isinstance(manager, str):
+        return None, f"manager is not a string but {type(manager).__name__}; ignored"
+    if not manager:
+        return None, None  # names nobody
+    time = entry.get("time")
+    if time is not None and not isinstance(time, str):
+        complaint = f"({manager}) time is not a string but {type(time).__name__}; taken as oldest"
+        return SpecWriter(manager, ""), complaint
+    return SpecWriter(manager, time or ""), None
 
 
 def _draining(record: object) -> dict[str, tuple[str, ...]]:
