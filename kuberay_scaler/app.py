@@ -135,11 +135,14 @@ class Daemon:
             token=s.ray_auth_token.get_secret_value() if s.ray_auth_token else None,
             tls=self._tls(),
             rpc_timeout_s=s.gcs_rpc_timeout_s,
+            counters=self.metrics.gcs,
         )
         try:
             async with asyncio.TaskGroup() as group:
                 access_task = group.create_task(
-                    detect_access(api, s.cluster_namespace, name=s.cluster_name)
+                    detect_access(
+                        api, s.cluster_namespace, name=s.cluster_name, counters=self.metrics.kube
+                    )
                 )
                 await self._until_stopped(access_task)
                 if self.stop.is_set():
@@ -158,13 +161,14 @@ class Daemon:
             task.cancel()
 
     def _build(self, api: Any, gcs: GcsClient, access: Any) -> None:
-        s = self.settings
+        s, kube, gcs_counters = self.settings, self.metrics.kube, self.metrics.gcs
         self._pods = Informer(
             api,
             Source.pods(s.cluster_namespace, s.cluster_name),
             silent_timeout=s.watch_silence_timeout_s,
             on_change=lambda _changes: self._on_pods(),
             transform=slim_pod,
+            counters=kube,
         )
         self._view = RayClusterView(
             api,
@@ -176,6 +180,7 @@ class Daemon:
             debounce=s.debounce_s,
             on_change=lambda: self.trigger.fire("raycluster"),
             crd_version=s.crd_version,
+            counters=kube,
         )
         self._poller = GcsPoller(
             gcs,
@@ -185,6 +190,7 @@ class Daemon:
             # Replies are stamped on the monotonic clock, the planner's `mono_s`: idle age is
             # Ray's idle duration plus monotonic time since the reply, never a wall-clock step.
             wall=monotonic_ms,
+            counters=gcs_counters,
         )
         view = self._view
         self._capacity = CapacityEventsReader(
@@ -196,12 +202,14 @@ class Daemon:
             groups=lambda: worker_group_names(view.current()),
             on_change=lambda: self.trigger.fire("capacity"),
             silent_timeout=s.watch_silence_timeout_s,
+            counters=kube,
         )
         self._nodes = NodeMaintenanceReader(
             api,
             enabled=access.read_nodes,
             on_change=lambda: self.trigger.fire("nodes"),
             silent_timeout=s.watch_silence_timeout_s,
+            counters=kube,
         )
         events = EventRecorder(
             api,
@@ -209,6 +217,7 @@ class Daemon:
             enabled=access.create_events,
             involved=self._view.current,
             instance=s.head_pod_name,
+            counters=kube,
         )
         self._recorder = Recorder(
             events,
@@ -231,9 +240,13 @@ class Daemon:
             pods=self._pods,
             cluster=self._view,
             feed=self._poller,
-            gcs=RayGcs(gcs, self._poller),
+            gcs=RayGcs(gcs, self._poller, counters=gcs_counters),
             writer=RayClusterWriter(
-                api, namespace=s.cluster_namespace, name=s.cluster_name, crd_version=s.crd_version
+                api,
+                namespace=s.cluster_namespace,
+                name=s.cluster_name,
+                crd_version=s.crd_version,
+                counters=kube,
             ),
             recorder=self._recorder,
             capacity=self._capacity,

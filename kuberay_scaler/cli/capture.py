@@ -47,6 +47,7 @@ from kuberay_scaler.core.model.labels import LABEL_CLUSTER
 from kuberay_scaler.core.parse.events import CLUSTER_AUTOSCALER, parse_event, worker_group_names
 from kuberay_scaler.core.parse.nodes import slim_node
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
+from kuberay_scaler.runtime.metrics import KubeCounters
 from kuberay_scaler.runtime.settings import Settings
 
 RAYCLUSTER_FILE = "raycluster.json"
@@ -94,6 +95,7 @@ async def capture(settings: Settings, out_dir: Path, now: datetime | None = None
     """Read the RayCluster, its pods and the GCS reply once, and write them into `out_dir`."""
     kubeconfig = str(settings.kubeconfig) if settings.kubeconfig else None
     api = await open_api(kubeconfig, request_timeout=settings.k8s_request_timeout_s)
+    counters = KubeCounters.new()  # its own: a one-shot command serves no /metrics
     try:
         raycluster = await request_json(
             api,
@@ -101,6 +103,7 @@ async def capture(settings: Settings, out_dir: Path, now: datetime | None = None
             "GET",
             f"{rayclusters_path(settings.cluster_namespace, settings.crd_version)}"
             f"/{settings.cluster_name}",
+            counters=counters,
         )
         pods = await request_json(
             api,
@@ -108,9 +111,10 @@ async def capture(settings: Settings, out_dir: Path, now: datetime | None = None
             "GET",
             f"/api/v1/namespaces/{settings.cluster_namespace}/pods",
             query={"labelSelector": f"{LABEL_CLUSTER}={settings.cluster_name}"},
+            counters=counters,
         )
-        events, events_note = await _capacity_events(api, settings, raycluster, pods)
-        nodes, nodes_note = await _nodes(api, pods)
+        events, events_note = await _capacity_events(api, counters, settings, raycluster, pods)
+        nodes, nodes_note = await _nodes(api, counters, pods)
     finally:
         await api.close()
     gcs = _gcs_client(settings)
@@ -140,7 +144,11 @@ async def capture(settings: Settings, out_dir: Path, now: datetime | None = None
 
 
 async def _capacity_events(
-    api: Any, settings: Settings, raycluster: Mapping[str, Any], pods: Mapping[str, Any]
+    api: Any,
+    counters: KubeCounters,
+    settings: Settings,
+    raycluster: Mapping[str, Any],
+    pods: Mapping[str, Any],
 ) -> tuple[list[Any] | None, str]:
     """The Events the daemon would judge, as the API returns them; None (and why) when the
     token may not list events (KubeRay's Role)."""
@@ -153,7 +161,12 @@ async def _capacity_events(
     try:
         for selector in selectors:
             reply = await request_json(
-                api, Target("list", "events"), "GET", path, query={"fieldSelector": selector}
+                api,
+                Target("list", "events"),
+                "GET",
+                path,
+                query={"fieldSelector": selector},
+                counters=counters,
             )
             found += reply.get("items") or []
     except ApiError as err:
@@ -171,11 +184,15 @@ async def _capacity_events(
     return judged, f"{len(judged)} judged of {len(found)} listed"
 
 
-async def _nodes(api: Any, pods: Mapping[str, Any]) -> tuple[list[Any] | None, str]:
+async def _nodes(
+    api: Any, counters: KubeCounters, pods: Mapping[str, Any]
+) -> tuple[list[Any] | None, str]:
     """The nodes the pods run on, slimmed to their GKE maintenance facts; None (and why) when
     the token may not list nodes (KubeRay's Role)."""
     try:
-        reply = await request_json(api, Target("list", "nodes"), "GET", "/api/v1/nodes")
+        reply = await request_json(
+            api, Target("list", "nodes"), "GET", "/api/v1/nodes", counters=counters
+        )
     except ApiError as err:
         if err.status not in (403, 404):
             raise

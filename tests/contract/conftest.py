@@ -16,7 +16,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.adapters.kube.informer import Change
 from kuberay_scaler.adapters.kube.session import open_api
-from kuberay_scaler.runtime.metrics import REGISTRY
+from kuberay_scaler.runtime.metrics import KubeCounters
 from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 from tests.factories import SAMPLES
 
@@ -125,8 +125,9 @@ async def running(job: Coroutine[Any, Any, None]) -> AsyncIterator[asyncio.Task[
             await task
 
 
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+def metric(counters: KubeCounters, name: str, **labels: str) -> float:
+    """A sample of the counters a test handed to the adapter it built (0 before any)."""
+    return counters.sample(name, labels) or 0.0
 
 
 class ChangeLog:

@@ -11,6 +11,7 @@ from kubernetes_asyncio.client import ApiClient
 from kuberay_scaler.adapters.kube.informer import Informer, Source
 from kuberay_scaler.adapters.kube.transport import MAX_RETRY_AFTER_S
 from kuberay_scaler.core.backoff import Backoff
+from kuberay_scaler.runtime.metrics import KubeCounters
 from kuberay_standins.apiserver import ApiServerStandIn
 from tests.contract.conftest import (
     NAMESPACE,
@@ -42,7 +43,11 @@ class RecordingBackoff(Backoff):
 
 
 def pod_informer(
-    api: ApiClient, *, silent_timeout: float = 5.0, on_change: ChangeLog | None = None
+    api: ApiClient,
+    *,
+    silent_timeout: float = 5.0,
+    on_change: ChangeLog | None = None,
+    counters: KubeCounters | None = None,
 ) -> tuple[Informer, RecordingBackoff]:
     backoff = RecordingBackoff()
     informer = Informer(
@@ -52,6 +57,7 @@ def pod_informer(
         page_size=2,  # the paging path is exercised with a handful of pods
         backoff=backoff,
         on_change=on_change,
+        counters=counters,
     )
     return informer, backoff
 
@@ -134,10 +140,11 @@ async def test_server_down_mid_run_unsyncs_and_recovers_without_loss(
 ) -> None:
     apiserver.create("pods", NAMESPACE, pod("a"))
     apiserver.create("pods", NAMESPACE, pod("b"))
-    informer, backoff = pod_informer(api)
+    counters = KubeCounters.new()
+    informer, backoff = pod_informer(api, counters=counters)
     async with running(informer.run()):
         await watching(apiserver)
-        errors_before = metric(RESTARTS, resource="pods", cause="error")
+        errors_before = metric(counters, RESTARTS, resource="pods", cause="error")
         apiserver.faults.refuse_connections(True)
         await eventually(lambda: not informer.synced, "cache reports it is not synced")
         apiserver.delete("pods", NAMESPACE, "a")
@@ -146,7 +153,7 @@ async def test_server_down_mid_run_unsyncs_and_recovers_without_loss(
         apiserver.faults.refuse_connections(False)
         await eventually(lambda: mirrors(informer, apiserver), "recovers to the server's truth")
     assert set(informer.store) == {"b", "c"}
-    assert metric(RESTARTS, resource="pods", cause="error") > errors_before
+    assert metric(counters, RESTARTS, resource="pods", cause="error") > errors_before
 
 
 async def test_clean_watch_end_resumes_from_last_rv_without_relist(
@@ -172,14 +179,16 @@ async def test_clean_watch_end_resumes_from_last_rv_without_relist(
 async def test_silent_watch_is_abandoned_and_reopened(
     apiserver: ApiServerStandIn, api: ApiClient
 ) -> None:
-    informer, _ = pod_informer(api, silent_timeout=0.5)  # bookmarks come every 0.1 s
+    counters = KubeCounters.new()
+    # bookmarks come every 0.1 s
+    informer, _ = pod_informer(api, silent_timeout=0.5, counters=counters)
     async with running(informer.run()):
         await watching(apiserver)
-        silent_before = metric(RESTARTS, resource="pods", cause="silent")
+        silent_before = metric(counters, RESTARTS, resource="pods", cause="silent")
         assert apiserver.faults.stall_watches("pods") == 1
         apiserver.create("pods", NAMESPACE, pod("a"))  # never sent on the stalled stream
         await eventually(lambda: mirrors(informer, apiserver), "reconnect delivers the pod")
-    assert metric(RESTARTS, resource="pods", cause="silent") > silent_before
+    assert metric(counters, RESTARTS, resource="pods", cause="silent") > silent_before
     assert len(list_requests(apiserver)) == 1  # resumed by resourceVersion, no relist
 
 
@@ -210,17 +219,18 @@ async def test_410_on_watch_request_relists_and_synthesizes_deletions(
     for name in ("a", "b"):
         apiserver.create("pods", NAMESPACE, pod(name))
     changes = ChangeLog()
-    informer, _ = pod_informer(api, silent_timeout=30, on_change=changes)
+    counters = KubeCounters.new()
+    informer, _ = pod_informer(api, silent_timeout=30, on_change=changes, counters=counters)
     async with running(informer.run()):
         await watching(apiserver)
-        gone_before = metric(RESTARTS, resource="pods", cause="gone")
+        gone_before = metric(counters, RESTARTS, resource="pods", cause="gone")
         assert apiserver.faults.stall_watches("pods") == 1
         apiserver.delete("pods", NAMESPACE, "b")
         apiserver.compact()
         apiserver.faults.drop_watches("pods")  # re-watch from an RV older than the history
         await eventually(lambda: mirrors(informer, apiserver), "relist after HTTP 410")
     assert [c.name for c in changes.changes if c.type == "DELETED" and c.synthesized] == ["b"]
-    assert metric(RESTARTS, resource="pods", cause="gone") > gone_before
+    assert metric(counters, RESTARTS, resource="pods", cause="gone") > gone_before
     assert set(informer.store) == {"a"}
 
 

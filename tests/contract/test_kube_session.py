@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import certifi
 import pytest
@@ -25,6 +26,7 @@ from kuberay_scaler.adapters.kube.session import (
     open_api,
 )
 from kuberay_scaler.adapters.kube.transport import ApiError, NoResponse, Target, request_json
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 pytestmark = pytest.mark.contract
 
@@ -87,6 +89,11 @@ def in_cluster_client(server: TlsApiServer, token: Path, ca: Path) -> TimedApiCl
     return TimedApiClient(configuration, request_timeout=5)
 
 
+async def list_pods(api: Any) -> dict[str, Any]:
+    """One list of pods, counted into counters of its own (these tests read no metrics)."""
+    return await request_json(api, LIST_PODS, "GET", PODS, counters=KubeCounters.new())
+
+
 def rotate(token_file: Path, value: str) -> None:
     """Swap the file like the kubelet does (new file, atomic rename)."""
     fresh = token_file.with_suffix(".new")
@@ -103,12 +110,12 @@ async def test_in_cluster_uses_https_verified_ca_and_follows_token_rotation(
     try:
         assert api.configuration.host == tls_server.url
         assert api.configuration.verify_ssl is True
-        listed = await request_json(api, LIST_PODS, "GET", PODS)
+        listed = await list_pods(api)
         assert listed["metadata"]["resourceVersion"] == "7"
 
         tls_server.accepted = "second"
         rotate(token, "second")
-        listed = await request_json(api, LIST_PODS, "GET", PODS)
+        listed = await list_pods(api)
         assert listed["metadata"]["resourceVersion"] == "7"
         assert tls_server.seen == ["Bearer first", "Bearer second"]
     finally:
@@ -123,7 +130,7 @@ async def test_server_certificate_not_signed_by_the_ca_is_refused(
     api = in_cluster_client(tls_server, token, Path(certifi.where()))
     try:
         with pytest.raises(NoResponse):
-            await request_json(api, LIST_PODS, "GET", PODS)
+            await list_pods(api)
         assert tls_server.seen == []  # the token never left the client
     finally:
         await api.close()
@@ -138,10 +145,10 @@ async def test_stale_token_gives_401_until_the_file_rotates(
     tls_server.accepted = "second"
     try:
         with pytest.raises(ApiError) as raised:
-            await request_json(api, LIST_PODS, "GET", PODS)
+            await list_pods(api)
         assert raised.value.status == 401
         rotate(token, "second")
-        assert (await request_json(api, LIST_PODS, "GET", PODS))["items"] == []
+        assert (await list_pods(api))["items"] == []
     finally:
         await api.close()
 
@@ -183,7 +190,7 @@ async def test_a_netrc_entry_for_any_host_does_not_break_bearer_requests(
     token.write_text("first")
     api = in_cluster_client(tls_server, token, tls_server.ca_path)
     try:
-        listed = await request_json(api, LIST_PODS, "GET", PODS)
+        listed = await list_pods(api)
         assert listed["metadata"]["resourceVersion"] == "7"
         assert tls_server.seen == ["Bearer first"]
     finally:

@@ -16,6 +16,7 @@ from kuberay_scaler.adapters.kube.writer import PatchOutcome, RayClusterWriter
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import Op, Replace, Test
 from kuberay_scaler.loop.expectations import Expectations
+from kuberay_scaler.runtime.metrics import KubeCounters
 from kuberay_standins.apiserver import ADMIN_TOKEN, ApiServerStandIn
 from tests.contract.conftest import CLUSTER, GROUP, NAMESPACE, Connect, metric, raycluster
 
@@ -45,17 +46,20 @@ def patch_requests(server: ApiServerStandIn) -> list[Any]:
     return [r for r in server.requests if r.method == "PATCH" and r.path == RC_PATH]
 
 
-async def setup(server: ApiServerStandIn, api: ApiClient) -> tuple[RayClusterWriter, str]:
+async def setup(
+    server: ApiServerStandIn, api: ApiClient, counters: KubeCounters | None = None
+) -> tuple[RayClusterWriter, str]:
     created = server.create("rayclusters", NAMESPACE, raycluster(replicas=1))
-    writer = RayClusterWriter(api, namespace=NAMESPACE, name=CLUSTER)
+    writer = RayClusterWriter(api, namespace=NAMESPACE, name=CLUSTER, counters=counters)
     return writer, created["metadata"]["uid"]
 
 
 async def test_applied_patch_returns_the_stored_object(
     apiserver: ApiServerStandIn, api: ApiClient
 ) -> None:
-    writer, uid = await setup(apiserver, api)
-    applied_before = metric(PATCHES, outcome="applied")
+    counters = KubeCounters.new()
+    writer, uid = await setup(apiserver, api, counters)
+    applied_before = metric(counters, PATCHES, outcome="applied")
     outcome = await writer.apply(scale_ops(1, 2), expected_uid=uid)
     assert outcome.kind == "applied"
     assert outcome.obj is not None
@@ -64,10 +68,14 @@ async def test_applied_patch_returns_the_stored_object(
     request = patch_requests(apiserver)[0]
     assert request.content_type == "application/json-patch+json"
     assert request.body[0] == {"op": "test", "path": "/metadata/uid", "value": uid}
-    assert metric(PATCHES, outcome="applied") == applied_before + 1
+    assert metric(counters, PATCHES, outcome="applied") == applied_before + 1
     assert (
         metric(
-            "kuberay_scaler_api_requests_total", verb="patch", resource="rayclusters", code="200"
+            counters,
+            "kuberay_scaler_api_requests_total",
+            verb="patch",
+            resource="rayclusters",
+            code="200",
         )
         >= 1
     )

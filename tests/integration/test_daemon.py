@@ -38,6 +38,16 @@ def _get(daemon: DaemonProcess, path: str) -> tuple[int, str]:
         return 0, str(err)
 
 
+def _sample(text: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples in a /metrics text whose labels include `labels`."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
 def _replicas(cluster: LocalCluster, group: str) -> int:
     spec = cluster.current()["spec"]["workerGroupSpecs"]
     return int(next(g for g in spec if g["groupName"] == group).get("replicas", 0))
@@ -120,11 +130,20 @@ async def test_metrics_parse_and_readyz_follows_the_gcs(cluster: LocalCluster) -
     assert status == 200
     names = {family.name for family in text_string_to_metric_families(text)}
     assert {"kuberay_scaler_reconcile_duration_seconds", "kuberay_scaler_slices"} <= names
+    # The adapters count into the daemon's own Metrics (app.py hands them their counters).
+    assert _sample(text, "kuberay_scaler_api_requests_total", resource="pods", code="200") >= 1
+    assert _sample(text, "kuberay_scaler_gcs_rpc_duration_seconds_count") >= 1
+    assert _sample(text, "kuberay_scaler_gcs_connected") == 1.0
     assert _get(daemon, "/healthz")[0] == 200
     assert cluster.head is not None
     await asyncio.to_thread(cluster.head.kill_gcs)
     await cluster.wait_for(lambda: _get(daemon, "/readyz")[0] == 503, 60, "not ready")
     assert "GCS" in _get(daemon, "/readyz")[1]
+    await cluster.wait_for(
+        lambda: _sample(_get(daemon, "/metrics")[1], "kuberay_scaler_gcs_connected") == 0.0,
+        60,
+        "gcs_connected 0 once the GCS is gone",
+    )
     assert (await asyncio.to_thread(daemon.stop))[0] == 0
 
 

@@ -34,7 +34,7 @@ from kuberay_scaler.adapters.ray_gcs.report import (
     build_autoscaling_state,
 )
 from kuberay_scaler.core.model.ray import Bundle, RayObservation
-from kuberay_scaler.runtime.metrics import REGISTRY
+from kuberay_scaler.runtime.metrics import GcsCounters
 from tests.factories import NOW_MS, one_node_reply
 
 RUNNING = autoscaler_pb2.NodeStatus.Value("RUNNING")
@@ -130,21 +130,26 @@ class FakeDrainClient:
         )
 
 
-def _drains(outcome: str) -> float:
-    return REGISTRY.get_sample_value("kuberay_scaler_drains_total", {"outcome": outcome}) or 0.0
+def _drains(counters: GcsCounters, outcome: str) -> float:
+    return counters.sample("kuberay_scaler_drains_total", {"outcome": outcome}) or 0.0
 
 
 async def test_slice_may_be_deleted_only_when_every_host_accepts() -> None:
     hosts = [b"a", b"b", b"c", b"d"]
     client = FakeDrainClient({h: "accept" for h in hosts})
-    before = _drains("accepted")
+    counters = GcsCounters.new()
+    before = _drains(counters, "accepted")
     result = await drain_slice(
-        client, [h.hex() for h in hosts], reason_message="idle", deadline_ms=deadline_in(30)
+        client,
+        [h.hex() for h in hosts],
+        reason_message="idle",
+        deadline_ms=deadline_in(30),
+        counters=counters,
     )
     assert result.may_delete
     assert result.drained_node_ids == tuple(h.hex() for h in hosts)
     assert result.reason == "all 4 hosts drained"
-    assert _drains("accepted") - before == 4
+    assert _drains(counters, "accepted") - before == 4
     assert {c[1] for c in client.calls} == {"c0ffee"}  # the current id is pinned
 
 
@@ -325,14 +330,12 @@ def _closed_loopback_port() -> int:
 
 async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> None:
     address = f"127.0.0.1:{_closed_loopback_port()}"
-    errors_before = (
-        REGISTRY.get_sample_value(
-            "kuberay_scaler_gcs_rpc_errors_total",
-            {"method": "GetClusterId", "code": "UNAVAILABLE"},
-        )
-        or 0.0
-    )
-    async with GcsClient(address, backoff_initial_s=60, backoff_max_s=60) as client:
+    counters = GcsCounters.new()
+    unavailable = {"method": "GetClusterId", "code": "UNAVAILABLE"}
+    errors_before = counters.sample("kuberay_scaler_gcs_rpc_errors_total", unavailable) or 0.0
+    async with GcsClient(
+        address, backoff_initial_s=60, backoff_max_s=60, counters=counters
+    ) as client:
         with pytest.raises(GcsUnavailable) as first:
             await client.get_cluster_resource_state()
         with pytest.raises(GcsUnavailable) as second:
@@ -341,9 +344,7 @@ async def test_unreachable_gcs_fails_fast_then_backs_off_without_dialing() -> No
     assert second.value.code == "BACKOFF"
     assert not client.connected
     assert client.cluster_id is None
-    errors_after = REGISTRY.get_sample_value(
-        "kuberay_scaler_gcs_rpc_errors_total", {"method": "GetClusterId", "code": "UNAVAILABLE"}
-    )
+    errors_after = counters.sample("kuberay_scaler_gcs_rpc_errors_total", unavailable)
     assert errors_after == errors_before + 1
 
 

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.adapters.kube.transport import ApiError, NoResponse, Target, request_json
 from kuberay_scaler.core.backoff import Backoff
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 log = structlog.get_logger(__name__)
 
@@ -93,7 +94,12 @@ class Access:
 
 
 async def detect_access(
-    api: ApiClient, namespace: str, *, name: str = "", backoff: Backoff | None = None
+    api: ApiClient,
+    namespace: str,
+    *,
+    name: str = "",
+    backoff: Backoff | None = None,
+    counters: KubeCounters | None = None,
 ) -> Access:
     """Ask the API server what our token may do in `namespace`; logs the result once.
 
@@ -104,9 +110,10 @@ async def detect_access(
     exactly that one, and our list/watch carry fieldSelector metadata.name, authorized so.
     """
     retry = backoff or Backoff()
+    counted = counters or KubeCounters.new()
     while True:
         try:
-            access = await _review_all(api, namespace, name)
+            access = await _review_all(api, namespace, name, counted)
             break
         except ApiError as error:
             if error.status < 500 and error.status != 429:
@@ -120,9 +127,11 @@ async def detect_access(
     return access
 
 
-async def _review_all(api: ApiClient, namespace: str, name: str) -> Access:
+async def _review_all(api: ApiClient, namespace: str, name: str, counters: KubeCounters) -> Access:
     checks = (*WATCH_RAYCLUSTERS, *CREATE_EVENTS, *READ_EVENTS, *READ_NODES, *REQUIRED)
-    answers = await asyncio.gather(*(_allowed(api, namespace, check, name) for check in checks))
+    answers = await asyncio.gather(
+        *(_allowed(api, namespace, check, name, counters) for check in checks)
+    )
     allowed = dict(zip(checks, answers, strict=True))
     return Access(
         watch_rayclusters=all(allowed[p] for p in WATCH_RAYCLUSTERS),
@@ -133,7 +142,9 @@ async def _review_all(api: ApiClient, namespace: str, name: str) -> Access:
     )
 
 
-async def _allowed(api: ApiClient, namespace: str, permission: Permission, name: str) -> bool:
+async def _allowed(
+    api: ApiClient, namespace: str, permission: Permission, name: str, counters: KubeCounters
+) -> bool:
     # Nodes are cluster-scoped: asked without a namespace, as the list itself is authorized (a
     # RoleBinding to a ClusterRole naming nodes would pass a namespaced review, not the list).
     attributes = {
@@ -149,7 +160,7 @@ async def _allowed(api: ApiClient, namespace: str, permission: Permission, name:
         "kind": "SelfSubjectAccessReview",
         "spec": {"resourceAttributes": attributes},
     }
-    answer = await request_json(api, _SSAR, "POST", _SSAR_PATH, body=review)
+    answer = await request_json(api, _SSAR, "POST", _SSAR_PATH, body=review, counters=counters)
     return bool((answer.get("status") or {}).get("allowed"))
 
 

@@ -33,6 +33,7 @@ from kuberay_scaler.core.parse.events import (
     parse_event,
     pod_name_prefix,
 )
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +61,7 @@ class CapacityEventsReader:
         groups: Callable[[], Collection[str]] = tuple,
         on_change: Callable[[], None] | None = None,
         silent_timeout: float = WATCH_SILENCE_TIMEOUT_S,
+        counters: KubeCounters | None = None,
     ) -> None:
         self._cluster = cluster
         self._prefix = pod_name_prefix(cluster)
@@ -69,6 +71,7 @@ class CapacityEventsReader:
         self._off = asyncio.Event()
         self.state = "read" if enabled else NOT_READ
         path = f"/api/v1/namespaces/{namespace}/events"
+        counters = counters or KubeCounters.new()
         self._informers = (
             Informer(
                 api,
@@ -80,6 +83,7 @@ class CapacityEventsReader:
                 silent_timeout=silent_timeout,
                 on_change=self._changed,
                 transform=self._slim,
+                counters=counters,
             ),
             Informer(
                 api,
@@ -91,6 +95,7 @@ class CapacityEventsReader:
                 silent_timeout=silent_timeout,
                 on_change=self._changed,
                 transform=self._slim,
+                counters=counters,
             ),
         )
         if not enabled:

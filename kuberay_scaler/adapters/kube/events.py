@@ -21,6 +21,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.adapters.kube.transport import ApiError, NoResponse, Target, request_json
 from kuberay_scaler.core.defaults import raycluster_api
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 log = structlog.get_logger(__name__)
 
@@ -47,8 +48,10 @@ class EventRecorder:
         instance: str | None = None,
         dedupe_window: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        counters: KubeCounters | None = None,
     ) -> None:
         self._api = api
+        self._counters = counters or KubeCounters.new()
         self._namespace = namespace
         self._path = f"/api/v1/namespaces/{namespace}/events"
         self._enabled = enabled
@@ -79,6 +82,7 @@ class EventRecorder:
                 "POST",
                 self._path,
                 body=self._event(cluster, reason, message, type),
+                counters=self._counters,
             )
         except ApiError as error:
             self._on_api_error(error)

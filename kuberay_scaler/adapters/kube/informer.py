@@ -40,7 +40,7 @@ from kuberay_scaler.adapters.kube.transport import (
 from kuberay_scaler.core.backoff import Backoff
 from kuberay_scaler.core.defaults import CRD_VERSION, WATCH_SILENCE_TIMEOUT_S, rayclusters_path
 from kuberay_scaler.core.model.labels import LABEL_CLUSTER
-from kuberay_scaler.runtime.metrics import WATCH_RESTARTS
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 log = structlog.get_logger(__name__)
 
@@ -165,8 +165,10 @@ class Informer:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         transform: Callable[[RawObject], RawObject] | None = None,
+        counters: KubeCounters | None = None,
     ) -> None:
         self._api = api
+        self._counters = counters or KubeCounters.new()
         self.source = source
         self._silent_timeout = silent_timeout
         self._watch_timeout = watch_timeout
@@ -271,7 +273,9 @@ class Informer:
         query = {**self.source.selectors(), "limit": str(self._page_size)}
         while True:
             try:
-                page = await request_json(self._api, target, "GET", self.source.path, query=query)
+                page = await request_json(
+                    self._api, target, "GET", self.source.path, query=query, counters=self._counters
+                )
             except ApiError as error:
                 if error.status == 410 and "continue" in query:
                     # The paging snapshot expired: start the list over.
@@ -303,7 +307,12 @@ class Informer:
         target = Target("watch", self.source.resource)
         try:
             async with open_stream(
-                self._api, target, self.source.path, query, connect_timeout=self._connect_timeout
+                self._api,
+                target,
+                self.source.path,
+                query,
+                counters=self._counters,
+                connect_timeout=self._connect_timeout,
             ) as stream:
                 self.failure_status = None
                 self._set_synced(True)
@@ -378,7 +387,7 @@ class Informer:
         notify(self._on_change, self._log, "on_change callback failed", changes)
 
     def _restart(self, cause: str) -> None:
-        WATCH_RESTARTS.labels(resource=self.source.resource, cause=cause).inc()
+        self._counters.watch_restart(self.source.resource, cause)
 
     async def _sleep_backoff(self, reason: object, cap: float | None = None) -> None:
         delay = self._backoff.next_delay()

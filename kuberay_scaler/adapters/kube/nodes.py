@@ -28,6 +28,7 @@ from kuberay_scaler.adapters.kube.informer import Change, Informer, Source, noti
 from kuberay_scaler.core.defaults import WATCH_SILENCE_TIMEOUT_S
 from kuberay_scaler.core.model.signals import NodeMaintenance
 from kuberay_scaler.core.parse.nodes import node_maintenance, slim_node
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +47,7 @@ class NodeMaintenanceReader:
         enabled: bool,
         on_change: Callable[[], None] | None = None,
         silent_timeout: float = WATCH_SILENCE_TIMEOUT_S,
+        counters: KubeCounters | None = None,
     ) -> None:
         self._on_change = on_change
         self._off = asyncio.Event()
@@ -56,6 +58,7 @@ class NodeMaintenanceReader:
             silent_timeout=silent_timeout,
             on_change=self._changed,
             transform=slim_node,
+            counters=counters,
         )
         self._known: Mapping[str, NodeMaintenance] = MappingProxyType({})
         if not enabled:

@@ -35,6 +35,7 @@ from kuberay_scaler.adapters.kube.informer import (
 from kuberay_scaler.adapters.kube.transport import ApiError, NoResponse, Target, request_json
 from kuberay_scaler.core import defaults as D
 from kuberay_scaler.core.backoff import Backoff
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 log = structlog.get_logger(__name__)
 
@@ -86,8 +87,10 @@ class RayClusterView:
         on_change: Callable[[], None] | None = None,
         crd_version: str = D.CRD_VERSION,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        counters: KubeCounters | None = None,
     ) -> None:
         self._api = api
+        self._counters = counters or KubeCounters.new()
         self._sleep = sleep
         self.mode: Mode = mode
         self.namespace = namespace
@@ -117,6 +120,7 @@ class RayClusterView:
                 silent_timeout=silent_timeout,
                 backoff=self._backoff,
                 on_change=self._on_watch_change,
+                counters=self._counters,
             )
 
     def current(self) -> RawObject | None:
@@ -157,7 +161,7 @@ class RayClusterView:
         Raises `ApiError` / `NoResponse` when the GET fails; the view is then unchanged.
         """
         try:
-            obj = await request_json(self._api, _GET, "GET", self._path)
+            obj = await request_json(self._api, _GET, "GET", self._path, counters=self._counters)
         except ApiError as error:
             if error.status != 404:
                 raise

@@ -2,7 +2,8 @@
 
 Uses `ApiClient.call_api` with `_preload_content=False` so bodies stay raw dicts (no model
 classes) and the caller chooses the Content-Type (the typed API would pick a patch type from the
-body's Python type). Every request is counted in `API_REQUESTS` by verb, resource and code.
+body's Python type). Every request is counted by verb, resource and code into the caller's
+`KubeCounters` (runtime/metrics.py).
 
 Errors are split in two: `ApiError` (the server answered with a non-2xx status; carries the
 `Status` reason/message and Retry-After) and `NoResponse` (refused, reset, timed out).
@@ -23,7 +24,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
 from kuberay_scaler.core import defaults as D
-from kuberay_scaler.runtime.metrics import API_REQUESTS
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
@@ -70,6 +71,7 @@ async def request_json(
     method: str,
     path: str,
     *,
+    counters: KubeCounters,
     query: Mapping[str, str] | None = None,
     body: Any = None,
     content_type: str = JSON,
@@ -84,9 +86,9 @@ async def request_json(
         async with response:
             raw = await response.read()
     except (aiohttp.ClientError, TimeoutError) as error:
-        _count(target, "error")
+        counters.request(target.verb, target.resource, "error")
         raise NoResponse(f"{target.verb} {target.resource}: {_describe(error)}") from error
-    _count(target, str(response.status))
+    counters.request(target.verb, target.resource, str(response.status))
     decoded = _decode(raw)
     if not 200 <= response.status < 300:
         raise _api_error(target, response.status, response.headers, decoded)
@@ -100,6 +102,7 @@ async def open_stream(
     path: str,
     query: Mapping[str, str],
     *,
+    counters: KubeCounters,
     connect_timeout: float,
 ) -> AsyncIterator[aiohttp.StreamReader]:
     """Open a long-lived GET (a watch) and yield its body stream; closed on exit.
@@ -112,9 +115,9 @@ async def open_stream(
     try:
         response = await _call(api, "GET", path, query, None, JSON, stream_timeout)
     except (aiohttp.ClientError, TimeoutError) as error:
-        _count(target, "error")
+        counters.request(target.verb, target.resource, "error")
         raise NoResponse(f"{target.verb} {target.resource}: {_describe(error)}") from error
-    _count(target, str(response.status))
+    counters.request(target.verb, target.resource, str(response.status))
     try:
         if not 200 <= response.status < 300:
             raw = await _read_error_body(response, connect_timeout)
@@ -152,10 +155,6 @@ async def _read_error_body(response: aiohttp.ClientResponse, limit_s: float) -> 
             return await response.read()
     except (aiohttp.ClientError, TimeoutError):
         return b""  # the status code alone still classifies the error
-
-
-def _count(target: Target, code: str) -> None:
-    API_REQUESTS.labels(verb=target.verb, resource=target.resource, code=code).inc()
 
 
 def _decode(raw: bytes) -> dict[str, Any]:

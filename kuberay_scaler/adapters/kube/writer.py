@@ -34,7 +34,7 @@ from kuberay_scaler.adapters.kube.transport import (
 from kuberay_scaler.core.defaults import CRD_VERSION, rayclusters_path
 from kuberay_scaler.core.model.outcome import OutcomeKind, PatchOutcome
 from kuberay_scaler.core.patch.ops import Op, Test, ops_json
-from kuberay_scaler.runtime.metrics import PATCHES
+from kuberay_scaler.runtime.metrics import KubeCounters
 
 __all__ = ["OutcomeKind", "PatchOutcome", "RayClusterWriter", "classify"]
 
@@ -56,9 +56,16 @@ class RayClusterWriter:
     """Patches one RayCluster (`namespace`/`name`) with RFC 6902 JSON patches."""
 
     def __init__(
-        self, api: ApiClient, *, namespace: str, name: str, crd_version: str = CRD_VERSION
+        self,
+        api: ApiClient,
+        *,
+        namespace: str,
+        name: str,
+        crd_version: str = CRD_VERSION,
+        counters: KubeCounters | None = None,
     ) -> None:
         self._api = api
+        self._counters = counters or KubeCounters.new()
         self._namespace = namespace
         self._name = name
         self._path = f"{rayclusters_path(namespace, crd_version)}/{name}"
@@ -71,14 +78,20 @@ class RayClusterWriter:
         body = ops_json(ops if ops and ops[0] == guard else [guard, *ops])
         try:
             obj = await request_json(
-                self._api, _PATCH, "PATCH", self._path, body=body, content_type=JSON_PATCH
+                self._api,
+                _PATCH,
+                "PATCH",
+                self._path,
+                body=body,
+                content_type=JSON_PATCH,
+                counters=self._counters,
             )
             outcome = PatchOutcome("applied", obj=obj)
         except ApiError as error:
             outcome = classify(error, self._describe())
         except NoResponse as error:
             outcome = PatchOutcome("transient", message=str(error))
-        PATCHES.labels(outcome=outcome.kind).inc()
+        self._counters.patch(outcome.kind)
         self._log(outcome, ops)
         return outcome
 

@@ -19,6 +19,7 @@ from kuberay_scaler.adapters.ray_gcs.report import build_autoscaling_state
 from kuberay_scaler.core.model.drains import DrainReason, SliceDrainResult
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.report import AutoscalingReport
+from kuberay_scaler.runtime.metrics import GcsCounters
 
 log = structlog.get_logger(__name__)
 
@@ -26,9 +27,12 @@ log = structlog.get_logger(__name__)
 class RayGcs:
     """Implements `loop.ports.Gcs`."""
 
-    def __init__(self, client: GcsClient, poller: GcsPoller) -> None:
+    def __init__(
+        self, client: GcsClient, poller: GcsPoller, *, counters: GcsCounters | None = None
+    ) -> None:
         self._client = client
         self._poller = poller
+        self._counters = counters or GcsCounters.new()
 
     @property
     def cluster_id(self) -> str | None:
@@ -54,6 +58,7 @@ class RayGcs:
             deadline_ms=deadline_ms,
             cluster_id=cluster_id,
             reason=reason,
+            counters=self._counters,
         )
 
     async def report(self, report: AutoscalingReport) -> bool:

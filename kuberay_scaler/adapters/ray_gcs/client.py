@@ -39,7 +39,7 @@ from kuberay_scaler.adapters.ray_gcs.errors import (
 from kuberay_scaler.adapters.ray_gcs.report import StateVersionClock
 from kuberay_scaler.core.backoff import Backoff
 from kuberay_scaler.core.defaults import GCS_RPC_TIMEOUT_S
-from kuberay_scaler.runtime.metrics import GCS_ERRORS, GCS_RTT_SECONDS
+from kuberay_scaler.runtime.metrics import GcsCounters
 
 log = structlog.get_logger(__name__)
 
@@ -100,8 +100,10 @@ class GcsClient:
         max_message_bytes: int = 512 * 1024 * 1024,
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        counters: GcsCounters | None = None,
     ) -> None:
         self._address = address
+        self._counters = counters or GcsCounters.new()
         self._token = token
         self._tls = tls
         self._rpc_timeout_s = rpc_timeout_s
@@ -158,7 +160,7 @@ class GcsClient:
         try:
             return autoscaler_pb2.GetClusterResourceStateReply.FromString(reply)
         except DecodeError as err:
-            GCS_ERRORS.labels("GetClusterResourceState", "DECODE").inc()
+            self._counters.rpc_error("GetClusterResourceState", "DECODE")
             raise GcsCallError("GetClusterResourceState", "DECODE", str(err)) from None
 
     async def get_cluster_resource_state_bytes(self) -> bytes:
@@ -217,13 +219,13 @@ class GcsClient:
             )
         except grpc.aio.AioRpcError as err:
             failure = _classify(method, err)
-            GCS_ERRORS.labels(method, failure.code).inc()
+            self._counters.rpc_error(method, failure.code)
             if isinstance(failure, GcsUnavailable) or (
                 isinstance(failure, GcsReplaced) and sent_id == conn.cluster_id
             ):
                 await self._drop(conn, failure)
             raise failure from None
-        GCS_RTT_SECONDS.labels(method).observe(self._monotonic() - started)
+        self._counters.rpc(method, self._monotonic() - started)
         return reply
 
     async def _connection(self) -> _Connection:
@@ -281,11 +283,11 @@ class GcsClient:
             )
         except grpc.aio.AioRpcError as err:
             failure = _classify(method, err)
-            GCS_ERRORS.labels(method, failure.code).inc()
+            self._counters.rpc_error(method, failure.code)
             raise failure from None
-        GCS_RTT_SECONDS.labels(method).observe(self._monotonic() - started)
+        self._counters.rpc(method, self._monotonic() - started)
         if reply.status.code != 0:
-            GCS_ERRORS.labels(method, "GCS_STATUS").inc()
+            self._counters.rpc_error(method, "GCS_STATUS")
             raise GcsCallError(method, f"GCS_STATUS_{reply.status.code}", reply.status.message)
         return str(reply.cluster_id.hex())
 

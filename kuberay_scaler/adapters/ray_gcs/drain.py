@@ -20,7 +20,7 @@ from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError
 from kuberay_scaler.core.model.drains import DrainReason, HostDrain, SliceDrainResult
-from kuberay_scaler.runtime.metrics import DRAINS
+from kuberay_scaler.runtime.metrics import GcsCounters
 
 __all__ = [
     "IDLE_TERMINATION",
@@ -72,6 +72,7 @@ async def drain_slice(
     deadline_ms: int,
     cluster_id: str | None = None,
     reason: DrainReason = DrainReason.IDLE_TERMINATION,
+    counters: GcsCounters | None = None,
 ) -> SliceDrainResult:
     """Drain all hosts (hex node ids) of one slice concurrently.
 
@@ -83,9 +84,10 @@ async def drain_slice(
         raise ValueError(f"drain deadline must be a positive epoch-ms timestamp, got {deadline_ms}")
     pinned = cluster_id or client.cluster_id
     wire = _WIRE_REASON[reason]
+    counted = counters or GcsCounters.new()
     results = await asyncio.gather(
         *(
-            _drain_host(client, node_id, reason_message, deadline_ms, pinned, wire)
+            _drain_host(client, node_id, reason_message, deadline_ms, pinned, wire, counted)
             for node_id in node_ids
         )
     )
@@ -106,6 +108,7 @@ async def _drain_host(
     deadline_ms: int,
     cluster_id: str | None,
     reason: int,
+    counters: GcsCounters,
 ) -> HostDrain:
     try:
         reply = await client.drain_node(
@@ -116,10 +119,10 @@ async def _drain_host(
             cluster_id=cluster_id,
         )
     except GcsError as err:
-        DRAINS.labels("error").inc()
+        counters.drain("error")
         return HostDrain(node_id, "error", str(err))
     if getattr(reply, "is_accepted", False):
-        DRAINS.labels("accepted").inc()
+        counters.drain("accepted")
         return HostDrain(node_id, "accepted")
-    DRAINS.labels("rejected").inc()
+    counters.drain("rejected")
     return HostDrain(node_id, "rejected", str(getattr(reply, "rejection_reason_message", "")))

@@ -52,7 +52,7 @@ from kuberay_scaler.adapters.ray_gcs.unchanged import (
     zeroed,
 )
 from kuberay_scaler.core.model.ray import RayNode, RayObservation, RayState, node_content
-from kuberay_scaler.runtime.metrics import GCS_CONNECTED
+from kuberay_scaler.runtime.metrics import GcsCounters
 
 log = structlog.get_logger(__name__)
 
@@ -115,6 +115,7 @@ class GcsPoller:
         monotonic: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.thread_time,
         wall: Callable[[], int] = wall_ms,
+        counters: GcsCounters | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"poll interval must be positive, got {interval_s}")
@@ -128,6 +129,7 @@ class GcsPoller:
         self._monotonic = monotonic
         self._cpu_clock = cpu_clock
         self._wall = wall
+        self._counters = counters or GcsCounters.new()
         self._epoch = 0
         self._cluster_id: str | None = None
         self._last_version = -1
@@ -237,7 +239,7 @@ class GcsPoller:
         if self.latest.known or self._unknown_kind != kind:
             log.warning("gcs_state_unknown", error=error, gcs_epoch=self._epoch)
         self._unknown_kind = kind
-        GCS_CONNECTED.set(0)
+        self._counters.gcs_answered(False)
         return RayObservation(None, self._monotonic(), self._cluster_id, self._epoch, error=error)
 
     def _known(self, reply: Any, read: ReadWindow) -> RayObservation:
@@ -256,7 +258,7 @@ class GcsPoller:
         elif not self.latest.known:
             log.info("gcs_state_known", gcs_epoch=self._epoch, cluster_id=cluster_id)
         self._unknown_kind = None
-        GCS_CONNECTED.set(1)
+        self._counters.gcs_answered(True)
         self._cluster_id = cluster_id
         self._last_version = version
         observation = self._observe(reply, cluster_id, version, read)

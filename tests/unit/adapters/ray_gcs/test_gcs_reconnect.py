@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from kuberay_scaler.adapters.ray_gcs.client import MAX_RECONNECT_BACKOFF_S, GcsClient, TlsFiles
 from kuberay_scaler.adapters.ray_gcs.errors import GcsError, GcsUnavailable
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller
-from kuberay_scaler.runtime.metrics import REGISTRY
+from kuberay_scaler.runtime.metrics import GcsCounters
 from tests.factories import gcs_reply
 
 
@@ -63,26 +63,27 @@ class DownSource:
         raise GcsUnavailable("connect", "BACKOFF", f"next attempt in {1.0 / self.calls:.1f}s")
 
 
-def connected_metric() -> float | None:
-    return REGISTRY.get_sample_value("kuberay_scaler_gcs_connected")
+def connected_metric(counters: GcsCounters) -> float | None:
+    return counters.sample("kuberay_scaler_gcs_connected")
 
 
 async def test_poller_logs_the_state_change_once_and_sets_the_metric() -> None:
     source = DownSource()
-    poller = GcsPoller(source, interval_s=0.5)
+    counters = GcsCounters.new()
+    poller = GcsPoller(source, interval_s=0.5, counters=counters)
     with capture_logs() as logs:
         for _ in range(10):
             await poller.poll_once()
     unknown = [e for e in logs if e["event"] == "gcs_state_unknown"]
     assert len(unknown) == 1, logs
-    assert connected_metric() == 0.0
+    assert connected_metric(counters) == 0.0
 
     source.reply = gcs_reply(1)
     with capture_logs() as logs:
         for _ in range(3):
             await poller.poll_once()
     assert [e["event"] for e in logs] == ["gcs_state_known"]
-    assert connected_metric() == 1.0
+    assert connected_metric(counters) == 1.0
 
     source.reply = None
     with capture_logs() as logs:
