@@ -235,7 +235,6 @@ class Reconciler:
             self.memory,
             self._policy,
             now.wall,
-            self._config.drain_deadline_s,
             mono_s=now.mono,  # every timer that licenses a deletion (the GCS replies too)
         )
 

@@ -81,7 +81,7 @@ def next_deadline_s(memory: Memory, policy: Policy, tick: datetime) -> float | N
     ends = [
         *memory.preempting.values(),
         *(
-            since + timedelta(seconds=policy.broken_busy_max_s)
+            since + timedelta(seconds=policy.deadlines.broken_busy_max_s)
             for since in memory.broken_busy_since.values()
         ),
         *(b.until for b in memory.backoff.values()),
@@ -190,7 +190,7 @@ def settling(
     if not used:
         return decisions, None
     hosts = Counter(b.group for b, _ in used)
-    detail = f"{policy.join_settle_s:g}s"
+    detail = f"{policy.deadlines.join_settle_s:g}s"
     out = [
         replace(
             d, reasons=(*d.reasons, Hold(HoldKind.JOIN_SETTLING, d.group, detail, hosts[d.group]))

@@ -114,7 +114,7 @@ def _above_max(g: GroupNotes, judging: Judging) -> Surplus | None:
     surplus = surplus_removals(
         g.slices,
         judging.preempting,
-        judging.policy.preempt_deadline_s,
+        judging.policy.deadlines.preempt_deadline_s,
         at.tick,
         judging.ev,
         wall_shift=at.now - at.tick,
@@ -152,8 +152,8 @@ def _removals(
     replaced = replacements(
         _without_slices(g.slices, cancels.unavailable.keys | released),
         judging.backoff,
-        policy.replace_backoff_s,
-        policy.max_backoff_s,
+        policy.deadlines.replace_backoff_s,
+        policy.deadlines.replace_max_backoff_s,
         at.tick,
         judging.busy,
         judging.ev,
@@ -198,7 +198,7 @@ def _idle(
         _without_slices(g.slices, frozenset(x.slice_key for x in g.released)),
         keep,
         shielded,
-        idle_timeout(group, judging.spec, judging.policy.idle_timeout_override_s),
+        idle_timeout(group, judging.spec, judging.policy.deadlines.idle_timeout_override_s),
         judging.refused,
         judging.at.tick,
         wall_shift=judging.at.now - judging.at.tick,
@@ -231,7 +231,7 @@ def _settled(
     if decision.changes or g.hold_down:
         return decision
     # Nothing changes: say why, slice kind by slice kind (busy, idle below the timeout, ...).
-    timeout_s = idle_timeout(group, judging.spec, judging.policy.idle_timeout_override_s)
+    timeout_s = idle_timeout(group, judging.spec, judging.policy.deadlines.idle_timeout_override_s)
     steady = why_unchanged(g.slices, judging.needed, timeout_s, epoch_ms(judging.at.tick))
     return replace(decision, reasons=(*decision.reasons, *steady))
 

@@ -159,7 +159,7 @@ def gang_stage(
         shapes_of(groups),
         judged.groups,
         host_clock(snapshot, ray, now),
-        policy.timeouts.max_provision_s,
+        policy.deadlines.max_provision_s,
         eligible,
     )
 

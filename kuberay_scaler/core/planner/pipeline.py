@@ -110,7 +110,13 @@ def _frame(
     if not snapshot.synced:
         return held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED), policy=policy)
     slice_map = build_slice_map(
-        spec, snapshot.hosts, ray, at.now, policy.timeouts, snapshot.clock, FRAME_MEMO
+        spec,
+        snapshot.hosts,
+        ray,
+        at.now,
+        policy.deadlines.slice_timeouts,
+        snapshot.clock,
+        FRAME_MEMO,
     )
     analysed = analyse_groups(slice_map, memory)
     problems += problems_of(ProblemKind.SLICE_MAP, slice_map.problems) + analysed.problems
@@ -177,7 +183,7 @@ class _Frame:
             with_total=bool(ray.constraint),
             bins=bool(ray.tasks or ray.gangs or ray.constraint),
             now=self.at.now,
-            settle_s=self.policy.join_settle_s,
+            settle_s=self.policy.deadlines.join_settle_s,
             unavailable=unavailable,
         )
 
@@ -196,7 +202,7 @@ class _Frame:
             self.snapshot.hosts,
             self.ray,
             self.snapshot.clock,
-            self.policy.timeouts.missing_node_grace_s,
+            self.policy.deadlines.missing_node_grace_s,
             self.at.now,
             self.memory.preempting,
         )
@@ -224,8 +230,8 @@ class _Frame:
         """Each group's decision (group_decision.py), judged by the same values."""
         memory, policy = self.memory, self.policy
         busy = BrokenBusy(
-            max_s=policy.broken_busy_max_s,
-            deadline_s=policy.preempt_deadline_s,
+            max_s=policy.deadlines.broken_busy_max_s,
+            deadline_s=policy.deadlines.preempt_deadline_s,
             since=memory.broken_busy_since,
             preempting=memory.preempting,
             stuck=gang_stuck_slices(self.slice_map, self.ray),

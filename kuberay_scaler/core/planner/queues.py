@@ -52,7 +52,7 @@ def queue_stage(
 ) -> Queues:
     """Folded into each group's decision by `decide_group`. Idle age is read at `tick`, the
     clock the idle clocks are stamped on (never the wall)."""
-    grace_s = policy.reservation_grace_s
+    grace_s = policy.deadlines.reservation_grace_s
     marks = reservation_marks(
         slice_map, ray, shapes_of(groups), memory.reservations, mono_s, grace_s
     )
@@ -62,7 +62,7 @@ def queue_stage(
     waits: list[float] = []
     for name, g in groups.items():
         group = g.slices.group
-        timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
+        timeout_s = idle_timeout(group, spec, policy.deadlines.idle_timeout_override_s)
         grace = grace_kept(g.slices, marks.get(name), needed, mono_s, grace_s, now_ms, timeout_s)
         keep = group.effective_replicas + fits[name].added - group.min_replicas
         cancels = queued_cancellations(

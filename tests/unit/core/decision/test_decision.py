@@ -23,6 +23,7 @@ from kuberay_scaler.core.model.reasons import ProblemKind, ScaleDown, ScaleDownK
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     NOW,
     NOW_MS,
@@ -38,6 +39,8 @@ from tests.factories import (
 )
 from tests.fuzz.pipeline import refused_outright
 
+DRAIN_30 = Policy(deadlines=Deadlines(drain_deadline_s=30))  # Ray's drain deadline, seconds
+
 
 def _idle_inputs(*keys: str) -> tuple[dict[str, Any], list[dict[str, Any]], RayObservation]:
     """The RayCluster, pods and Ray state of idle TPU slices `keys`."""
@@ -52,7 +55,7 @@ def _idle(*keys: str) -> Observation:
 
 
 def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
-    decision = decide(_idle("tpu-a", "tpu-b"), Memory(), Policy(), NOW, drain_deadline_s=30)
+    decision = decide(_idle("tpu-a", "tpu-b"), Memory(), DRAIN_30, NOW)
     record, *drains, patch = decision.writes
     assert isinstance(record, RecordIntent) and isinstance(patch, Patch)
     assert dict(record.draining) == {"tpu": ("tpu-a", "tpu-b")}

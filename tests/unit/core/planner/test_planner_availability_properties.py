@@ -28,6 +28,7 @@ from kuberay_scaler.core.model.ray import RayState, TaskDemand
 from kuberay_scaler.core.model.reasons import FellBack, ScaleUp
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
 from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.gate import evidence_for, gate, pod_blocker
 from tests.factories import (
     NOW,
@@ -184,7 +185,7 @@ def test_nothing_that_ran_is_cancelled_and_every_cancel_passes_the_gate_undraine
     result = _plan(sc, sc.memory)
     snap = snapshot_of(sc.rc, sc.pods)
     ray = state(sc.nodes, sc.tasks, sc.gangs, sc.constraint)
-    ev = evidence_for(snap.hosts, ray, None, Policy().timeouts.missing_node_grace_s, NOW)
+    ev = evidence_for(snap.hosts, ray, None, Deadlines().missing_node_grace_s, NOW)
     cancels = [
         (d.group, x) for d in result.groups for x in d.deletions if x.kind is DeleteKind.CANCEL
     ]
@@ -290,7 +291,9 @@ _FRAMES = st.lists(
 def test_a_group_never_flaps_faster_than_its_backoff(
     frames: list[tuple[str, float]], initial: float, cap: float
 ) -> None:
-    policy = Policy(unavailable_backoff_s=initial, unavailable_max_backoff_s=cap)
+    policy = Policy(
+        deadlines=Deadlines(unavailable_backoff_s=initial, unavailable_max_backoff_s=cap)
+    )
     memory, mono, at_ms = Memory(), MONO, NOW_MS
     marked_at: float | None = None
     wait = 0.0

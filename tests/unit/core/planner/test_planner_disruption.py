@@ -537,7 +537,7 @@ def test_env_defaults_reach_the_policy() -> None:
     settings = load_settings(env)
     assert settings.masked()["KUBERAY_SCALER_DISRUPTION_BUDGET"] == "30%"  # check-config
     policy = policy_from_settings(settings)
-    assert (policy.disruption_budget, policy.scale_down_delay_after_add_s) == (
+    assert (policy.disruption_budget, policy.deadlines.scale_down_delay_after_add_s) == (
         Budget(percent=30.0),
         0.0,
     )

@@ -36,6 +36,7 @@ from kuberay_scaler.core.patch.ops import build_patch, ops_json
 from kuberay_scaler.core.planner import pipeline
 from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.pool import Pool
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
@@ -110,7 +111,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     sc.constraint = draw(st.lists(_task(sc, pinned=False), max_size=2))
     sc.memory = _draw_memory(draw, [r["groupName"] for r in raws], sc.queued)
     override = draw(st.sampled_from([None, None, 1.0, 300.0]))
-    sc.policy = Policy(idle_timeout_override_s=override)
+    sc.policy = Policy(deadlines=Deadlines(idle_timeout_override_s=override))
     return sc
 
 

@@ -22,7 +22,7 @@ from kuberay_scaler.core.model.reasons import (
     Waiting,
 )
 from kuberay_scaler.core.planner.core import Policy
-from kuberay_scaler.core.slicemap import SliceTimeouts
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     NOW,
     cluster,
@@ -40,7 +40,7 @@ from tests.factories import (
     tpu_slice_nodes,
 )
 
-POLICY = Policy(timeouts=SliceTimeouts(max_provision_s=600, missing_node_grace_s=120))
+POLICY = Policy(deadlines=Deadlines(max_provision_s=600, missing_node_grace_s=120))
 
 
 def _failed_host_slice() -> tuple[list[dict[str, Any]], list[Any]]:
@@ -65,7 +65,7 @@ def test_slice_with_a_failed_host_is_replaced_whole() -> None:
     assert "Evicted" in deletion.reason.cause  # the pod's own status, passed through
     backoff = result.memory.backoff["tpu"]
     assert backoff.failures == 1
-    assert backoff.until == NOW + timedelta(seconds=POLICY.replace_backoff_s)
+    assert backoff.until == NOW + timedelta(seconds=POLICY.deadlines.replace_backoff_s)
 
 
 def test_slice_whose_ray_node_is_missing_past_the_grace_is_replaced() -> None:
@@ -161,7 +161,9 @@ def test_backoff_doubles_with_each_failure_up_to_the_cap() -> None:
     )
     backoff = result.memory.backoff["tpu"]
     assert backoff.failures == 4
-    assert backoff.until == NOW + timedelta(seconds=min(300 * 8, POLICY.max_backoff_s))
+    assert backoff.until == NOW + timedelta(
+        seconds=min(300 * 8, POLICY.deadlines.replace_max_backoff_s)
+    )
 
 
 def test_backoff_of_one_group_does_not_stop_another() -> None:
