@@ -171,12 +171,12 @@ def with_gangs(groups: Notes, gangs: GangDeadlines) -> Notes:
     return with_reasons(marked, {n: tuple(gangs.kept_in(n)) for n in marked})
 
 
-def replacing(groups: Notes, memory: Memory, now: datetime) -> set[str]:
+def replacing(groups: Notes, memory: Memory, mono_s: float) -> set[str]:
     """Groups whose broken slices this plan replaces (see `replacements`)."""
     return {
         name
         for name, g in groups.items()
-        if not g.hold_all and not g.hold_down and not backing_off(memory.backoff, name, now)
+        if not g.hold_all and not g.hold_down and not backing_off(memory.backoff, name, mono_s)
     }
 
 

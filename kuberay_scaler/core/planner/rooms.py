@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from kuberay_scaler.core.model.availability import GroupAvailability
 from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS, UpscalingMode, WorkerGroup
-from kuberay_scaler.core.model.plan import Fallback, Infeasible, Memory
+from kuberay_scaler.core.model.plan import At, Fallback, Infeasible, Memory
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import (
     Demand,
@@ -26,7 +26,7 @@ from kuberay_scaler.core.model.reasons import (
 )
 from kuberay_scaler.core.planner.bins import Bin, bins_for_new_slice
 from kuberay_scaler.core.planner.capacity import Capacity
-from kuberay_scaler.core.planner.frame import At, News
+from kuberay_scaler.core.planner.frame import News
 from kuberay_scaler.core.planner.groups import GroupNotes, Notes
 from kuberay_scaler.core.planner.pool import Pool
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
@@ -89,7 +89,7 @@ def _blocked(g: GroupNotes, memory: Memory, at: At, news: News) -> tuple[Hold, b
         return g.hold_all, True
     if group.suspend:
         return Hold(HoldKind.GROUP_SUSPENDED, group.name), False
-    if back is not None and back.until > at.tick:
+    if back is not None and back.until > at.mono_s:
         until = at.shown(back.until)
         return Hold(HoldKind.BACKING_OFF, group.name, until=until, failures=back.failures), False
     if group.effective_replicas >= group.max_replicas:

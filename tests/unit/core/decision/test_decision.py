@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import Any
 
 import jsonpatch
@@ -27,6 +26,7 @@ from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     NOW,
     NOW_MS,
+    NOW_S,
     cluster,
     group,
     head_node,
@@ -154,7 +154,7 @@ def test_a_busy_slice_whose_preemption_notice_is_over_is_deleted_with_one_write(
     pods = slice_pods("tpu", "tpu-a", 4)
     busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
     observed = Observation.parse(rc, pods, RayObservation(state([head_node(), *busy]), 0.0, "c-1"))
-    notice_over = Memory(preempting={"tpu-a": NOW - timedelta(seconds=1)})
+    notice_over = Memory(preempting={"tpu-a": NOW_S - 1})
     decision = decide(observed, notice_over, Policy(), NOW)
     (deletion,) = decision.plan.groups[0].deletions
     assert deletion.slice_key == "tpu-a" and sorted(deletion.pods) == sorted(

@@ -33,6 +33,7 @@ from kuberay_scaler.core.planner.gate import evidence_for, gate, pod_blocker
 from tests.factories import (
     NOW,
     NOW_MS,
+    NOW_S,
     cluster,
     head_node,
     selector_bundle,
@@ -195,13 +196,13 @@ def test_nothing_that_ran_is_cancelled_and_every_cancel_passes_the_gate_undraine
             host = ev.hosts[pod]
             assert host.phase is HostPhase.PENDING
             assert not ev.entries.get(pod) and pod not in ev.clock.seen
-            assert pod_blocker(pod, x.slice_key, ev, frozenset(), NOW) is None
+            assert pod_blocker(pod, x.slice_key, ev, frozenset(), NOW_S) is None
     for d in result.groups:  # cancels never take a group below minReplicas
         gs = result.slice_map.groups[d.group] if result.slice_map else None
         assert gs is not None
         if d.target != d.current:
             assert gs.group.min_replicas <= d.target <= gs.group.max_replicas, d
-    gated, blocked = gate(result, ev, frozenset(), NOW)
+    gated, blocked = gate(result, ev, frozenset(), NOW_S)
     assert not [b for b in blocked if b.path == "cancel_unavailable"]
     kept = {(d.group, x.slice_key) for d in gated.groups for x in d.deletions}
     assert all((g, x.slice_key) in kept for g, x in cancels)

@@ -27,6 +27,7 @@ from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.core import plan as plan_fn
 from tests.factories import (
     NOW,
+    NOW_S,
     cluster,
     cpu_nodes,
     deleted_pods,
@@ -345,7 +346,7 @@ def test_a_going_busy_slice_is_drained_at_once_and_replaced_ahead() -> None:
     assert isinstance(drain.reason, ScaleDown)
     assert drain.reason.kind is ScaleDownKind.DISRUPTION_TARGET
     assert drain.reason.cause == "PreemptionByScheduler"
-    assert result.memory.preempting["tpu-a"] == NOW + timedelta(seconds=30)
+    assert result.memory.preempting["tpu-a"] == NOW_S + 30
     assert d.target == 3 and d.action.value == "scale_up"
     assert d.reason_code == DisruptionKind.REPLACED_AHEAD.value
     assert dict(result.memory.replaced_ahead) == {"tpu-a": "tpu"}

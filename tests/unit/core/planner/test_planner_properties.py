@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Any
 from unittest import mock
 
@@ -41,6 +40,7 @@ from kuberay_scaler.core.planner.pool import Pool
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     NOW,
+    NOW_S,
     bundle,
     cluster,
     cpu_nodes,
@@ -204,7 +204,7 @@ def _draw_options(draw: st.DrawFn) -> dict[str, Any]:
 def _draw_memory(draw: st.DrawFn, names: list[str], queued: list[str]) -> Memory:
     awaiting = {n: "write in flight" for n in names if draw(_rarely)}
     backoff = {
-        n: ReplaceBackoff(NOW + timedelta(seconds=draw(st.sampled_from([-60, 60]))), 1, 1)
+        n: ReplaceBackoff(NOW_S + draw(st.sampled_from([-60, 60])), 1, 1)
         for n in names
         if draw(_rarely)
     }
