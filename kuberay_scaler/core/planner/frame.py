@@ -1,5 +1,5 @@
-"""One planning frame's givens besides the cluster and the moment (`model/plan.py` `At`): the
-capacity news (Events, maintenance, the monotonic reading). Frozen values, read by stages."""
+"""One planning frame's givens besides the cluster and the moment (`model/plan.py` `At`, both
+clocks): the capacity news (Events, maintenance). Frozen values, read by stages."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 
 @dataclass(frozen=True)
 class News:
-    """This frame's capacity news: the Events and the daemon's monotonic reading."""
+    """This frame's capacity news: the Events and GKE maintenance."""
 
     events: tuple[CapacityEvent, ...] = ()
-    mono_s: float = 0.0
     # GKE maintenance on nodes, node name → announcement (empty without the nodes permission).
     maintenance: Mapping[str, NodeMaintenance] = field(default_factory=lambda: MappingProxyType({}))
 

@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.availability import GroupAvailability
-from kuberay_scaler.core.model.plan import Memory, SliceDeletion, Snapshot
+from kuberay_scaler.core.model.plan import At, Memory, SliceDeletion, Snapshot
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import (
     ClearWorkersToDelete,
@@ -100,7 +100,7 @@ def availability_stage(
     ray: RayState | None,
     memory: Memory,
     policy: Policy,
-    now: datetime,
+    at: At,
     news: News,
 ) -> AvailabilityResult:
     """Each group's availability this frame, from the capacity Events (planner/availability.py)."""
@@ -109,8 +109,8 @@ def availability_stage(
         news.events,
         memory.availability,
         policy.availability(),
-        news.mono_s,
-        host_clock(snapshot, ray, now),
+        at.mono_s,
+        host_clock(snapshot, ray, at.now),
         held=tuple(memory.awaiting_write),
     )
 

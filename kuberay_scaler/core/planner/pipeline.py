@@ -85,7 +85,7 @@ def plan(
     `maintenance`: GKE maintenance announced on nodes (node name → window), where readable."""
     mono = mono_of(mono_s, now)
     at = At(now, mono)
-    news = News(events, mono, MappingProxyType(dict(maintenance or {})))
+    news = News(events, MappingProxyType(dict(maintenance or {})))
 
     def frame(shot: Snapshot, ev: Evidence | None) -> Plan:
         return _frame(shot, ray, memory, policy, at, ev, news)
@@ -149,7 +149,7 @@ class _Frame:
             self.ray,
             self.memory,
             self.policy,
-            self.at.now,
+            self.at,
             self.news,
         )
         groups = with_availability(groups, judged)
@@ -188,7 +188,7 @@ class _Frame:
         """Each group's room, then the demand fitted onto what exists and new slices."""
         mode = self.snapshot.spec.autoscaler.upscaling_mode
         limits = {
-            n: room_limit(g, capacity, self.ray, self.memory, mode, self.at, self.news)
+            n: room_limit(g, capacity, self.ray, self.memory, mode, self.at)
             for n, g in groups.items()
         }
         return fit_demand(self.ray, capacity, groups, limits)
@@ -285,7 +285,7 @@ class _Frame:
             settle_s=settle_s,
             availability_changes=judged.changes,
             fallbacks=fallbacks(stages.fitted.groups),
-            next_probe_s=MappingProxyType(next_probes(judged.groups, self.news.mono_s)),
+            next_probe_s=MappingProxyType(next_probes(judged.groups, self.at.mono_s)),
             queue_wake_s=first(stages.queues.wake_s, stages.gangs.wake_s),
             gangs=stages.gangs.lines,
         )
