@@ -39,7 +39,9 @@ from tests.factories import (
 )
 from tests.fuzz.pipeline import refused_outright
 
-DRAIN_30 = Policy(deadlines=Deadlines(drain_deadline_s=30))  # Ray's drain deadline, seconds
+DRAIN_45 = Policy(
+    deadlines=Deadlines(drain_deadline_s=45)
+)  # Ray's drain deadline (not the default)
 
 
 def _idle_inputs(*keys: str) -> tuple[dict[str, Any], list[dict[str, Any]], RayObservation]:
@@ -55,13 +57,13 @@ def _idle(*keys: str) -> Observation:
 
 
 def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
-    decision = decide(_idle("tpu-a", "tpu-b"), Memory(), DRAIN_30, NOW)
+    decision = decide(_idle("tpu-a", "tpu-b"), Memory(), DRAIN_45, NOW)
     record, *drains, patch = decision.writes
     assert isinstance(record, RecordIntent) and isinstance(patch, Patch)
     assert dict(record.draining) == {"tpu": ("tpu-a", "tpu-b")}
     assert all(isinstance(d, Drain) for d in drains)
     assert [(d.slice_key, d.cluster_id) for d in drains] == [("tpu-a", "c-1"), ("tpu-b", "c-1")]
-    assert all(d.deadline_ms == int((NOW.timestamp() + 30) * 1000) for d in drains)
+    assert all(d.deadline_ms == int((NOW.timestamp() + 45) * 1000) for d in drains)
     assert {n for d in drains for n in d.node_ids} == {
         node_id_of(f"tpu-{k}-{i}") for k in "ab" for i in range(4)
     }
