@@ -228,7 +228,6 @@ class Daemon:
             config=LoopConfig(
                 dry_run=s.dry_run,
                 gcs_stale_after_s=s.gcs_stale_after_s,
-                drain_deadline_s=s.drain_deadline_s,
                 expectation_timeout_s=s.write_expectation_timeout_s,
                 unhealthy_after_failures=s.unhealthy_after_failures,
                 unhealthy_after_s=s.unhealthy_after_s,

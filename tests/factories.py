@@ -14,7 +14,7 @@ import yaml
 from ray.core.generated import autoscaler_pb2
 
 from kuberay_scaler.core.model.cluster import frozen_map
-from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot
+from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot, mono_of
 from kuberay_scaler.core.model.ray import (
     HEAD_RESOURCE,
     Bundle,
@@ -36,6 +36,9 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SAMPLES = FIXTURES / "rayclusters"  # our own RayClusters (see its README), nothing from outside
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 NOW_MS = epoch_ms(NOW)
+# NOW as the planner's monotonic reading (seconds) where no mono_s is passed: the wall clock
+# stands in, so Memory's timers of such plans are NOW_S + their seconds.
+NOW_S = mono_of(None, NOW)
 
 
 def sample(name: str) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from kuberay_scaler.loop.observe import ObserveConfig
 class LoopConfig:
     dry_run: bool = False
     gcs_stale_after_s: float = D.GCS_STALE_AFTER_S
-    drain_deadline_s: float = D.DRAIN_DEADLINE_S
     expectation_timeout_s: float = D.WRITE_EXPECTATION_TIMEOUT_S
     unhealthy_after_failures: int = D.UNHEALTHY_AFTER_FAILURES
     unhealthy_after_s: float = D.UNHEALTHY_AFTER_S
@@ -23,7 +22,7 @@ class LoopConfig:
     def observing(self, policy: Policy) -> ObserveConfig:
         return ObserveConfig(
             self.gcs_stale_after_s,
-            policy.timeouts.missing_node_grace_s,
+            policy.deadlines.missing_node_grace_s,
             self.expectation_timeout_s,
             self.override,
         )

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kuberay_scaler.core.decision import Decision, decide
-from kuberay_scaler.core.model.plan import Memory, Plan, tick_of
+from kuberay_scaler.core.model.plan import Memory, Plan, mono_of
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.config import LoopConfig
@@ -166,8 +166,8 @@ class Reconciler:
         # A dry run wants nothing of the cluster: only its inputs can be unmet.
         plan = replace(result, groups=()) if result and self._config.dry_run else result
         # Slices the plan will retry: their refused-drain backoff (monotonic) is still running.
-        tick = tick_of(now.mono, now.wall)
-        retried = {k for k, v in self.memory.refused.items() if v.until > tick}
+        mono = mono_of(now.mono, now.wall)
+        retried = {k for k, v in self.memory.refused.items() if v.until > mono}
         return reading_of(plan, self._unknown, failed=failed, refused=retried)
 
     async def _reconcile(self, now: Instant, *, timer: bool) -> ReconcileReport:
@@ -235,7 +235,6 @@ class Reconciler:
             self.memory,
             self._policy,
             now.wall,
-            self._config.drain_deadline_s,
             mono_s=now.mono,  # every timer that licenses a deletion (the GCS replies too)
             memo=self.observer.memo,  # the observer's, carried across frames
         )

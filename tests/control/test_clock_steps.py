@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.control.fakes import Loop, make_loop, run_for
 from tests.control.worlds import broken_busy_slice_world, named_pods, surplus_busy_slice_world
 from tests.factories import (
@@ -33,7 +34,9 @@ HOUR = timedelta(hours=1)
 async def test_a_wall_step_forward_does_not_end_the_broken_busy_bound_early() -> None:
     """Before: +1 h made the slice "busy for 3610 s" and its three running hosts were drained
     for preemption at once (deleted 30 s later), 30 minutes early."""
-    loop, ray = broken_busy_slice_world(Policy(broken_busy_max_s=1800, preempt_deadline_s=30))
+    loop, ray = broken_busy_slice_world(
+        Policy(deadlines=Deadlines(broken_busy_max_s=1800, preempt_deadline_s=30))
+    )
     await run_for(loop, 10, ray)
     loop.clock.wall_now += HOUR  # NTP steps the wall clock; the monotonic clock moves on
     await run_for(loop, 60, ray)
@@ -53,7 +56,7 @@ async def test_a_wall_step_back_after_preemption_drains_leaves_no_host_draining_
     rc = cluster(tpu_group(replicas=1, max_replicas=0))
     pods = slice_pods("tpu", "tpu-a", 4)
     busy = state([head_node(), *tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))])
-    loop = make_loop(rc, pods, busy, policy=Policy(preempt_deadline_s=30))
+    loop = make_loop(rc, pods, busy, policy=Policy(deadlines=Deadlines(preempt_deadline_s=30)))
     await loop.reconciler.reconcile()
     assert {d.reason for d in loop.gcs.drains} == {DrainReason.PREEMPTION}
     loop.clock.wall_now -= HOUR
@@ -113,7 +116,7 @@ async def test_every_instant_the_loop_shows_is_on_the_wall_clock() -> None:
         ),
         "surplus busy slice": surplus_busy_slice_world()[0],
         "broken busy slice": broken_busy_slice_world(
-            Policy(broken_busy_max_s=5, preempt_deadline_s=30)
+            Policy(deadlines=Deadlines(broken_busy_max_s=5, preempt_deadline_s=30))
         )[0],
         "refused idle drain": make_loop(
             cluster(tpu_group(replicas=1)),

@@ -14,6 +14,7 @@ from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.loop.trigger import WAKE_MARGIN_S
 from tests.control.fakes import Loop, make_loop
 from tests.control.worlds import broken_busy_slice_world, named_pods
@@ -82,7 +83,9 @@ async def test_a_preempted_surplus_slice_is_removed_when_its_notice_ends_not_at_
 async def test_the_broken_busy_bound_ending_is_a_wake_up() -> None:
     """A broken slice kept over busy hosts is drained for preemption when its bound ends (here
     45 s, between two resyncs), not at the resync after it."""
-    loop, ray = broken_busy_slice_world(Policy(broken_busy_max_s=45, preempt_deadline_s=30))
+    loop, ray = broken_busy_slice_world(
+        Policy(deadlines=Deadlines(broken_busy_max_s=45, preempt_deadline_s=30))
+    )
     await loop.reconciler.reconcile()
     assert loop.gcs.drains == []
     waited = 0.0

@@ -10,6 +10,7 @@ from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.gate import Blocked
 from kuberay_scaler.loop.reconcile_report import ReconcileReport
 from tests.control.fakes import Loop, make_loop, reply_of, run_for
@@ -62,7 +63,7 @@ def two_busy_slices_above_max() -> tuple[Loop, list[RayNode]]:
     ]
     # A notice longer than the test: no slice reaches the gate's (d) while it settles, so any
     # busy pod named here was named on a missing node's account.
-    policy = Policy(preempt_deadline_s=3600.0)
+    policy = Policy(deadlines=Deadlines(preempt_deadline_s=3600.0))
     rc = cluster(tpu_group(replicas=2, max_replicas=1))
     loop = make_loop(rc, pods, state(nodes), policy=policy)
     loop.gcs.busy = {n.node_id for n in nodes if n.status is NodeStatus.RUNNING}
@@ -185,7 +186,9 @@ async def test_a_broken_busy_slice_is_kept_bounded_then_preempted_and_replaced_w
     """A Failed host, its Ray node DEAD, the others busy (a placement group
     rescheduling onto a slice that can never be whole): kept at most broken_busy_max_s, then
     its live hosts are drained for preemption, and past that deadline it is replaced whole."""
-    loop, ray = broken_busy_slice_world(Policy(broken_busy_max_s=600, preempt_deadline_s=120))
+    loop, ray = broken_busy_slice_world(
+        Policy(deadlines=Deadlines(broken_busy_max_s=600, preempt_deadline_s=120))
+    )
     await run_for(loop, 590, ray)
     assert loop.gcs.drains == [] and workers_to_delete(loop) == []
     kept = _reasons(loop)

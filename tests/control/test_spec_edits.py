@@ -17,6 +17,7 @@ from typing import Any
 from kuberay_scaler.core.model.reasons import HoldKind, Keep, KeepKind
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.control.fakes import Loop, make_loop
 from tests.control.worlds import busy_cpu_worker_world
 from tests.factories import (
@@ -245,7 +246,9 @@ async def test_num_of_hosts_lowered_on_a_live_group_destroys_no_busy_slice() -> 
             *tpu_slice_nodes("tpu-b", 4, busy_hosts=(0,)),
         ]
     )
-    policy = Policy(broken_busy_max_s=60, preempt_deadline_s=10)  # short: a mistake shows fast
+    policy = Policy(
+        deadlines=Deadlines(broken_busy_max_s=60, preempt_deadline_s=10)
+    )  # short: a mistake shows fast
     loop = make_loop(rc, pods, busy, policy=policy)
     loop.gcs.busy = {n.node_id for n in busy.nodes}
     await _settle(loop)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -44,7 +43,7 @@ from tests.control.fakes import (
     observation,
 )
 from tests.control.worlds import drain_busy_and_scale_up
-from tests.factories import NOW, node_id_of
+from tests.factories import NOW, NOW_S, node_id_of
 
 TPU_A = ("tpu", "tpu-a")  # the scenario's idle slice (tpu-b is busy; CPU demand wants 2 hosts)
 
@@ -161,7 +160,7 @@ async def test_remembered_keeps_refusals_and_drops_refused_preemptions_when_not_
     world = World()
     world.gcs.refuse = {node_id_of(f"tpu-a-{i}") for i in range(4)}
     plan = (await world.execute()).plan
-    deadline = NOW + timedelta(minutes=5)
+    deadline = NOW_S + 300  # monotonic seconds
     preempting = MappingProxyType({"tpu-a": deadline, "tpu-x": deadline})
     plan = replace(plan, memory=replace(plan.memory, preempting=preempting))
     failed = Executed(plan, PatchOutcome("transient"), refused=frozenset({TPU_A}))

@@ -53,8 +53,8 @@ from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.gate import quiet
-from kuberay_scaler.core.slicemap import SliceTimeouts
 from tests.factories import NOW, cluster, group, head_node, node, node_id_of, pod
 
 EXAMPLES = max(1, int(os.environ.get("FUZZ_EXAMPLES", "200")))
@@ -62,11 +62,14 @@ COVERED: Counter[str] = Counter()  # pods named, by the gate clause that let the
 GRACE_S = 120.0
 MONO_AT_NOW = 10_000.0  # the daemon's monotonic reading when the wall clock reads NOW
 POLICY = Policy(
-    idle_timeout_override_s=60,
-    timeouts=SliceTimeouts(max_provision_s=300, missing_node_grace_s=GRACE_S),
-    replace_backoff_s=30,
-    preempt_deadline_s=90,
-    broken_busy_max_s=200,
+    deadlines=Deadlines(
+        idle_timeout_override_s=60,
+        max_provision_s=300,
+        missing_node_grace_s=GRACE_S,
+        replace_backoff_s=30,
+        preempt_deadline_s=90,
+        broken_busy_max_s=200,
+    )
 )
 GROUPS = {"duo": 2, "solo": 1}  # group → hosts per slice
 STATES = ("idle", "busy", "dead", "absent", "draining")

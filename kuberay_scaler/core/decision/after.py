@@ -4,9 +4,10 @@ once they answered (`after_drains`). Pure and typed, so `plan` and tests see the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 from kuberay_scaler.core.backoff import exponential_delay
@@ -14,7 +15,7 @@ from kuberay_scaler.core.decision.document import Decision
 from kuberay_scaler.core.decision.writes import Drain, Patch, assumed_accepted
 from kuberay_scaler.core.defaults import DRAIN_RETRY_S, MAX_DRAIN_RETRY_S
 from kuberay_scaler.core.model.cluster import ClusterSpec
-from kuberay_scaler.core.model.plan import Memory, Plan, RefusedDrain, shown
+from kuberay_scaler.core.model.plan import Memory, Plan, RefusedDrain, mono_of, seconds_until
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind, Reason, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.patch.intent import clear_ops
@@ -95,7 +96,7 @@ def _back_in_ray(decision: Decision, fresh: RayState | None) -> dict[SliceRef, K
     a Ray node that is back keeps its slice (never deleted over a node just seen alive)."""
     drained = {(d.group, d.slice_key) for d in decision.drains}
     deadlines = decision.evidence.deadlines if decision.evidence else {}
-    now = decision.tick or decision.now or _NEVER
+    now = _mono(decision)
     alive = fresh.node_by_instance() if fresh is not None else {}
     kept: dict[SliceRef, Keep] = {}
     for g in decision.plan.groups:
@@ -127,7 +128,7 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
 
     Raises PatchError when the plan no longer fits `results.base`.
     """
-    now = decision.tick or decision.now or _NEVER  # the monotonic clock: timers, deadlines
+    now = _mono(decision)  # the monotonic clock: timers, deadlines
     wall = decision.now or _NEVER
     result = decision.plan
     dropped: dict[SliceRef, Reason] = dict(results.not_sent)
@@ -150,7 +151,7 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
             refused[d.slice_key] = _refused(decision, d, now)
             continue
         deadline = datetime.fromtimestamp(d.deadline_ms / 1000, UTC)  # what Ray was told
-        preempting[d.slice_key] = shown(deadline, wall, now)  # the same instant, monotonic
+        preempting[d.slice_key] = now + (deadline - wall).total_seconds()  # that, monotonic
         dropped[ref] = ScaleDown(
             ScaleDownKind.PARTLY_DRAINED, d.slice_key, len(d.pods), deadline=deadline
         )
@@ -176,11 +177,11 @@ def after_drains(decision: Decision, results: DrainResults) -> Writes:
     return Writes(result, Patch(tuple(ops)) if ops else None, tuple(follow), blocked)
 
 
-def _sooner(deadline_s: float | None, memory: Memory, tick: datetime) -> float | None:
+def _sooner(deadline_s: float | None, memory: Memory, mono_s: float) -> float | None:
     """The plan's first deadline, with the ones set after the drains (a partly drained slice's
     notice, a refused drain's backoff): each is a wake-up too."""
     ends = [*memory.preempting.values(), *(r.until for r in memory.refused.values())]
-    ahead = [s for s in ((e - tick).total_seconds() for e in ends) if s > 0]
+    ahead = [s for s in (seconds_until(e, mono_s) for e in ends) if s > 0]
     waits = [*ahead, *([deadline_s] if deadline_s is not None else [])]
     return min(waits) if waits else None
 
@@ -189,7 +190,7 @@ def _partial_message(d: Drain, why: str) -> str:
     return f"kuberay-scaler: slice {d.slice_key} partly drained ({why}): its other hosts exited"
 
 
-def _refused(decision: Decision, d: Drain, now: datetime) -> RefusedDrain:
+def _refused(decision: Decision, d: Drain, mono_s: float) -> RefusedDrain:
     """The backoff entry of a slice whose drain no host accepted (or that was not sent)."""
     before = decision.plan.memory.refused.get(d.slice_key)
     failures = (before.failures if before else 0) + 1
@@ -201,8 +202,17 @@ def _refused(decision: Decision, d: Drain, now: datetime) -> RefusedDrain:
         for n in (ev.entries.get(pod, ()) if ev else ())
         if n.idle and n.idle_since_ms is not None
     }
-    return RefusedDrain(now + timedelta(seconds=wait), MappingProxyType(since), failures)
+    return RefusedDrain(mono_s + wait, MappingProxyType(since), failures)
 
 
-# A decision made without a time (a hand-built one in tests): no deadline counts as passed.
+def _mono(decision: Decision) -> float:
+    """The monotonic reading the decision was made at (its wall clock standing in, as in
+    one-shot use); a decision made without a time (a hand-built one in tests): no deadline
+    counts as passed."""
+    if decision.mono_s is not None:
+        return decision.mono_s
+    return -math.inf if decision.now is None else mono_of(None, decision.now)
+
+
+# A decision made without a wall time (a hand-built one in tests).
 _NEVER = datetime.min.replace(tzinfo=UTC)

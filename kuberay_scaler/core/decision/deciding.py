@@ -10,9 +10,8 @@ from types import MappingProxyType
 from kuberay_scaler.core.decision.document import Decision
 from kuberay_scaler.core.decision.observation import Observation
 from kuberay_scaler.core.decision.writes import writes_for
-from kuberay_scaler.core.defaults import DRAIN_DEADLINE_S
 from kuberay_scaler.core.liveness import HostClock
-from kuberay_scaler.core.model.plan import Memory, Snapshot, tick_of
+from kuberay_scaler.core.model.plan import Memory, Snapshot, mono_of
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.reasons import PlanProblem, ProblemKind
 from kuberay_scaler.core.patch.ops import PatchError
@@ -26,16 +25,16 @@ def decide(
     memory: Memory,
     policy: Policy,
     now: datetime,
-    drain_deadline_s: float = DRAIN_DEADLINE_S,
     *,
     mono_s: float | None = None,
     memo: FrameMemo | None = None,
 ) -> Decision:
     """Plan from `observed` at `now` (wall clock) and `mono_s` (monotonic: every timer that
-    licenses a deletion; None: `now` stands in) and list the writes that carry the plan out.
-    `memo`: the caller's frame memo, carried across its frames (None: a cold one); the
-    decision is the same either way."""
-    tick = tick_of(mono_s, now)
+    licenses a deletion; None: `now` stands in) and list the writes that carry the plan out
+    (the drain deadline Ray is handed: `policy.deadlines.drain_deadline_s`). `memo`: the
+    caller's frame memo, carried across its frames (None: a cold one); the decision is the
+    same either way."""
+    mono = mono_of(mono_s, now)
     spec, hosts, pod_problems = observed.spec, observed.hosts, observed.pod_problems
     ray, ray_problem = _ray_state(observed.gcs)
     # One liveness clock and one gate evidence per frame: the slice map, the planner's deletion
@@ -50,7 +49,7 @@ def decide(
         awaiting_write=MappingProxyType(dict(observed.awaiting_write)),
         draining=spec.draining,
     )
-    grace_s = policy.timeouts.missing_node_grace_s
+    grace_s = policy.deadlines.missing_node_grace_s
     ev = evidence_for(snapshot.hosts, ray, clock, grace_s, now, memory.preempting)
     events = observed.capacity_events
     nodes = observed.node_maintenance
@@ -73,14 +72,14 @@ def decide(
     ev = replace(ev, deadlines=MappingProxyType(deadlines))
     try:
         result, writes, blocked = writes_for(
-            spec, result, observed.gcs, now, drain_deadline_s, ev, tick=tick
+            spec, result, observed.gcs, now, policy.deadlines.drain_deadline_s, ev, mono_s=mono
         )
     except PatchError as err:
         return Decision(
-            result, (), spec, observed.gcs, error=str(err), now=now, tick=tick, evidence=ev
+            result, (), spec, observed.gcs, error=str(err), now=now, mono_s=mono, evidence=ev
         )
     return Decision(
-        result, writes, spec, observed.gcs, now=now, tick=tick, evidence=ev, blocked=blocked
+        result, writes, spec, observed.gcs, now=now, mono_s=mono, evidence=ev, blocked=blocked
     )
 
 

@@ -22,8 +22,8 @@ class Decision:
     gcs: RayObservation | None = None
     error: str | None = None  # the plan no longer fits the object (replan)
     now: datetime | None = None  # when it was decided, wall clock (what Ray reads, people see)
-    # ... and on the monotonic clock (`tick_of`): what deadlines and backoffs are judged by.
-    tick: datetime | None = None
+    # ... and on the monotonic clock (seconds, `mono_of`): what timers are judged by.
+    mono_s: float | None = None
     evidence: Evidence | None = None  # what the deletion gate judges pods by
     # Deletions the gate dropped from the plan a planner path made: non-zero is a planner bug.
     blocked: tuple[Blocked, ...] = ()

@@ -13,7 +13,7 @@ from datetime import datetime
 from types import MappingProxyType
 
 from kuberay_scaler.core.model.cluster import ClusterSpec
-from kuberay_scaler.core.model.plan import DeleteKind, Plan, SliceDeletion, shown
+from kuberay_scaler.core.model.plan import DeleteKind, Plan, SliceDeletion, mono_of, shown
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.patch.intent import clear_ops, record_ops, with_record
 from kuberay_scaler.core.patch.ops import Op, build_patch
@@ -64,10 +64,11 @@ def writes_for(
     drain_deadline_s: float,
     ev: Evidence,
     *,
-    tick: datetime | None = None,
+    mono_s: float | None = None,
 ) -> tuple[Plan, tuple[Write, ...], tuple[Blocked, ...]]:
     """The plan past the gate, and its record → drains → patch; raises PatchError. `now` is
-    the wall clock (the drain deadlines Ray reads), `tick` the monotonic one (`tick_of`).
+    the wall clock (the drain deadlines Ray reads), `mono_s` the monotonic one (`mono_of`;
+    None: `now` stands in).
 
     The gate runs before any drain is sent (every drain assumed accepted): a slice it would
     refuse is not drained at all, so no host of it exits for nothing.
@@ -75,14 +76,14 @@ def writes_for(
     if not result.changes:
         stale = _stale_record(spec, result)
         return result, ((Patch(tuple(stale)),) if stale else ()), ()
-    tick = tick or now
+    mono = mono_of(mono_s, now)
     cluster_id = gcs.cluster_id if gcs else None
     deadline_ms = int((now.timestamp() + drain_deadline_s) * 1000)
-    drains = _drains(result, cluster_id, deadline_ms, ev, tick)
-    result, blocked = gate(result, ev, assumed_accepted(drains), tick)
+    drains = _drains(result, cluster_id, deadline_ms, ev, mono)
+    result, blocked = gate(result, ev, assumed_accepted(drains), mono)
     kept = {(x.group, x.slice_key) for x in _drained_first_deletions(result)}
     drains = [d for d in drains if (d.group, d.slice_key) in kept]
-    draining = _slices_to_drain(result, ev, tick)
+    draining = _slices_to_drain(result, ev, mono)
     writes: list[Write] = []
     base = spec
     if draining and not _recorded(spec, draining):
@@ -94,7 +95,7 @@ def writes_for(
         )
         base = with_record(spec, draining)
     writes += drains
-    writes += _preemptions(result, cluster_id, tick, now)
+    writes += _preemptions(result, cluster_id, mono, now)
     ops = _patch_ops(base, result)
     if ops:
         writes.append(Patch(tuple(ops)))
@@ -132,19 +133,19 @@ def _drained_first_deletions(result: Plan) -> list[_Ref]:
     ]
 
 
-def _slices_to_drain(result: Plan, ev: Evidence, now: datetime) -> dict[str, list[str]]:
+def _slices_to_drain(result: Plan, ev: Evidence, mono_s: float) -> dict[str, list[str]]:
     """Slices to record as draining; one whose notice is over gets no drain, so no record."""
     out: dict[str, list[str]] = {}
     for ref in _drained_first_deletions(result):
-        if not _notice_over(ref.deletion, ev, now):
+        if not _notice_over(ref.deletion, ev, mono_s):
             out.setdefault(ref.group, []).append(ref.slice_key)
     return out
 
 
-def _notice_over(x: SliceDeletion, ev: Evidence, now: datetime) -> bool:
+def _notice_over(x: SliceDeletion, ev: Evidence, mono_s: float) -> bool:
     """Its preemption notice is over (the gate's (d)): deleted without another drain."""
     deadline = ev.deadlines.get(x.slice_key)
-    return deadline is not None and deadline <= now
+    return deadline is not None and deadline <= mono_s
 
 
 def _recorded(spec: ClusterSpec, draining: Mapping[str, list[str]]) -> bool:
@@ -173,9 +174,7 @@ def _stale_record(spec: ClusterSpec, result: Plan) -> list[Op]:
     return [] if waiting else clear_ops(spec)  # a slice still to finish keeps its record
 
 
-def _preemptions(
-    result: Plan, cluster_id: str | None, tick: datetime, now: datetime
-) -> list[Drain]:
+def _preemptions(result: Plan, cluster_id: str | None, mono_s: float, now: datetime) -> list[Drain]:
     """Busy slices to drain for preemption, with the deadline the planner keeps for them (on the
     monotonic clock; Ray is told it on the wall clock)."""
     return [
@@ -185,7 +184,7 @@ def _preemptions(
             node_ids=x.node_ids,
             cluster_id=cluster_id,
             deadline_ms=int(
-                shown(result.memory.preempting[x.slice_key], tick, now).timestamp() * 1000
+                shown(result.memory.preempting[x.slice_key], mono_s, now).timestamp() * 1000
             ),
             message=f"kuberay-scaler: {x.reason}",
             preempt=True,
@@ -198,12 +197,12 @@ def _preemptions(
 
 
 def _drains(
-    result: Plan, cluster_id: str | None, deadline_ms: int, ev: Evidence, now: datetime
+    result: Plan, cluster_id: str | None, deadline_ms: int, ev: Evidence, mono_s: float
 ) -> list[Drain]:
     out = []
     for ref in _drained_first_deletions(result):
         x = ref.deletion
-        if _notice_over(x, ev, now):
+        if _notice_over(x, ev, mono_s):
             # An idle-termination drain here would find it busy and keep it, forever.
             continue
         node_ids = ev.alive_node_ids(x.pods)  # every live raylet of the pods, duplicates too

@@ -17,7 +17,7 @@ from kuberay_scaler.core.model.availability import (
 from kuberay_scaler.core.model.cluster import ClusterSpec, Problem
 from kuberay_scaler.core.model.gangs import GangLine
 from kuberay_scaler.core.model.hosts import Host, HostClock
-from kuberay_scaler.core.model.ray import GangDemand, TaskDemand
+from kuberay_scaler.core.model.ray import GangDemand, TaskDemand, epoch_ms
 from kuberay_scaler.core.model.reasons import (
     Action,
     Demand,
@@ -38,20 +38,54 @@ from kuberay_scaler.core.model.slices import Slice, SliceMap
 _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
-def tick_of(mono_s: float | None, now: datetime) -> datetime:
-    """The planner's monotonic reading as an instant: every duration that licenses a
-    deletion (broken-busy age, preemption deadlines, idle age, replace and refused-drain
-    backoffs) is measured on it, never on the wall clock `now`, so an NTP step cannot shorten
-    or stretch one. A `datetime` only so the timers keep their arithmetic: `mono_s` seconds
-    after the epoch. The daemon passes time.monotonic(); one-shot use (`plan`, tests) passes
-    nothing and the wall clock stands in for it (one reading: the two cannot diverge)."""
-    return now if mono_s is None else _EPOCH + timedelta(seconds=mono_s)
+def mono_of(mono_s: float | None, now: datetime) -> float:
+    """The planner's monotonic reading in seconds: every timer in `Memory` and every duration
+    that licenses a deletion (broken-busy age, preemption deadlines, idle age, replace and
+    refused-drain backoffs, availability, disruption, queue and reservation timers) is measured
+    on it, never on the wall clock `now`, so an NTP step cannot shorten or stretch one. The
+    daemon passes time.monotonic(); one-shot use (`plan`, tests) passes nothing and the wall
+    clock stands in for it (seconds since the epoch, a naive `now` read as UTC: one reading,
+    the two cannot diverge)."""
+    if mono_s is not None:
+        return mono_s
+    return ((now if now.tzinfo is not None else now.replace(tzinfo=UTC)) - _EPOCH).total_seconds()
 
 
-def shown(instant: datetime, tick: datetime, now: datetime) -> datetime:
-    """A monotonic-clock instant (a deadline, a backoff's end) on the wall clock, for people
-    and for Ray: as far from `now` as it is from `tick`."""
-    return now + (instant - tick)
+def mono_ms(mono: float) -> int:
+    """A monotonic reading in whole milliseconds, the clock idle-since times are kept on (the
+    daemon stamps GCS replies on it; exact to the microsecond, as `epoch_ms`)."""
+    return epoch_ms(_EPOCH + timedelta(seconds=mono))
+
+
+def seconds_until(instant: float, mono: float) -> float:
+    """Seconds from the reading `mono` to the timer's `instant`, to the microsecond (what a
+    plan says and wakes for carries no float noise of the clock's magnitude)."""
+    return round(instant - mono, 6)
+
+
+def shown(instant: float, mono: float, now: datetime) -> datetime:
+    """A monotonic-clock instant (a deadline, a backoff's end, seconds) on the wall clock, for
+    people and for Ray: as far from `now` as it is from the reading `mono`."""
+    return now + timedelta(seconds=instant - mono)
+
+
+@dataclass(frozen=True)
+class At:
+    """One planning moment on both clocks: `now` (wall: pods' timestamps, what Ray reads,
+    what people see) and `mono_s` (monotonic seconds, `mono_of`: every timer in Memory, idle
+    age)."""
+
+    now: datetime
+    mono_s: float
+
+    def shown(self, instant: float) -> datetime:
+        """A timer's instant (monotonic seconds) on the wall clock."""
+        return shown(instant, self.mono_s, self.now)
+
+    @property
+    def mono_ms(self) -> int:
+        """The monotonic reading in ms: what idle-since times are compared with."""
+        return mono_ms(self.mono_s)
 
 
 class DeleteKind(StrEnum):
@@ -177,9 +211,9 @@ class Infeasible:
 @dataclass(frozen=True)
 class ReplaceBackoff:
     """A group that replaced broken slices recently: the next replacement waits until `until`
-    (monotonic, `tick_of`)."""
+    (monotonic seconds, `mono_of`)."""
 
-    until: datetime
+    until: float
     failures: int  # consecutive replacements; the next delay grows with it
     replaced: int  # slices replaced the last time
 
@@ -196,9 +230,9 @@ class ReservationMark:
 class RefusedDrain:
     """A slice whose drain every host refused (or failed): retried only once its Ray idle state
     changes (a host's idle-since moved later: it was busy and is idle again; or its nodes
-    differ) or at `until` (monotonic, `tick_of`), whichever comes first."""
+    differ) or at `until` (monotonic seconds, `mono_of`), whichever comes first."""
 
-    until: datetime
+    until: float
     # node id → since when Ray said it was idle (epoch ms) when the drain was refused
     idle_since_ms: Mapping[str, int]
     failures: int  # consecutive refused rounds; the wait doubles with each
@@ -208,7 +242,8 @@ class RefusedDrain:
 class Memory:
     """What the planner carries between loops. The loop keeps it; the planner returns a new one.
 
-    Every instant in it is on the monotonic clock (`tick_of`), never the wall clock. A daemon
+    Every timer in it is an instant on the monotonic clock in seconds (`mono_of`), never the
+    wall clock (shown to people through `shown`). A daemon
     restart is a new monotonic clock and starts with an empty Memory, so each timer starts
     again, never shorter than the truth: a slice being drained is finished from the draining
     record on the RayCluster (restart adoption, `draining`), a preemption drain is sent again
@@ -226,12 +261,12 @@ class Memory:
     draining: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     # Busy slices above maxReplicas drained for preemption: slice key → when the drain's time is
     # up (kept by the planner; a restart forgets it and drains again, so the wait only grows).
-    preempting: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+    preempting: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # Slices whose drain was refused lately (slice key → when to retry at the latest).
     refused: Mapping[str, RefusedDrain] = field(default_factory=lambda: MappingProxyType({}))
     # Broken slices kept because a host is busy: slice key → since when (bounded, see
     # KUBERAY_SCALER_BROKEN_BUSY_MAX_S).
-    broken_busy_since: Mapping[str, datetime] = field(default_factory=lambda: MappingProxyType({}))
+    broken_busy_since: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # Groups that added a slice lately: group → when it was planned (the planner's `mono_s`,
     # monotonic seconds); no idle slice of theirs leaves for the scale-down delay after it.
     scaled_up_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
@@ -292,7 +327,7 @@ class Plan:
     # broken-busy bound, a replace or refused-drain backoff) or a group's provisioning
     # deadline or capacity grace: see `next_wake_s`.
     deadline_s: float | None = None
-    # When it was planned, on the clock idle-since times are kept on (`tick_of`, in ms; the
+    # When it was planned, on the clock idle-since times are kept on (`mono_ms`, in ms; the
     # daemon stamps GCS replies on the monotonic clock): its documents' idle durations are as of
     # then.
     now_ms: int = 0

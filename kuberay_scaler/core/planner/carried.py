@@ -7,13 +7,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
 from kuberay_scaler.core.model.availability import GroupAvailability
 from kuberay_scaler.core.model.cluster import ClusterSpec
-from kuberay_scaler.core.model.plan import GroupDecision, Infeasible, Memory, ReplaceBackoff
+from kuberay_scaler.core.model.plan import (
+    GroupDecision,
+    Infeasible,
+    Memory,
+    ReplaceBackoff,
+    seconds_until,
+)
 from kuberay_scaler.core.model.reasons import (
     Demand,
     Hold,
@@ -31,7 +36,7 @@ from kuberay_scaler.core.planner.gang_deadline import GangDeadlines
 from kuberay_scaler.core.planner.group_decision import GroupOutcome
 from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.core.planner.queues import Queues
-from kuberay_scaler.core.planner.replace import live_backoff
+from kuberay_scaler.core.planner.replace import FORGET_AFTER_S, live_backoff
 from kuberay_scaler.core.planner.rooms import Fitted
 
 
@@ -49,16 +54,16 @@ class StageResults:
 
 
 def memory_after(
-    memory: Memory, stages: StageResults, slice_map: SliceMap, spec: ClusterSpec, tick: datetime
+    memory: Memory, stages: StageResults, slice_map: SliceMap, spec: ClusterSpec, mono_s: float
 ) -> Memory:
     """Memory after this plan: each stage's delta folded into last plan's."""
     outcomes, disrupted = stages.outcomes, stages.disrupted
     return replace(
         memory,
-        backoff=backoff_after(memory, outcomes, tick),
+        backoff=backoff_after(memory, outcomes, mono_s),
         preempting=preempting_after(memory, outcomes, disrupted, slice_map),
         broken_busy_since=broken_busy_after(outcomes),
-        refused=MappingProxyType(live_refused(memory, slice_map, tick)),
+        refused=MappingProxyType(live_refused(memory, slice_map, mono_s)),
         availability=kept_availability(stages.judged, memory, spec),
         scaled_up_at=MappingProxyType(
             {x.decision.group: x.scaled_up_at for x in disrupted if x.scaled_up_at is not None}
@@ -74,35 +79,35 @@ def memory_after(
     )
 
 
-def next_deadline_s(memory: Memory, policy: Policy, tick: datetime) -> float | None:
-    """Seconds from `tick` until the first timer in `memory` runs out (preemption notices, the
+def next_deadline_s(memory: Memory, policy: Policy, mono_s: float) -> float | None:
+    """Seconds from `mono_s` until the first timer in `memory` runs out (preemption notices, the
     broken-busy bound, replace and refused-drain backoffs); None when none is ahead. Each is a
     decision time alone brings, so the loop wakes for it (`Plan.next_wake_s`)."""
     ends = [
         *memory.preempting.values(),
         *(
-            since + timedelta(seconds=policy.broken_busy_max_s)
+            since + policy.deadlines.broken_busy_max_s
             for since in memory.broken_busy_since.values()
         ),
         *(b.until for b in memory.backoff.values()),
         *(r.until for r in memory.refused.values()),
     ]
-    ahead = [(end - tick).total_seconds() for end in ends if end > tick]
+    ahead = [seconds_until(end, mono_s) for end in ends if end > mono_s]
     return min(ahead) if ahead else None
 
 
 def backoff_after(
-    memory: Memory, outcomes: Sequence[GroupOutcome], tick: datetime
+    memory: Memory, outcomes: Sequence[GroupOutcome], mono_s: float
 ) -> Mapping[str, ReplaceBackoff]:
     """Last plan's replace backoffs with each group's new one (still live)."""
     backoff = dict(memory.backoff)
     for o in outcomes:
         if o.replaced.backoff is not None:
             backoff[o.decision.group] = o.replaced.backoff
-    return MappingProxyType(live_backoff(backoff, tick))
+    return MappingProxyType(live_backoff(backoff, mono_s))
 
 
-def broken_busy_after(outcomes: Sequence[GroupOutcome]) -> Mapping[str, datetime]:
+def broken_busy_after(outcomes: Sequence[GroupOutcome]) -> Mapping[str, float]:
     """Broken-busy slices kept this plan, slice key → since (the bound runs from then)."""
     return MappingProxyType(
         {k: v for o in outcomes for k, v in o.replaced.broken_busy_since.items()}
@@ -114,10 +119,10 @@ def preempting_after(
     outcomes: Sequence[GroupOutcome],
     disrupted: Sequence[Disrupted],
     slice_map: SliceMap,
-) -> Mapping[str, datetime]:
+) -> Mapping[str, float]:
     """The preemption deadlines after this plan: the surplus path's, the broken-busy bound's,
     the disruption stage's; and last plan's of slices still there the surplus path did not judge."""
-    preempting: dict[str, datetime] = {}
+    preempting: dict[str, float] = {}
     for o in outcomes:
         preempting.update(o.surplus_preempting)
     for o in outcomes:
@@ -150,13 +155,13 @@ def slice_keys(slice_map: SliceMap) -> set[str]:
     return {s.key for gs in slice_map.groups.values() for s in gs.slices}
 
 
-def live_refused(memory: Memory, slice_map: SliceMap, now: datetime) -> dict[str, Any]:
+def live_refused(memory: Memory, slice_map: SliceMap, mono_s: float) -> dict[str, Any]:
     """Refused-drain backoffs of slices that still exist (forgotten a while after they end)."""
     if not memory.refused:
         return {}
     keys = slice_keys(slice_map)
     return {
-        k: v for k, v in memory.refused.items() if k in keys and v.until + timedelta(hours=1) > now
+        k: v for k, v in memory.refused.items() if k in keys and v.until + FORGET_AFTER_S > mono_s
     }
 
 
@@ -190,7 +195,7 @@ def settling(
     if not used:
         return decisions, None
     hosts = Counter(b.group for b, _ in used)
-    detail = f"{policy.join_settle_s:g}s"
+    detail = f"{policy.deadlines.join_settle_s:g}s"
     out = [
         replace(
             d, reasons=(*d.reasons, Hold(HoldKind.JOIN_SETTLING, d.group, detail, hosts[d.group]))

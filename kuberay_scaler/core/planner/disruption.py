@@ -31,17 +31,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import MappingProxyType
 
 from kuberay_scaler.core.defaults import MAINTENANCE_REPLACE_AHEAD_S
 from kuberay_scaler.core.model.cluster import Budget
 from kuberay_scaler.core.model.plan import (
+    At,
     DeleteKind,
     GroupDecision,
     GroupRules,
     Memory,
     SliceDeletion,
+    seconds_until,
 )
 from kuberay_scaler.core.model.reasons import (
     Disruption,
@@ -82,7 +84,7 @@ class Disrupted:
     decision: GroupDecision
     scaled_up_at: float | None  # when the group last added a slice (monotonic); None: forget
     replaced_ahead: tuple[str, ...]  # going slices that have their replacement
-    preempting: Mapping[str, datetime]  # going slices drained for preemption → deadline
+    preempting: Mapping[str, float]  # going slices drained for preemption → deadline
     disrupted: tuple[str, ...] = ()  # going slices drained for preemption (this plan or before)
 
 
@@ -125,19 +127,16 @@ def disruption_stage(
     rules: DisruptionRules,
     memory: Memory,
     needed: Set[SliceRef],
-    now: datetime,
-    mono_s: float,
+    at: At,
     *,
     maintenance: Mapping[str, NodeMaintenance] = _NO_NODES,
-    wall: datetime | None = None,
-    wall_shift: timedelta = timedelta(0),
 ) -> Disrupted:
     """Apply the disruption rules to one group's decision (see the module docstring).
 
-    `now`: the monotonic tick (`tick_of`): preemption deadlines are kept on it
-    (Memory.preempting), and `now + wall_shift` is the wall clock the reasons show them on;
-    `wall`: the wall clock the maintenance windows are compared with (None: `now` stands for
-    it); `maintenance`: node name → its announcement."""
+    `at.mono_s`: the monotonic clock (seconds) preemption deadlines (Memory.preempting) and the
+    scale-down delay are kept on; `at.now`: the wall clock the reasons show them on and the
+    maintenance windows are compared with; `maintenance`: node name → its announcement."""
+    mono_s = at.mono_s
     name = decision.group
     if decision.held is not None and decision.held.kind is not HoldKind.WORKERS_TO_DELETE_PENDING:
         # Held (e.g. our last write unseen): nothing decided, nothing forgotten.
@@ -147,8 +146,8 @@ def disruption_stage(
         return Disrupted(
             shown, memory.scaled_up_at.get(name), _ahead_kept(memory, slices), {}, kept
         )
-    nodes = _nodes(slices, maintenance, rules, now if wall is None else wall)
-    going = _going(decision, slices, rules, memory, needed, now, nodes, wall_shift)
+    nodes = _nodes(slices, maintenance, rules, at.now)
+    going = _going(decision, slices, rules, memory, needed, at, nodes)
     first = _maintenance_first(going.step.decision, slices, nodes, needed)
     step = _do_not_disrupt(first.decision, slices, nodes.going)
     # A slice added ahead for a going one is no growth: it does not start the delay (the going
@@ -202,7 +201,7 @@ def _ahead_kept(memory: Memory, slices: GroupSlices) -> tuple[str, ...]:
 class _Going:
     step: _Step
     ahead: tuple[str, ...]  # going slices that have their replacement (this plan or before)
-    preempting: Mapping[str, datetime]
+    preempting: Mapping[str, float]
     drained: tuple[str, ...]  # going slices drained for preemption (this plan or before)
 
 
@@ -212,9 +211,8 @@ def _going(
     rules: DisruptionRules,
     memory: Memory,
     needed: Set[SliceRef],
-    now: datetime,
+    at: At,
     nodes: _Nodes,
-    wall_shift: timedelta,
 ) -> _Going:
     handled = {x.slice_key for x in (*decision.deletions, *decision.preempt)}
     going = [
@@ -222,8 +220,8 @@ def _going(
         for s in slices.slices
         if s.key in nodes.causes and s.state is not SliceState.TERMINATING and s.key not in handled
     ]
-    abandoned = _abandoned(slices, memory, handled, now, nodes.going, wall_shift)
-    drains = tuple(_drain(s, rules, memory, now, nodes, wall_shift) for s in going)
+    abandoned = _abandoned(slices, memory, handled, at, nodes.going)
+    drains = tuple(_drain(s, rules, memory, at, nodes) for s in going)
     preempt = tuple(d.drain for d in drains if d.new)
     deadlines = {
         d.drain.slice_key: d.deadline
@@ -259,9 +257,8 @@ def _abandoned(
     slices: GroupSlices,
     memory: Memory,
     handled: Set[str],
-    now: datetime,
+    at: At,
     going: Set[str],
-    wall_shift: timedelta,
 ) -> _Abandoned:
     """Slices drained for a disruption that did not happen (DisruptionTarget cleared: the
     pod was not deleted after all). Ray has no undrain: their hosts stay DRAINING, so once
@@ -276,10 +273,10 @@ def _abandoned(
             continue
         if sl.state is SliceState.TERMINATING or sl.key in handled:
             continue
-        if deadline > now:
-            at = (deadline + wall_shift).isoformat()  # kept on the tick, shown on the wall
-            until = f"its hosts stay drained; replaced whole at {at}"
-            wait_s = (deadline - now).total_seconds()  # the loop plans again then
+        if deadline > at.mono_s:
+            on_wall = at.shown(deadline).isoformat()  # kept monotonic, shown on the wall
+            until = f"its hosts stay drained; replaced whole at {on_wall}"
+            wait_s = seconds_until(deadline, at.mono_s)  # the loop plans again then
             reasons.append(
                 Disruption(DisruptionKind.ABANDONED, sl.key, detail=until, wait_s=wait_s)
             )
@@ -298,7 +295,7 @@ def _abandoned(
 @dataclass(frozen=True)
 class _Drain:
     drain: SliceDeletion
-    deadline: datetime  # on the monotonic tick (Memory.preempting)
+    deadline: float  # monotonic seconds (Memory.preempting)
     new: bool  # not drained before
 
 
@@ -306,12 +303,11 @@ def _drain(
     sl: Slice,
     rules: DisruptionRules,
     memory: Memory,
-    now: datetime,
+    at: At,
     nodes: _Nodes,
-    wall_shift: timedelta,
 ) -> _Drain:
     """The preemption drain of a going slice; its reason says the deadline on the wall clock.
-    For maintenance the deadline is the window's start (on the tick's clock), at most the
+    For maintenance the deadline is the window's start (on the monotonic clock), at most the
     preemption deadline away; for a tainted node, the preemption deadline."""
     known = memory.preempting.get(sl.key)
     cause = nodes.causes[sl.key]
@@ -319,8 +315,8 @@ def _drain(
     lead_s = rules.preempt_deadline_s
     if window is not None and not window.impending and window.window_start_ms is not None:
         lead_s = min(lead_s, max(0.0, window.window_start_ms / 1000 - nodes.wall.timestamp()))
-    deadline = known or now + timedelta(seconds=lead_s)
-    on_wall = deadline + wall_shift
+    deadline = at.mono_s + lead_s if known is None else known
+    on_wall = at.shown(deadline)
     if window is not None:
         why = ScaleDown(
             ScaleDownKind.MAINTENANCE, sl.key, len(sl.hosts), deadline=on_wall, detail=cause.detail

@@ -1,37 +1,22 @@
-"""One planning frame's givens besides the cluster: the moment on both clocks, and the
-capacity news (Events, maintenance, the monotonic reading). Frozen values, read by stages."""
+"""One planning frame's givens besides the cluster and the moment (`model/plan.py` `At`, both
+clocks): the capacity news (Events, maintenance). Frozen values, read by stages."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from types import MappingProxyType
 
 from kuberay_scaler.core.model.cluster import Problem
-from kuberay_scaler.core.model.plan import shown
 from kuberay_scaler.core.model.reasons import PlanProblem, ProblemKind
 from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 
 
 @dataclass(frozen=True)
-class At:
-    """One planning moment on both clocks: `now` (wall: pods' timestamps, what Ray reads,
-    what people see) and `tick` (monotonic, `tick_of`: every timer in Memory, idle age)."""
-
-    now: datetime
-    tick: datetime
-
-    def shown(self, instant: datetime) -> datetime:
-        return shown(instant, self.tick, self.now)
-
-
-@dataclass(frozen=True)
 class News:
-    """This frame's capacity news: the Events and the daemon's monotonic reading."""
+    """This frame's capacity news: the Events and GKE maintenance."""
 
     events: tuple[CapacityEvent, ...] = ()
-    mono_s: float = 0.0
     # GKE maintenance on nodes, node name → announcement (empty without the nodes permission).
     maintenance: Mapping[str, NodeMaintenance] = field(default_factory=lambda: MappingProxyType({}))
 

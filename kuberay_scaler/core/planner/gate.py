@@ -40,7 +40,7 @@ from kuberay_scaler.core.model.reasons import Keep, KeepKind, Reason, ScaleDown
 SliceRef = tuple[str, str]  # (group, slice key)
 
 
-def _no_deadlines() -> Mapping[str, datetime]:
+def _no_deadlines() -> Mapping[str, float]:
     return MappingProxyType({})
 
 
@@ -53,7 +53,8 @@ class Evidence:
     ray_known: bool  # a fresh GCS reply was planned from
     clock: HostClock
     grace_s: float  # the liveness grace (KUBERAY_SCALER_MISSING_NODE_GRACE_S)
-    deadlines: Mapping[str, datetime] = field(default_factory=_no_deadlines)  # preemption
+    # Preemption deadlines, slice key → monotonic seconds (Memory.preempting).
+    deadlines: Mapping[str, float] = field(default_factory=_no_deadlines)
     # The pod cache's uids as of the last read (pod name → uid); None: not read (the plan as
     # `plan` shows it, or before the drains). A pod whose uid differs from the plan's is new.
     uids_now: Mapping[str, str] | None = None
@@ -91,7 +92,7 @@ def evidence_for(
     clock: HostClock | None,
     grace_s: float,
     now: datetime,
-    deadlines: Mapping[str, datetime] | None = None,
+    deadlines: Mapping[str, float] | None = None,
 ) -> Evidence:
     hosts = hosts if isinstance(hosts, tuple) else tuple(hosts)
     if clock is None:  # one-shot use (offline `plan`): the pods' own timestamps
@@ -123,14 +124,15 @@ def _by_name(hosts: tuple[Host, ...]) -> Mapping[str, Host]:
 
 
 def pod_blocker(
-    pod: str, slice_key: str, ev: Evidence, accepted: frozenset[str], now: datetime
+    pod: str, slice_key: str, ev: Evidence, accepted: frozenset[str], mono_s: float
 ) -> KeepKind | None:
-    """Why `pod` may not be named in workersToDelete now; None when it may."""
+    """Why `pod` may not be named in workersToDelete now (`mono_s`: the monotonic reading
+    the preemption deadlines are judged at); None when it may."""
     host = ev.hosts.get(pod)
     if host is not None and _recreated(host, ev):
         return KeepKind.GATE_POD_REPLACED  # not the pod planned for, whatever the deadline
     deadline = ev.deadlines.get(slice_key)
-    if deadline is not None and deadline <= now:
+    if deadline is not None and deadline <= mono_s:
         return None  # (d)
     if host is None:
         return KeepKind.GATE_POD_UNKNOWN
@@ -197,15 +199,16 @@ def deletion_path(x: SliceDeletion) -> str:
 
 
 def gate(
-    plan: Plan, ev: Evidence, accepted: frozenset[str], now: datetime
+    plan: Plan, ev: Evidence, accepted: frozenset[str], mono_s: float
 ) -> tuple[Plan, tuple[Blocked, ...]]:
-    """`plan` without the deletions the gate refuses, and what it refused."""
+    """`plan` without the deletions the gate refuses, and what it refused (at the monotonic
+    reading `mono_s`)."""
     blocked: list[Blocked] = []
     dropped: dict[SliceRef, Reason] = {}
     for d in plan.groups:
         for x in d.deletions:
             for pod in x.pods:
-                kind = pod_blocker(pod, x.slice_key, ev, accepted, now)
+                kind = pod_blocker(pod, x.slice_key, ev, accepted, mono_s)
                 if kind is not None:
                     blocked.append(Blocked(d.group, x.slice_key, pod, kind, deletion_path(x)))
                     dropped[(d.group, x.slice_key)] = Keep(kind, slice=x.slice_key, detail=pod)

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 
 from kuberay_scaler.core.model.cluster import ClusterSpec
 from kuberay_scaler.core.model.plan import (
+    At,
     DeleteKind,
     GroupDecision,
     RefusedDrain,
     ReplaceBackoff,
     SliceDeletion,
 )
-from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.model.reasons import (
     Reason,
     RunsMaxReplicas,
@@ -25,7 +24,6 @@ from kuberay_scaler.core.model.reasons import (
 from kuberay_scaler.core.model.slices import GroupSlices
 from kuberay_scaler.core.planner.cancel import Cancelled
 from kuberay_scaler.core.planner.explain import why_unchanged
-from kuberay_scaler.core.planner.frame import At
 from kuberay_scaler.core.planner.gate import Evidence
 from kuberay_scaler.core.planner.group_cancels import Cancellations, group_cancellations
 from kuberay_scaler.core.planner.groups import GroupNotes
@@ -54,7 +52,7 @@ class Judging:
     ev: Evidence
     busy: BrokenBusy
     backoff: Mapping[str, ReplaceBackoff]
-    preempting: Mapping[str, datetime]  # preemption deadlines known (Memory.preempting)
+    preempting: Mapping[str, float]  # preemption deadlines known (Memory.preempting)
     refused: Mapping[str, RefusedDrain]
 
 
@@ -63,7 +61,7 @@ class GroupOutcome:
     """One group's decision and its memory delta (preemption deadlines; replacements)."""
 
     decision: GroupDecision
-    surplus_preempting: Mapping[str, datetime] = field(default_factory=dict)
+    surplus_preempting: Mapping[str, float] = field(default_factory=dict)
     replaced: Replaced = field(default_factory=Replaced)
 
 
@@ -110,14 +108,12 @@ def _base(g: GroupNotes) -> GroupDecision:
 
 def _above_max(g: GroupNotes, judging: Judging) -> Surplus | None:
     """The surplus removals of a group running more slices than maxReplicas, else None."""
-    at = judging.at
     surplus = surplus_removals(
         g.slices,
         judging.preempting,
-        judging.policy.preempt_deadline_s,
-        at.tick,
+        judging.policy.deadlines.preempt_deadline_s,
+        judging.at,
         judging.ev,
-        wall_shift=at.now - at.tick,
     )
     return surplus if surplus.running > g.slices.group.max_replicas else None
 
@@ -152,12 +148,11 @@ def _removals(
     replaced = replacements(
         _without_slices(g.slices, cancels.unavailable.keys | released),
         judging.backoff,
-        policy.replace_backoff_s,
-        policy.max_backoff_s,
-        at.tick,
+        policy.deadlines.replace_backoff_s,
+        policy.deadlines.replace_max_backoff_s,
+        at,
         judging.busy,
         judging.ev,
-        wall_shift=at.now - at.tick,
     )
     idle = _idle(g, fit, judging, queue, cancels)
     return Removals(
@@ -198,10 +193,9 @@ def _idle(
         _without_slices(g.slices, frozenset(x.slice_key for x in g.released)),
         keep,
         shielded,
-        idle_timeout(group, judging.spec, judging.policy.idle_timeout_override_s),
+        idle_timeout(group, judging.spec, judging.policy.deadlines.idle_timeout_override_s),
         judging.refused,
-        judging.at.tick,
-        wall_shift=judging.at.now - judging.at.tick,
+        judging.at,
     )
 
 
@@ -231,8 +225,8 @@ def _settled(
     if decision.changes or g.hold_down:
         return decision
     # Nothing changes: say why, slice kind by slice kind (busy, idle below the timeout, ...).
-    timeout_s = idle_timeout(group, judging.spec, judging.policy.idle_timeout_override_s)
-    steady = why_unchanged(g.slices, judging.needed, timeout_s, epoch_ms(judging.at.tick))
+    timeout_s = idle_timeout(group, judging.spec, judging.policy.deadlines.idle_timeout_override_s)
+    steady = why_unchanged(g.slices, judging.needed, timeout_s, judging.at.mono_ms)
     return replace(decision, reasons=(*decision.reasons, *steady))
 
 

@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from kuberay_scaler.core.liveness import HostClock
 from kuberay_scaler.core.model.availability import GroupAvailability
-from kuberay_scaler.core.model.plan import Memory, SliceDeletion, Snapshot
+from kuberay_scaler.core.model.plan import At, Memory, SliceDeletion, Snapshot
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import (
     ClearWorkersToDelete,
@@ -100,7 +100,7 @@ def availability_stage(
     ray: RayState | None,
     memory: Memory,
     policy: Policy,
-    now: datetime,
+    at: At,
     news: News,
 ) -> AvailabilityResult:
     """Each group's availability this frame, from the capacity Events (planner/availability.py)."""
@@ -109,8 +109,8 @@ def availability_stage(
         news.events,
         memory.availability,
         policy.availability(),
-        news.mono_s,
-        host_clock(snapshot, ray, now),
+        at.mono_s,
+        host_clock(snapshot, ray, at.now),
         held=tuple(memory.awaiting_write),
     )
 
@@ -159,7 +159,7 @@ def gang_stage(
         shapes_of(groups),
         judged.groups,
         host_clock(snapshot, ray, now),
-        policy.timeouts.max_provision_s,
+        policy.deadlines.max_provision_s,
         eligible,
     )
 
@@ -171,12 +171,12 @@ def with_gangs(groups: Notes, gangs: GangDeadlines) -> Notes:
     return with_reasons(marked, {n: tuple(gangs.kept_in(n)) for n in marked})
 
 
-def replacing(groups: Notes, memory: Memory, now: datetime) -> set[str]:
+def replacing(groups: Notes, memory: Memory, mono_s: float) -> set[str]:
     """Groups whose broken slices this plan replaces (see `replacements`)."""
     return {
         name
         for name, g in groups.items()
-        if not g.hold_all and not g.hold_down and not backing_off(memory.backoff, name, now)
+        if not g.hold_all and not g.hold_down and not backing_off(memory.backoff, name, mono_s)
     }
 
 

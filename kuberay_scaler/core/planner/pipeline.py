@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from types import MappingProxyType
 
-from kuberay_scaler.core.model.plan import Memory, Plan, Snapshot, tick_of
+from kuberay_scaler.core.model.plan import At, Memory, Plan, Snapshot, mono_of
 from kuberay_scaler.core.model.ray import RayState, epoch_ms
 from kuberay_scaler.core.model.reasons import Hold, HoldKind, PlanProblem, ProblemKind
 from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
@@ -32,7 +32,7 @@ from kuberay_scaler.core.planner.carried import (
     waits_on_existing,
 )
 from kuberay_scaler.core.planner.disruption import Disrupted, disruption_stage
-from kuberay_scaler.core.planner.frame import At, News, problems_of
+from kuberay_scaler.core.planner.frame import News, problems_of
 from kuberay_scaler.core.planner.gang_deadline import GangDeadlines
 from kuberay_scaler.core.planner.gate import Evidence, evidence_for
 from kuberay_scaler.core.planner.group_decision import GroupOutcome, Judging, decide_group
@@ -80,16 +80,16 @@ def plan(
     and the others are planned without it (one bad group never stops the others).
 
     `now`: the wall clock, for what Ray and Kubernetes read and people see. `mono_s`: the
-    monotonic clock, for every duration that licenses a deletion (`tick_of`; None: `now`).
+    monotonic clock, for every duration that licenses a deletion (`mono_of`; None: `now`).
     `evidence`: the deletion gate's evidence for exactly these inputs, when the caller already
     built it (`decide()` does, so it is built once per frame); otherwise built here.
     `events`: capacity Events, oldest first (availability backoffs run on `mono_s` too).
     `maintenance`: GKE maintenance announced on nodes (node name → window), where readable.
     `memo`: the caller's frame memo (FrameMemo, carried across its frames); None: a cold one.
     The plan is the same either way."""
-    at = At(now, tick_of(mono_s, now))
-    mono = now.timestamp() if mono_s is None else mono_s
-    news = News(events, mono, MappingProxyType(dict(maintenance or {})))
+    mono = mono_of(mono_s, now)
+    at = At(now, mono)
+    news = News(events, MappingProxyType(dict(maintenance or {})))
 
     def frame(shot: Snapshot, ev: Evidence | None) -> Plan:
         # The memo's views are of the whole cluster: a frame without a failed group plans cold.
@@ -97,7 +97,7 @@ def plan(
         return _frame(shot, ray, memory, policy, at, ev, news, warm)
 
     result = isolated(frame, snapshot, evidence)
-    return replace(result, now_ms=epoch_ms(at.tick), wall_ms=epoch_ms(at.now))
+    return replace(result, now_ms=at.mono_ms, wall_ms=epoch_ms(at.now))
 
 
 def _frame(
@@ -118,7 +118,13 @@ def _frame(
         return held_plan(spec, None, memory, problems, Hold(HoldKind.NOT_SYNCED), policy=policy)
     memo = memo or FrameMemo()  # None: a cold memo, this frame's alone
     slice_map = build_slice_map(
-        spec, snapshot.hosts, ray, at.now, policy.timeouts, snapshot.clock, memo.slices
+        spec,
+        snapshot.hosts,
+        ray,
+        at.now,
+        policy.deadlines.slice_timeouts,
+        snapshot.clock,
+        memo.slices,
     )
     analysed = analyse_groups(slice_map, memory)
     problems += problems_of(ProblemKind.SLICE_MAP, slice_map.problems) + analysed.problems
@@ -152,7 +158,7 @@ class _Frame:
             self.ray,
             self.memory,
             self.policy,
-            self.at.now,
+            self.at,
             self.news,
         )
         groups = with_availability(groups, judged)
@@ -169,10 +175,7 @@ class _Frame:
         disrupted = self.disrupted(groups, outcomes, fitted)
         stages = StageResults(judged, gangs, capacity, fitted, queues, outcomes, disrupted)
         result = self.assembled(stages, problems)
-        shift = self.at.now - self.at.tick
-        return finish_recorded_drains(
-            result, self.memory.draining, ev, self.at.tick, wall_shift=shift
-        )
+        return finish_recorded_drains(result, self.memory.draining, ev, self.at)
 
     def capacity(self, groups: Notes, judged: AvailabilityResult, gangs: GangDeadlines) -> Capacity:
         """What exists to serve demand (the slices a gang released count as leaving)."""
@@ -182,11 +185,11 @@ class _Frame:
             without_released(self.slice_map, gangs),
             ray,
             shapes_of(groups),
-            replacing(groups, self.memory, self.at.tick) - unavailable,
+            replacing(groups, self.memory, self.at.mono_s) - unavailable,
             with_total=bool(ray.constraint),
             bins=bool(ray.tasks or ray.gangs or ray.constraint),
             now=self.at.now,
-            settle_s=self.policy.join_settle_s,
+            settle_s=self.policy.deadlines.join_settle_s,
             unavailable=unavailable,
             memo=self.capacity_memo,
         )
@@ -195,7 +198,7 @@ class _Frame:
         """Each group's room, then the demand fitted onto what exists and new slices."""
         mode = self.snapshot.spec.autoscaler.upscaling_mode
         limits = {
-            n: room_limit(g, capacity, self.ray, self.memory, mode, self.at, self.news)
+            n: room_limit(g, capacity, self.ray, self.memory, mode, self.at)
             for n, g in groups.items()
         }
         return fit_demand(self.ray, capacity, groups, limits)
@@ -206,7 +209,7 @@ class _Frame:
             self.snapshot.hosts,
             self.ray,
             self.snapshot.clock,
-            self.policy.timeouts.missing_node_grace_s,
+            self.policy.deadlines.missing_node_grace_s,
             self.at.now,
             self.memory.preempting,
         )
@@ -224,8 +227,7 @@ class _Frame:
             self.memory,
             self.ray,
             ev,
-            at.tick,
-            self.news.mono_s,
+            at,
         )
 
     def decided(
@@ -234,8 +236,8 @@ class _Frame:
         """Each group's decision (group_decision.py), judged by the same values."""
         memory, policy = self.memory, self.policy
         busy = BrokenBusy(
-            max_s=policy.broken_busy_max_s,
-            deadline_s=policy.preempt_deadline_s,
+            max_s=policy.deadlines.broken_busy_max_s,
+            deadline_s=policy.deadlines.preempt_deadline_s,
             since=memory.broken_busy_since,
             preempting=memory.preempting,
             stuck=gang_stuck_slices(self.slice_map, self.ray),
@@ -270,11 +272,8 @@ class _Frame:
                 self.policy.disruption_rules(groups[o.decision.group].slices.group),
                 self.memory,
                 fitted.needed,
-                at.tick,  # its deadlines join Memory.preempting: the monotonic tick
-                self.news.mono_s,
-                wall_shift=at.now - at.tick,  # what its reasons show: the wall clock
+                at,  # its deadlines join Memory.preempting (monotonic); reasons show the wall
                 maintenance=self.news.maintenance,
-                wall=at.now,  # maintenance windows are wall times
             )
             for o in outcomes
         ]
@@ -292,13 +291,16 @@ class _Frame:
             infeasible=merge_infeasible(stages.fitted.infeasible),
             problems=(*problems, *waits_on_existing(stages.fitted.waiting_on_existing)),
             slice_map=self.slice_map,
-            memory=memory_after(self.memory, stages, self.slice_map, spec, self.at.tick),
+            memory=memory_after(self.memory, stages, self.slice_map, spec, self.at.mono_s),
             settle_s=settle_s,
             availability_changes=judged.changes,
             fallbacks=fallbacks(stages.fitted.groups),
-            next_probe_s=MappingProxyType(next_probes(judged.groups, self.news.mono_s)),
+            next_probe_s=MappingProxyType(next_probes(judged.groups, self.at.mono_s)),
             queue_wake_s=first(stages.queues.wake_s, stages.gangs.wake_s),
             gangs=stages.gangs.lines,
         )
-        timers = (next_deadline_s(result.memory, self.policy, self.at.tick), judged.next_deadline_s)
+        timers = (
+            next_deadline_s(result.memory, self.policy, self.at.mono_s),
+            judged.next_deadline_s,
+        )
         return replace(result, deadline_s=min((t for t in timers if t is not None), default=None))

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
-from datetime import datetime
 from types import MappingProxyType
 
 from kuberay_scaler.core.model.cluster import ClusterSpec
-from kuberay_scaler.core.model.plan import Memory, ReservationMark
-from kuberay_scaler.core.model.ray import RayState, epoch_ms
+from kuberay_scaler.core.model.plan import At, Memory, ReservationMark
+from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.slices import SliceMap
 from kuberay_scaler.core.planner.gate import Evidence
 from kuberay_scaler.core.planner.groups import Notes, shapes_of
@@ -47,22 +46,23 @@ def queue_stage(
     memory: Memory,
     ray: RayState,
     ev: Evidence,
-    tick: datetime,
-    mono_s: float,
+    at: At,
 ) -> Queues:
-    """Folded into each group's decision by `decide_group`. Idle age is read at `tick`, the
-    clock the idle clocks are stamped on (never the wall)."""
-    grace_s = policy.reservation_grace_s
+    """Folded into each group's decision by `decide_group`. Every timer and idle age is read
+    on the monotonic clock (`at.mono_s`), the clock the idle clocks are stamped on (never the
+    wall)."""
+    mono_s = at.mono_s
+    grace_s = policy.deadlines.reservation_grace_s
     marks = reservation_marks(
         slice_map, ray, shapes_of(groups), memory.reservations, mono_s, grace_s
     )
-    now_ms = epoch_ms(tick)
+    now_ms = at.mono_ms
     out: dict[str, GroupQueue] = {}
     since: dict[str, float] = {}
     waits: list[float] = []
     for name, g in groups.items():
         group = g.slices.group
-        timeout_s = idle_timeout(group, spec, policy.idle_timeout_override_s)
+        timeout_s = idle_timeout(group, spec, policy.deadlines.idle_timeout_override_s)
         grace = grace_kept(g.slices, marks.get(name), needed, mono_s, grace_s, now_ms, timeout_s)
         keep = group.effective_replicas + fits[name].added - group.min_replicas
         cancels = queued_cancellations(

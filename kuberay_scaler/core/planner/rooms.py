@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from kuberay_scaler.core.model.availability import GroupAvailability
 from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS, UpscalingMode, WorkerGroup
-from kuberay_scaler.core.model.plan import Fallback, Infeasible, Memory
+from kuberay_scaler.core.model.plan import At, Fallback, Infeasible, Memory
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import (
     Demand,
@@ -26,7 +26,6 @@ from kuberay_scaler.core.model.reasons import (
 )
 from kuberay_scaler.core.planner.bins import Bin, bins_for_new_slice
 from kuberay_scaler.core.planner.capacity import Capacity
-from kuberay_scaler.core.planner.frame import At, News
 from kuberay_scaler.core.planner.groups import GroupNotes, Notes
 from kuberay_scaler.core.planner.pool import Pool
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
@@ -53,7 +52,6 @@ def room_limit(
     memory: Memory,
     mode: UpscalingMode,
     at: At,
-    news: News,
 ) -> RoomLimit:
     """The group's room: blocked (and why), else its limits, the tightest last."""
     avail = g.availability
@@ -61,7 +59,7 @@ def room_limit(
     if avail is not None and avail.unavailable:
         cause = avail.cause.value if avail.cause else "unavailable"
         base = RoomLimit(availability_rank=0 if avail.probing else 1, unavailable_cause=cause)
-    blocked = _blocked(g, memory, at, news)
+    blocked = _blocked(g, memory, at)
     if blocked is not None:
         return replace(base, blocked=blocked[0], holds_demand=blocked[1])
     limit = _open_room(g, cap, ray, mode, base)
@@ -76,7 +74,7 @@ def room_limit(
     return limit
 
 
-def _blocked(g: GroupNotes, memory: Memory, at: At, news: News) -> tuple[Hold, bool] | None:
+def _blocked(g: GroupNotes, memory: Memory, at: At) -> tuple[Hold, bool] | None:
     """Why the group adds nothing at all, and whether demand waits for it; None: it may."""
     group = g.slices.group
     back = memory.backoff.get(group.name)
@@ -84,12 +82,12 @@ def _blocked(g: GroupNotes, memory: Memory, at: At, news: News) -> tuple[Hold, b
     if avail is not None and avail.blocks_launch:
         # Before the holds: a write of ours in flight can only cancel here, never add, so the
         # demand goes on to the next group instead of waiting for it.
-        return _unavailable_hold(group.name, avail, at.now, news.mono_s), False
+        return _unavailable_hold(group.name, avail, at.now, at.mono_s), False
     if g.hold_all:
         return g.hold_all, True
     if group.suspend:
         return Hold(HoldKind.GROUP_SUSPENDED, group.name), False
-    if back is not None and back.until > at.tick:
+    if back is not None and back.until > at.mono_s:
         until = at.shown(back.until)
         return Hold(HoldKind.BACKING_OFF, group.name, until=until, failures=back.failures), False
     if group.effective_replicas >= group.max_replicas:

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
 
 from kuberay_scaler.core.model.cluster import DEFAULT_IDLE_TIMEOUT_S, ClusterSpec, WorkerGroup
 from kuberay_scaler.core.model.plan import (
+    At,
     DeleteKind,
     GroupDecision,
     Plan,
     RefusedDrain,
     SliceDeletion,
 )
-from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.model.reasons import (
     Keep,
     KeepKind,
@@ -44,27 +43,23 @@ def idle_deletions(
     needed: Set[SliceRef],
     timeout_s: float,
     refused: Mapping[str, RefusedDrain] | None = None,
-    now: datetime | None = None,
-    *,
-    wall_shift: timedelta = timedelta(0),
+    at: At | None = None,
 ) -> IdleDeletions:
     """Idle slices past `timeout_s` that demand does not use, while more than `keep_at_least`
     replicas (after this plan's additions) stay. A slice whose drain was refused lately waits
     (`drain_backing_off`).
 
-    `now` is the monotonic clock (`tick_of`), the clock the daemon stamps GCS replies on: idle
-    age is Ray's own idle duration plus the monotonic time since the reply, so no wall-clock
-    step makes a slice idle-expired early."""
-    if now is None:
+    Idle age is read on the monotonic clock (`at.mono_ms`), the clock the daemon stamps GCS
+    replies on: Ray's own idle duration plus the monotonic time since the reply, so no
+    wall-clock step makes a slice idle-expired early."""
+    if at is None:
         return IdleDeletions()
-    idle = _expired(slices, needed, timeout_s, epoch_ms(now))
+    idle = _expired(slices, needed, timeout_s, at.mono_ms)
     reasons: list[Reason] = []
     if refused and idle:  # in slice order, as their reasons are said
         order = {s.key: i for i, s in enumerate(slices.slices)}
         idle.sort(key=lambda pair: order[pair[1].key])
-        waits = [
-            (ms, sl, drain_backing_off(sl, refused, now, wall_shift=wall_shift)) for ms, sl in idle
-        ]
+        waits = [(ms, sl, drain_backing_off(sl, refused, at)) for ms, sl in idle]
         reasons += [w for _, _, w in waits if w is not None]
         idle = [(ms, sl) for ms, sl, w in waits if w is None]
     # Outdated slices first (built to an older spec), then longest idle; ties (clamped at 0)
@@ -117,23 +112,19 @@ def outdated_kept(slices: GroupSlices, leaving: list[SliceDeletion]) -> tuple[Ke
 def drain_backing_off(
     sl: Slice,
     refused: Mapping[str, RefusedDrain],
-    now: datetime,
-    *,
-    wall_shift: timedelta = timedelta(0),
+    at: At,
 ) -> Keep | None:
     """The slice's drain was refused lately and nothing about its idleness changed since: wait
     (this Keep(DRAIN_BACKING_OFF)) instead of draining it again every round; None: drain."""
     entry = refused.get(sl.key)
-    if entry is None or entry.until <= now:
+    if entry is None or entry.until <= at.mono_s:
         return None
     since = {n.node_id: n.idle_since_ms if n.idle else None for n in sl.nodes.values()}
     if set(since) != set(entry.idle_since_ms):
         return None  # other raylets now: a new situation
     if any(s is None or s > entry.idle_since_ms[n] for n, s in since.items()):
         return None  # idle since later (or busy now): the host was busy since
-    detail = (
-        f"{entry.failures} refused round(s); next try by {(entry.until + wall_shift).isoformat()}"
-    )
+    detail = f"{entry.failures} refused round(s); next try by {at.shown(entry.until).isoformat()}"
     return Keep(KeepKind.DRAIN_BACKING_OFF, slice=sl.key, detail=detail)
 
 
@@ -155,18 +146,14 @@ def finish_recorded_drains(
     result: Plan,
     draining: Mapping[str, tuple[str, ...]],
     ev: Evidence | None = None,
-    now: datetime | None = None,
-    *,
-    wall_shift: timedelta = timedelta(0),
+    at: At | None = None,
 ) -> Plan:
     """Add a deletion for every recorded slice that still exists, is not yet being deleted and
     whose every host is idle in Ray or gone from it (`gone_from_ray`): a host that turned busy,
     or that is merely absent from a reply (a GCS restart, a partial reply), keeps the slice."""
     if not draining or result.slice_map is None or result.held:
         return result
-    groups = tuple(
-        _finish(d, result, draining.get(d.group, ()), ev, now, wall_shift) for d in result.groups
-    )
+    groups = tuple(_finish(d, result, draining.get(d.group, ()), ev, at) for d in result.groups)
     return replace(result, groups=groups)
 
 
@@ -175,8 +162,7 @@ def _finish(
     result: Plan,
     keys: tuple[str, ...],
     ev: Evidence | None,
-    now: datetime | None,
-    wall_shift: timedelta = timedelta(0),
+    at: At | None,
 ) -> GroupDecision:
     assert result.slice_map is not None
     gs = result.slice_map.groups.get(d.group)
@@ -191,10 +177,7 @@ def _finish(
         and sl.key not in planned
         and sl.state is not SliceState.TERMINATING
         and _idle_or_gone(sl, ev)
-        and not (
-            now
-            and drain_backing_off(sl, result.memory.refused, now, wall_shift=wall_shift) is not None
-        )
+        and not (at and drain_backing_off(sl, result.memory.refused, at) is not None)
     ]
     if not extra:
         return d

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
 from types import MappingProxyType
 
 from kuberay_scaler.core.model.cluster import WorkerGroup
 from kuberay_scaler.core.model.labels import LABEL_LEGACY_REPLICA, LABEL_REPLICA_NAME
-from kuberay_scaler.core.model.plan import DeleteKind, SliceDeletion
+from kuberay_scaler.core.model.plan import At, DeleteKind, SliceDeletion
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.model.reasons import Keep, KeepKind, Reason, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.model.slices import GroupSlices, Slice, SliceState
@@ -24,7 +23,7 @@ class Surplus:
 
     deletions: tuple[SliceDeletion, ...] = ()
     preempt: tuple[SliceDeletion, ...] = ()  # drain now, delete later
-    preempting: Mapping[str, datetime] = field(default_factory=dict)  # slice key → deadline
+    preempting: Mapping[str, float] = field(default_factory=dict)  # slice key → deadline
     still_draining: tuple[ScaleDown, ...] = ()  # preempted, not done yet
     waiting: tuple[Keep, ...] = ()  # hosts absent from Ray, not long enough
     # Slices the group runs (when not above maxReplicas: an upper bound, never above it).
@@ -44,7 +43,7 @@ class _Tally:
     running: int
     deletions: list[SliceDeletion] = field(default_factory=list)
     preempt: list[SliceDeletion] = field(default_factory=list)
-    preempting: dict[str, datetime] = field(default_factory=dict)
+    preempting: dict[str, float] = field(default_factory=dict)
     still_draining: list[ScaleDown] = field(default_factory=list)
     waiting: list[Keep] = field(default_factory=list)
 
@@ -65,17 +64,15 @@ class _Tally:
 
 def surplus_removals(
     slices: GroupSlices,
-    preempting: Mapping[str, datetime],
+    preempting: Mapping[str, float],
     deadline_s: float,
-    now: datetime,
+    at: At,
     ev: Evidence | None = None,
-    *,
-    wall_shift: timedelta = timedelta(0),
 ) -> Surplus:
     """Whole slices out of a group above maxReplicas (a user lowered it, or set it to 0).
 
-    `now` is the monotonic clock (`tick_of`): preemption deadlines run on it; the deadline a
-    reason shows is on the wall clock (`now + wall_shift`).
+    Preemption deadlines run on the monotonic clock (`at.mono_s`, seconds); the deadline a
+    reason shows is on the wall clock (`at.shown`).
 
     KubeRay with autoscaling on never deletes surplus pods itself, so we name them. The rule,
     in order, until the group is back at maxReplicas:
@@ -104,31 +101,30 @@ def surplus_removals(
     surplus = len(live) - group.max_replicas
     if surplus <= 0:
         return out.result()
-    for sl in _surplus_order(live, preempting, now, ev):
+    for sl in _surplus_order(live, preempting, ev):
         if out.leaving >= surplus:
             break
-        _remove_one(sl, group.max_replicas, preempting, deadline_s, now, out, ev, wall_shift)
+        _remove_one(sl, group.max_replicas, preempting, deadline_s, at, out, ev)
     return out.result()
 
 
 def _remove_one(
     sl: Slice,
     limit: int,
-    preempting: Mapping[str, datetime],
+    preempting: Mapping[str, float],
     deadline_s: float,
-    now: datetime,
+    at: At,
     out: _Tally,
     ev: Evidence | None = None,
-    wall_shift: timedelta = timedelta(0),
 ) -> None:
-    def why(kind: ScaleDownKind, deadline: datetime | None = None) -> ScaleDown:
-        on_wall = deadline + wall_shift if deadline is not None else None
+    def why(kind: ScaleDownKind, deadline: float | None = None) -> ScaleDown:
+        on_wall = at.shown(deadline) if deadline is not None else None
         return ScaleDown(
             kind, sl.key, len(sl.hosts), running=out.running, limit=limit, deadline=on_wall
         )
 
     deadline = preempting.get(sl.key)
-    if deadline is not None and deadline <= now:
+    if deadline is not None and deadline <= at.mono_s:
         # Drained for preemption and its time is up (the gate's (d)): no second drain.
         gone = deletion(sl, DeleteKind.SURPLUS, why(ScaleDownKind.PREEMPTED, deadline))
         out.deletions.append(replace(gone, node_ids=()))
@@ -147,7 +143,7 @@ def _remove_one(
         detail = "Ray nodes absent from the latest replies, not yet for the whole grace"
         out.waiting.append(Keep(KeepKind.ABSENT_FROM_RAY, slice=sl.key, detail=detail))
     else:
-        deadline = deadline or now + timedelta(seconds=deadline_s)
+        deadline = at.mono_s + deadline_s if deadline is None else deadline
         out.preempting[sl.key] = deadline
         reason = why(ScaleDownKind.PREEMPT, deadline)
         if sl.key not in preempting:
@@ -157,7 +153,7 @@ def _remove_one(
 
 
 def _surplus_order(
-    live: list[Slice], preempting: Mapping[str, datetime], now: datetime, ev: Evidence | None
+    live: list[Slice], preempting: Mapping[str, float], ev: Evidence | None
 ) -> list[Slice]:
     def key(sl: Slice) -> tuple[int, float, str]:
         if not sl.nodes and _no_work(sl, ev):

@@ -17,7 +17,7 @@ from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
-from kuberay_scaler.core.slicemap import SliceTimeouts
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     NOW,
     cluster,
@@ -31,7 +31,7 @@ from tests.factories import (
     tpu_slice_nodes,
 )
 
-POLICY = Policy(timeouts=SliceTimeouts(max_provision_s=600, missing_node_grace_s=120))
+POLICY = Policy(deadlines=Deadlines(max_provision_s=600, missing_node_grace_s=120))
 
 
 def _unknown_host_slice() -> list[dict[str, Any]]:

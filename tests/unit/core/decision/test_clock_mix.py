@@ -28,6 +28,7 @@ from kuberay_scaler.core.model.ray import NodeStatus, RayObservation, RayState
 from kuberay_scaler.core.model.reasons import DisruptionKind, Keep, KeepKind
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     NOW,
@@ -143,7 +144,7 @@ def _preemption() -> Scenario:
     ray = state([head_node(), *tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))])
     rc = _tpu(1, max_replicas=0)
     frames = tuple(Frame(t, rc, pods, ray) for t in (0, 10, 29, 31))
-    return Scenario(frames, Policy(preempt_deadline_s=30))
+    return Scenario(frames, Policy(deadlines=Deadlines(preempt_deadline_s=30)))
 
 
 def _broken_busy() -> Scenario:
@@ -154,7 +155,9 @@ def _broken_busy() -> Scenario:
     nodes[2] = replace(nodes[2], status=NodeStatus.DEAD)
     ray = state([head_node(), *nodes])
     frames = tuple(Frame(t, _tpu(1), pods, ray) for t in (0, 50, 99, 101, 125, 132))
-    return Scenario(frames, Policy(broken_busy_max_s=100, preempt_deadline_s=30))
+    return Scenario(
+        frames, Policy(deadlines=Deadlines(broken_busy_max_s=100, preempt_deadline_s=30))
+    )
 
 
 def _refused_drain() -> Scenario:
@@ -179,7 +182,9 @@ def _availability_probe() -> Scenario:
     )
     demand = state([head_node()], [tasks({"TPU": 4}, 8)])
     frames = tuple(Frame(t, _tpu(1), pods, demand, (stockout,)) for t in (0, 30, 59, 61, 90))
-    return Scenario(frames, Policy(unavailable_backoff_s=60, unavailable_max_backoff_s=600))
+    return Scenario(
+        frames, Policy(deadlines=Deadlines(unavailable_backoff_s=60, unavailable_max_backoff_s=600))
+    )
 
 
 def _scale_down_delay() -> Scenario:
@@ -213,7 +218,7 @@ def _reservation_grace() -> Scenario:
         Frame(0, _tpu(2), pods, reserving),
         *(Frame(t, _tpu(2), pods, idle) for t in (20, 40, 599, 601)),
     )
-    return Scenario(frames, Policy(reservation_grace_s=600))
+    return Scenario(frames, Policy(deadlines=Deadlines(reservation_grace_s=600)))
 
 
 def _going(pods: list[dict[str, Any]], host: int) -> list[dict[str, Any]]:

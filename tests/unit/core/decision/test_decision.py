@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import Any
 
 import jsonpatch
@@ -23,9 +22,11 @@ from kuberay_scaler.core.model.reasons import ProblemKind, ScaleDown, ScaleDownK
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.core.patch.ops import ops_json
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     NOW,
     NOW_MS,
+    NOW_S,
     cluster,
     group,
     head_node,
@@ -37,6 +38,10 @@ from tests.factories import (
     tpu_slice_nodes,
 )
 from tests.fuzz.pipeline import refused_outright
+
+DRAIN_45 = Policy(
+    deadlines=Deadlines(drain_deadline_s=45)
+)  # Ray's drain deadline (not the default)
 
 
 def _idle_inputs(*keys: str) -> tuple[dict[str, Any], list[dict[str, Any]], RayObservation]:
@@ -52,13 +57,13 @@ def _idle(*keys: str) -> Observation:
 
 
 def test_scale_down_is_record_then_one_drain_per_slice_then_the_patch() -> None:
-    decision = decide(_idle("tpu-a", "tpu-b"), Memory(), Policy(), NOW, drain_deadline_s=30)
+    decision = decide(_idle("tpu-a", "tpu-b"), Memory(), DRAIN_45, NOW)
     record, *drains, patch = decision.writes
     assert isinstance(record, RecordIntent) and isinstance(patch, Patch)
     assert dict(record.draining) == {"tpu": ("tpu-a", "tpu-b")}
     assert all(isinstance(d, Drain) for d in drains)
     assert [(d.slice_key, d.cluster_id) for d in drains] == [("tpu-a", "c-1"), ("tpu-b", "c-1")]
-    assert all(d.deadline_ms == int((NOW.timestamp() + 30) * 1000) for d in drains)
+    assert all(d.deadline_ms == int((NOW.timestamp() + 45) * 1000) for d in drains)
     assert {n for d in drains for n in d.node_ids} == {
         node_id_of(f"tpu-{k}-{i}") for k in "ab" for i in range(4)
     }
@@ -151,7 +156,7 @@ def test_a_busy_slice_whose_preemption_notice_is_over_is_deleted_with_one_write(
     pods = slice_pods("tpu", "tpu-a", 4)
     busy = tpu_slice_nodes("tpu-a", 4, busy_hosts=(1,))
     observed = Observation.parse(rc, pods, RayObservation(state([head_node(), *busy]), 0.0, "c-1"))
-    notice_over = Memory(preempting={"tpu-a": NOW - timedelta(seconds=1)})
+    notice_over = Memory(preempting={"tpu-a": NOW_S - 1})
     decision = decide(observed, notice_over, Policy(), NOW)
     (deletion,) = decision.plan.groups[0].deletions
     assert deletion.slice_key == "tpu-a" and sorted(deletion.pods) == sorted(

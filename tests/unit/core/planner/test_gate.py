@@ -4,7 +4,6 @@ gate's rule, each kind after the drains. Pure: no fakes, no I/O."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
 from types import MappingProxyType
 
 import jsonpatch
@@ -31,6 +30,7 @@ from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import evidence_for, pod_blocker
 from tests.factories import (
     NOW,
+    NOW_S,
     cluster,
     head_node,
     node,
@@ -95,16 +95,16 @@ def test_each_clause_of_the_gate(
         missing_s=MappingProxyType({POD: missing_s} if missing_s is not None else {}),
         seen=frozenset({POD} if seen else ()),
     )
-    deadlines = {"tpu-a": NOW + timedelta(seconds=deadline_s)} if deadline_s is not None else {}
+    deadlines = {"tpu-a": NOW_S + deadline_s} if deadline_s is not None else {}
     ev = evidence_for(_host(phase), state(nodes), clock, GRACE, NOW, deadlines)
     took = frozenset({nodes[0].node_id} if accepted and nodes else ())
-    got = pod_blocker(POD, "tpu-a", ev, took, NOW)
+    got = pod_blocker(POD, "tpu-a", ev, took, NOW_S)
     assert (got.value.removeprefix("gate_") if got else None) == verdict, case
 
 
 def test_ray_unknown_blocks_a_running_pod_without_a_node() -> None:
     ev = evidence_for(_host(), None, HostClock(), GRACE, NOW)
-    assert pod_blocker(POD, "tpu-a", ev, frozenset(), NOW) is KeepKind.GATE_RAY_UNKNOWN
+    assert pod_blocker(POD, "tpu-a", ev, frozenset(), NOW_S) is KeepKind.GATE_RAY_UNKNOWN
     assert _host()[0].phase is HostPhase.RUNNING
 
 
@@ -304,7 +304,7 @@ def test_the_gate_refuses_a_host_absent_from_ray_even_with_every_drain_accepted(
     shown = state([n for n in nodes if n.instance_id != "tpu-b-2"])
     clock = HostClock(missing_s=MappingProxyType({"tpu-b-2": 10.0}), seen=frozenset({"tpu-b-2"}))
     ev = evidence_for(hosts, shown, clock, GRACE, NOW)
-    gated, blocked = gate(plan, ev, frozenset(n.node_id for n in nodes), NOW)
+    gated, blocked = gate(plan, ev, frozenset(n.node_id for n in nodes), NOW_S)
     assert [(b.slice_key, b.pod, b.kind, b.path) for b in blocked] == [
         ("tpu-b", "tpu-b-2", KeepKind.GATE_ABSENT, "idle")
     ]
@@ -326,7 +326,7 @@ def test_the_gate_refuses_everything_ray_unknown_and_never_puts_a_target_above_m
     planned = plan.group("tpu")
     assert planned is not None and len(planned.deletions) == 2 and planned.target == 1
     ev = evidence_for(hosts, None, HostClock(seen=frozenset(h.pod_name for h in hosts)), GRACE, NOW)
-    gated, blocked = gate(plan, ev, frozenset(n.node_id for n in nodes), NOW)
+    gated, blocked = gate(plan, ev, frozenset(n.node_id for n in nodes), NOW_S)
     assert len(blocked) == 2 and {b.kind for b in blocked} == {KeepKind.GATE_RAY_UNKNOWN}
     d = gated.group("tpu")
     assert d is not None and d.deletions == () and d.target == 1

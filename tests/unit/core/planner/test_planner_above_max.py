@@ -19,6 +19,7 @@ from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import build_patch, ops_json
 from tests.factories import (
     NOW,
+    NOW_S,
     cluster,
     cpu_nodes,
     deleted_pods,
@@ -128,7 +129,7 @@ def test_busy_surplus_is_drained_for_preemption_first_and_deleted_later() -> Non
     assert (preempt.slice_key, preempt.kind) == ("cpu-1", DeleteKind.PREEMPT)
     assert preempt.reason.kind is ScaleDownKind.PREEMPT
     deadline = first.memory.preempting["cpu-1"]
-    assert deadline == NOW + timedelta(seconds=PREEMPT_DEADLINE_S)
+    assert deadline == NOW_S + PREEMPT_DEADLINE_S
     assert decision.changes  # the drain must be executed even without a spec change
     assert_plan_invariants(rc, pods, first)
 
@@ -178,7 +179,7 @@ def test_busy_surplus_past_its_deadline_is_deleted() -> None:
     rc = cluster(group("cpu", replicas=2, max_replicas=1))
     pods = [pod("cpu-0", "cpu"), pod("cpu-1", "cpu")]
     busy = cpu_nodes(["cpu-0", "cpu-1"], free_cpu=2)
-    memory = Memory(preempting={"cpu-1": NOW - timedelta(seconds=1)})
+    memory = Memory(preempting={"cpu-1": NOW_S - 1})
     result = plan_of(rc, pods, state(busy), memory=memory)
     assert deleted_pods(result, "cpu") == ["cpu-1"]
 
@@ -234,4 +235,4 @@ def test_preempt_deadline_comes_from_settings() -> None:
     rc = cluster(group("cpu", replicas=2, max_replicas=1))
     pods = [pod("cpu-0", "cpu"), pod("cpu-1", "cpu")]
     result = plan_of(rc, pods, state(cpu_nodes(["cpu-0", "cpu-1"], free_cpu=2)), policy=policy)
-    assert list(result.memory.preempting.values()) == [NOW + timedelta(seconds=120)]
+    assert list(result.memory.preempting.values()) == [NOW_S + 120]

@@ -43,6 +43,7 @@ from kuberay_scaler.core.planner.gate import evidence_for, pod_blocker
 from tests.factories import (
     NOW,
     NOW_MS,
+    NOW_S,
     cluster,
     head_node,
     selector_bundle,
@@ -203,9 +204,9 @@ def test_the_gate_allows_exactly_pods_that_never_ran() -> None:
     ray = state([head_node(), *tpu_slice_nodes("v6e-b", 4, group_name="v6e")])
     ev = evidence_for(tuple(hosts), ray, None, 180.0, NOW)
     for p in stuck:
-        assert pod_blocker(p["metadata"]["name"], "v6e-a", ev, frozenset(), NOW) is None
+        assert pod_blocker(p["metadata"]["name"], "v6e-a", ev, frozenset(), NOW_S) is None
     for p in running:
-        assert pod_blocker(p["metadata"]["name"], "v6e-b", ev, frozenset(), NOW) is not None
+        assert pod_blocker(p["metadata"]["name"], "v6e-b", ev, frozenset(), NOW_S) is not None
 
 
 def test_a_triggered_scale_up_newer_than_the_failure_keeps_it_suspect() -> None:

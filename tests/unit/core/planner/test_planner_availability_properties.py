@@ -28,10 +28,12 @@ from kuberay_scaler.core.model.ray import RayState, TaskDemand
 from kuberay_scaler.core.model.reasons import FellBack, ScaleUp
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
 from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.gate import evidence_for, gate, pod_blocker
 from tests.factories import (
     NOW,
     NOW_MS,
+    NOW_S,
     cluster,
     head_node,
     selector_bundle,
@@ -184,7 +186,7 @@ def test_nothing_that_ran_is_cancelled_and_every_cancel_passes_the_gate_undraine
     result = _plan(sc, sc.memory)
     snap = snapshot_of(sc.rc, sc.pods)
     ray = state(sc.nodes, sc.tasks, sc.gangs, sc.constraint)
-    ev = evidence_for(snap.hosts, ray, None, Policy().timeouts.missing_node_grace_s, NOW)
+    ev = evidence_for(snap.hosts, ray, None, Deadlines().missing_node_grace_s, NOW)
     cancels = [
         (d.group, x) for d in result.groups for x in d.deletions if x.kind is DeleteKind.CANCEL
     ]
@@ -194,13 +196,13 @@ def test_nothing_that_ran_is_cancelled_and_every_cancel_passes_the_gate_undraine
             host = ev.hosts[pod]
             assert host.phase is HostPhase.PENDING
             assert not ev.entries.get(pod) and pod not in ev.clock.seen
-            assert pod_blocker(pod, x.slice_key, ev, frozenset(), NOW) is None
+            assert pod_blocker(pod, x.slice_key, ev, frozenset(), NOW_S) is None
     for d in result.groups:  # cancels never take a group below minReplicas
         gs = result.slice_map.groups[d.group] if result.slice_map else None
         assert gs is not None
         if d.target != d.current:
             assert gs.group.min_replicas <= d.target <= gs.group.max_replicas, d
-    gated, blocked = gate(result, ev, frozenset(), NOW)
+    gated, blocked = gate(result, ev, frozenset(), NOW_S)
     assert not [b for b in blocked if b.path == "cancel_unavailable"]
     kept = {(d.group, x.slice_key) for d in gated.groups for x in d.deletions}
     assert all((g, x.slice_key) in kept for g, x in cancels)
@@ -290,7 +292,9 @@ _FRAMES = st.lists(
 def test_a_group_never_flaps_faster_than_its_backoff(
     frames: list[tuple[str, float]], initial: float, cap: float
 ) -> None:
-    policy = Policy(unavailable_backoff_s=initial, unavailable_max_backoff_s=cap)
+    policy = Policy(
+        deadlines=Deadlines(unavailable_backoff_s=initial, unavailable_max_backoff_s=cap)
+    )
     memory, mono, at_ms = Memory(), MONO, NOW_MS
     marked_at: float | None = None
     wait = 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     cluster,
@@ -27,7 +28,9 @@ def test_pending_and_queued_cancels_together_keep_min_replicas() -> None:
         *slice_pods("g", "g-s2", 1, age_s=30, gates=(KUEUE_ELASTIC_GATE,)),  # no demand for it
     ]
     nodes = [head_node(), *tpu_slice_nodes("g-s1", 1, pod_type="v6e-4", group_name="g")]
-    result = plan_of(rc, pods, state(nodes), policy=Policy(idle_timeout_override_s=0))
+    result = plan_of(
+        rc, pods, state(nodes), policy=Policy(deadlines=Deadlines(idle_timeout_override_s=0))
+    )
     decision = result.group("g")
     assert decision is not None
     assert decision.target == 2, [str(r) for r in decision.reasons]

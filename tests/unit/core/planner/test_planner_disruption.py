@@ -27,6 +27,7 @@ from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.core import plan as plan_fn
 from tests.factories import (
     NOW,
+    NOW_S,
     cluster,
     cpu_nodes,
     deleted_pods,
@@ -345,7 +346,7 @@ def test_a_going_busy_slice_is_drained_at_once_and_replaced_ahead() -> None:
     assert isinstance(drain.reason, ScaleDown)
     assert drain.reason.kind is ScaleDownKind.DISRUPTION_TARGET
     assert drain.reason.cause == "PreemptionByScheduler"
-    assert result.memory.preempting["tpu-a"] == NOW + timedelta(seconds=30)
+    assert result.memory.preempting["tpu-a"] == NOW_S + 30
     assert d.target == 3 and d.action.value == "scale_up"
     assert d.reason_code == DisruptionKind.REPLACED_AHEAD.value
     assert dict(result.memory.replaced_ahead) == {"tpu-a": "tpu"}
@@ -537,7 +538,7 @@ def test_env_defaults_reach_the_policy() -> None:
     settings = load_settings(env)
     assert settings.masked()["KUBERAY_SCALER_DISRUPTION_BUDGET"] == "30%"  # check-config
     policy = policy_from_settings(settings)
-    assert (policy.disruption_budget, policy.scale_down_delay_after_add_s) == (
+    assert (policy.disruption_budget, policy.deadlines.scale_down_delay_after_add_s) == (
         Budget(percent=30.0),
         0.0,
     )

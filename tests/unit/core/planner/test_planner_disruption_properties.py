@@ -24,6 +24,7 @@ from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.reasons import ScaleDown
 from kuberay_scaler.core.model.signals import NodeMaintenance
 from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.disruption import VOLUNTARY
 from tests.factories import NOW, cluster, cpu_nodes, group, head_node, pod, snapshot_of, state
 
@@ -58,7 +59,7 @@ def test_no_plan_sequence_exceeds_the_budget(
     }
     replicas = size
     limit = parse_budget(budget)
-    policy = Policy(disruption_budget=limit, scale_down_delay_after_add_s=0)
+    policy = Policy(deadlines=Deadlines(scale_down_delay_after_add_s=0), disruption_budget=limit)
     for step in range(data.draw(st.integers(1, 6))):
         present = [n for n in names if n not in terminating or not _gone(data, n)]
         names = present

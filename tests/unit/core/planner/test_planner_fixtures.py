@@ -10,6 +10,7 @@ from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import InfeasibleKind, ProblemKind
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     FIXTURES,
     NOW_MS,
@@ -24,7 +25,7 @@ from tests.factories import (
 )
 
 SLICE_NAME = "tpu-group-q8m4z"  # TPU_NAME of the captured slice (README.md there)
-EVERYTHING_IDLE = Policy(idle_timeout_override_s=0)
+EVERYTHING_IDLE = Policy(deadlines=Deadlines(idle_timeout_override_s=0))
 
 
 def captured(name: str) -> RayState:

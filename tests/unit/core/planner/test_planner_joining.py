@@ -13,6 +13,7 @@ from kuberay_scaler.core.model.ray import GangStrategy, RayNode
 from kuberay_scaler.core.model.reasons import Hold, HoldKind
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     NOW,
     bundle,
@@ -140,7 +141,7 @@ def test_the_settle_changes_no_deletion() -> None:
     for pending in (0, 1, 4, 5, 9):
         ray = state([head_node(), *idle_a, *busy_b], [tasks(TPU_ACTOR, pending)] if pending else [])
         on = plan_of(rc, pods, ray)
-        off = plan_of(rc, pods, ray, policy=Policy(join_settle_s=0))
+        off = plan_of(rc, pods, ray, policy=Policy(deadlines=Deadlines(join_settle_s=0)))
         assert deleted_pods(on, "tpu") == deleted_pods(off, "tpu"), pending
         assert targets(on)["tpu"] <= targets(off)["tpu"], pending
 

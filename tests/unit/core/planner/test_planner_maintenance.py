@@ -4,7 +4,6 @@ its drain starts one preemption deadline before it (docs/planner.md, "GKE mainte
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from kuberay_scaler.core.model.plan import DeleteKind, GroupDecision, Memory, Plan
@@ -25,6 +24,7 @@ from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.core import plan as plan_fn
 from tests.factories import (
     NOW,
+    NOW_S,
     cluster,
     head_node,
     slice_pods,
@@ -172,8 +172,7 @@ def test_a_busy_slice_is_drained_one_preemption_deadline_before_the_window() -> 
     assert drain.slice_key == "tpu-a" and drain.kind is DeleteKind.PREEMPT
     assert isinstance(drain.reason, ScaleDown) and drain.reason.kind is ScaleDownKind.MAINTENANCE
     assert "node-tpu-a-1" in str(drain.reason)
-    tick = NOW - timedelta(seconds=5000)
-    assert result.memory.preempting["tpu-a"] == tick + timedelta(seconds=20)
+    assert result.memory.preempting["tpu-a"] == T0 - 5000 + 20  # monotonic seconds
     assert d.deletions == ()  # nothing busy is deleted: drained, the window takes it
     assert dict(result.memory.disrupted) == {"tpu-a": "tpu"}
 
@@ -184,7 +183,7 @@ def test_a_tainted_node_drains_its_slice_with_the_preemption_deadline() -> None:
     result = run(pods, nodes, tainted)
     d = decision_of(result)
     assert [x.slice_key for x in d.preempt] == ["tpu-b"]
-    assert result.memory.preempting["tpu-b"] == NOW + timedelta(seconds=30)
+    assert result.memory.preempting["tpu-b"] == NOW_S + 30
     assert d.target == 3  # its work gets a slice added ahead
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Any
 from unittest import mock
 
@@ -36,10 +35,12 @@ from kuberay_scaler.core.patch.ops import build_patch, ops_json
 from kuberay_scaler.core.planner import pipeline
 from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.pool import Pool
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     NOW,
+    NOW_S,
     bundle,
     cluster,
     cpu_nodes,
@@ -110,7 +111,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     sc.constraint = draw(st.lists(_task(sc, pinned=False), max_size=2))
     sc.memory = _draw_memory(draw, [r["groupName"] for r in raws], sc.queued)
     override = draw(st.sampled_from([None, None, 1.0, 300.0]))
-    sc.policy = Policy(idle_timeout_override_s=override)
+    sc.policy = Policy(deadlines=Deadlines(idle_timeout_override_s=override))
     return sc
 
 
@@ -203,7 +204,7 @@ def _draw_options(draw: st.DrawFn) -> dict[str, Any]:
 def _draw_memory(draw: st.DrawFn, names: list[str], queued: list[str]) -> Memory:
     awaiting = {n: "write in flight" for n in names if draw(_rarely)}
     backoff = {
-        n: ReplaceBackoff(NOW + timedelta(seconds=draw(st.sampled_from([-60, 60]))), 1, 1)
+        n: ReplaceBackoff(NOW_S + draw(st.sampled_from([-60, 60])), 1, 1)
         for n in names
         if draw(_rarely)
     }

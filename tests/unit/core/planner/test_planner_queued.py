@@ -37,6 +37,7 @@ from kuberay_scaler.loop.report import report_from_plan
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     NOW,
+    NOW_S,
     cluster,
     head_node,
     pod,
@@ -239,7 +240,7 @@ def test_queued_slices_are_never_replaced_and_only_cancelled_undrained_and_unnee
     spec = parse_raycluster(rc)
     hosts, _ = parse_pods(pods, spec)
     ev = evidence_for(hosts, ray, None, 180.0, NOW)
-    gated, blocked = gate(result, ev, frozenset(), NOW)
+    gated, blocked = gate(result, ev, frozenset(), NOW_S)
     assert blocked == ()
     assert gated.group("tpu") == decision
 

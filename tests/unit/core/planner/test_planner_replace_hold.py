@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,9 +21,9 @@ from kuberay_scaler.core.model.reasons import (
     Waiting,
 )
 from kuberay_scaler.core.planner.core import Policy
-from kuberay_scaler.core.slicemap import SliceTimeouts
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
-    NOW,
+    NOW_S,
     cluster,
     cpu_nodes,
     deleted_pods,
@@ -40,7 +39,7 @@ from tests.factories import (
     tpu_slice_nodes,
 )
 
-POLICY = Policy(timeouts=SliceTimeouts(max_provision_s=600, missing_node_grace_s=120))
+POLICY = Policy(deadlines=Deadlines(max_provision_s=600, missing_node_grace_s=120))
 
 
 def _failed_host_slice() -> tuple[list[dict[str, Any]], list[Any]]:
@@ -65,7 +64,7 @@ def test_slice_with_a_failed_host_is_replaced_whole() -> None:
     assert "Evicted" in deletion.reason.cause  # the pod's own status, passed through
     backoff = result.memory.backoff["tpu"]
     assert backoff.failures == 1
-    assert backoff.until == NOW + timedelta(seconds=POLICY.replace_backoff_s)
+    assert backoff.until == NOW_S + POLICY.deadlines.replace_backoff_s
 
 
 def test_slice_whose_ray_node_is_missing_past_the_grace_is_replaced() -> None:
@@ -142,7 +141,7 @@ def test_partial_slice_past_max_provision_time_is_replaced_as_a_unit() -> None:
 
 def test_replacement_waits_out_the_groups_backoff() -> None:
     pods, nodes = _failed_host_slice()
-    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW + timedelta(seconds=30), 1, 1)})
+    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW_S + 30, 1, 1)})
     result = plan_of(
         cluster(tpu_group(replicas=1)), pods, state(nodes), memory=memory, policy=POLICY
     )
@@ -155,20 +154,20 @@ def test_replacement_waits_out_the_groups_backoff() -> None:
 
 def test_backoff_doubles_with_each_failure_up_to_the_cap() -> None:
     pods, nodes = _failed_host_slice()
-    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW - timedelta(seconds=1), 3, 1)})
+    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW_S - 1, 3, 1)})
     result = plan_of(
         cluster(tpu_group(replicas=1)), pods, state(nodes), memory=memory, policy=POLICY
     )
     backoff = result.memory.backoff["tpu"]
     assert backoff.failures == 4
-    assert backoff.until == NOW + timedelta(seconds=min(300 * 8, POLICY.max_backoff_s))
+    assert backoff.until == NOW_S + min(300 * 8, POLICY.deadlines.replace_max_backoff_s)
 
 
 def test_backoff_of_one_group_does_not_stop_another() -> None:
     pods, nodes = _failed_host_slice()
     pods += [pod("cpu-a", "cpu")]
     nodes += cpu_nodes(["cpu-a"], idle_s=600)
-    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW + timedelta(seconds=30), 1, 1)})
+    memory = Memory(backoff={"tpu": ReplaceBackoff(NOW_S + 30, 1, 1)})
     rc = cluster(tpu_group(replicas=1), group("cpu", replicas=1))
     result = plan_of(rc, pods, state(nodes), memory=memory, policy=POLICY)
     assert deleted_pods(result, "tpu") == []

@@ -19,6 +19,7 @@ from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.reservations import reservation_head, reservation_marks
 from kuberay_scaler.core.planner.shapes import slice_shape
 from kuberay_scaler.core.slicemap import build_slice_map
@@ -58,7 +59,7 @@ def _plan(
     spec = parse_raycluster(cluster(tpu_group(replicas=replicas)))
     hosts, problems = parse_pods(pods, spec)
     assert problems == []
-    policy = Policy(reservation_grace_s=grace_s)
+    policy = Policy(deadlines=Deadlines(reservation_grace_s=grace_s))
     return plan(
         Snapshot(spec, tuple(hosts)), ray, memory or Memory(), policy, NOW, mono_s=BASE + mono_s
     )

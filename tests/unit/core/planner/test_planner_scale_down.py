@@ -11,6 +11,7 @@ from kuberay_scaler.core.model.plan import DeleteKind
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     cluster,
     cpu_nodes,
@@ -111,7 +112,9 @@ def test_idle_timeout_precedence(
     rc = cluster(group("cpu", replicas=1, **extra), autoscalerOptions=opts)
     pods = [pod("cpu-a", "cpu")]
     nodes = [head_node(), *cpu_nodes(["cpu-a"], idle_s=idle_s)]
-    result = plan_of(rc, pods, state(nodes), policy=Policy(idle_timeout_override_s=override))
+    result = plan_of(
+        rc, pods, state(nodes), policy=Policy(deadlines=Deadlines(idle_timeout_override_s=override))
+    )
     assert (deleted_pods(result, "cpu") == ["cpu-a"]) is deleted
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from kuberay_scaler.core.model.reasons import (
     Waiting,
 )
 from tests.factories import (
-    NOW,
+    NOW_S,
     bundle,
     cluster,
     cpu_nodes,
@@ -449,7 +448,7 @@ def test_demand_served_by_the_head_only_is_not_infeasible() -> None:
 
 
 def test_backing_off_group_is_not_scaled_up() -> None:
-    memory = Memory(backoff={"cpu": ReplaceBackoff(NOW + timedelta(minutes=5), 1, 1)})
+    memory = Memory(backoff={"cpu": ReplaceBackoff(NOW_S + 300, 1, 1)})
     result = plan_of(
         cluster(group("cpu")), ray=state([head_node()], [tasks({"CPU": 1}, 1)]), memory=memory
     )

@@ -13,6 +13,7 @@ from kuberay_scaler.core.model.ray import GangDemand, GangStrategy, RayNode
 from kuberay_scaler.core.model.reasons import Keep, KeepKind, Replace
 from tests.factories import (
     NOW,
+    NOW_S,
     cluster,
     head_node,
     plan_of,
@@ -75,9 +76,9 @@ def test_a_slice_only_its_rescheduling_gang_holds_is_drained_now_and_then_replac
     assert isinstance(preempt.reason, Replace) and "RESCHEDULING" in preempt.reason.cause
     assert decision.deletions == ()  # never deleted in the plan that drains it
     deadline = first.memory.preempting["tpu-a"]
-    assert deadline == NOW + timedelta(seconds=30)
+    assert deadline == NOW_S + 30  # monotonic seconds (the wall clock stands in)
     # Past the preemption deadline it is replaced whole, without a second drain.
-    later = plan_of(rc, pods, ray, memory=first.memory, now=deadline + timedelta(seconds=1))
+    later = plan_of(rc, pods, ray, memory=first.memory, now=NOW + timedelta(seconds=31))
     [gone] = later.group("tpu").deletions  # type: ignore[union-attr]
     assert gone.kind is DeleteKind.REPLACE and gone.node_ids == ()
 

@@ -25,6 +25,7 @@ from kuberay_scaler.core.model.ray import RayNode, TaskDemand, epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.deadlines import Deadlines
 from tests.factories import (
     NOW,
     cluster,
@@ -158,7 +159,7 @@ def simulate(
     request_resources, for the whole gang (16 workers of {CPU: 1, TPU: 4} on v6e-16)."""
     world = _World(up_after_s=up_after_s, retry_s=retry_s)
     memory = Memory()
-    policy = Policy(reservation_grace_s=grace_s)
+    policy = Policy(deadlines=Deadlines(reservation_grace_s=grace_s))
     t = 0.0
     while t < 3600.0 and world.whole_at_s is None:
         world.drive(t)
