@@ -30,7 +30,8 @@ from kuberay_scaler.core.model.ray import (
 )
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SAMPLES = FIXTURES / "rayclusters"  # our own RayClusters (see its README), nothing from outside

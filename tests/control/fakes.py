@@ -26,7 +26,7 @@ from kuberay_scaler.core.model.outcome import OutcomeKind, PatchOutcome
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.report import AutoscalingReport
 from kuberay_scaler.core.patch.ops import Op, ops_json
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import Reconciler
 from tests.factories import NOW, NOW_MS

@@ -13,8 +13,8 @@ import re
 from datetime import UTC, datetime, timedelta
 
 from kuberay_scaler.core.model.drains import DrainReason
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.control.fakes import Loop, make_loop, run_for
 from tests.control.worlds import broken_busy_slice_world, named_pods, surplus_busy_slice_world
 from tests.factories import (

@@ -13,8 +13,8 @@ from kuberay_scaler.core.defaults import PREEMPT_DEADLINE_S
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.trigger import WAKE_MARGIN_S
 from tests.control.fakes import Loop, make_loop
 from tests.control.worlds import broken_busy_slice_world, named_pods

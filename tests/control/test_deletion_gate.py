@@ -9,9 +9,9 @@ from typing import Any
 from kuberay_scaler.core.model.drains import DrainReason
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.gate import Blocked
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.reconcile_report import ReconcileReport
 from tests.control.fakes import Loop, make_loop, reply_of, run_for
 from tests.control.test_faults import kill_between_record_and_patch, restarted

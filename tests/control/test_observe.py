@@ -9,7 +9,7 @@ from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import Hold, HoldKind
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.observe import Instant, ObserveConfig, Observer
 from tests.control.fakes import FakeApiServer, FakePods, FakeView, observation
 from tests.factories import NOW, cluster, group, head_node, slice_pods, state, tasks, tpu_group

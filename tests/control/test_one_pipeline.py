@@ -17,7 +17,7 @@ from google.protobuf import json_format
 
 from kuberay_scaler.adapters.web.server import Probes, make_app, start_server
 from kuberay_scaler.cli.offline import plan_files
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.runtime.metrics import Metrics
 from tests.control.fakes import make_loop
 from tests.control.worlds import drain_busy_and_scale_up

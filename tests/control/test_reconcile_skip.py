@@ -18,7 +18,7 @@ import pytest
 from kuberay_scaler.adapters.ray_gcs.poller import GcsPoller, monotonic_ms
 from kuberay_scaler.core.decision import deciding as decision_module
 from kuberay_scaler.core.model.labels import DRAINING_ANNOTATION
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.config import LoopConfig
 from kuberay_scaler.loop.reconciler import Reconciler
 from tests.control.fakes import FakeEvents, FakeFeed, FakeGcs

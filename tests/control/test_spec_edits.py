@@ -16,8 +16,8 @@ from typing import Any
 
 from kuberay_scaler.core.model.reasons import HoldKind, Keep, KeepKind
 from kuberay_scaler.core.model.slices import SliceState
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.control.fakes import Loop, make_loop
 from tests.control.worlds import busy_cpu_worker_world
 from tests.factories import (

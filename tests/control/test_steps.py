@@ -22,8 +22,8 @@ from kuberay_scaler.core.model.outcome import PatchOutcome
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.reasons import KeepKind
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import Blocked
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop import reconciler as reconciler_module
 from kuberay_scaler.loop.execute import Executed, WriteBackoff, execute
 from kuberay_scaler.loop.health import DrainErrors, Outcome, Progress, Step

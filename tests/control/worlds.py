@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayState
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from tests.control.fakes import Loop, make_loop, reply_of
 from tests.factories import (
     cluster,

@@ -31,7 +31,7 @@ from kuberay_scaler.core.decision import (
 from kuberay_scaler.core.model.plan import Memory, Plan
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 
 # The daemon's monotonic reading, far from the wall clock's number as a real one is: the reply
 # is stamped on it (app.py) and the planner's timers run on it.

@@ -35,7 +35,7 @@ from kuberay_scaler.adapters.ray_gcs.poller import observation_of
 from kuberay_scaler.core.decision import Observation, decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from tests.fuzz.pipeline import BUSY, node_statuses, refused_outright
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "plan_corpus.json.gz"

@@ -52,9 +52,9 @@ from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayObservation, R
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.gate import quiet
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import NOW, cluster, group, head_node, node, node_id_of, pod
 
 EXAMPLES = max(1, int(os.environ.get("FUZZ_EXAMPLES", "200")))

@@ -21,7 +21,7 @@ import pytest
 from kuberay_scaler.cli.capture import META_FILE, PODS_FILE, RAY_STATE_FILE, RAYCLUSTER_FILE
 from kuberay_scaler.cli.offline import plan_capture
 from kuberay_scaler.core.defaults import JOIN_SETTLE_S
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_standins.demo import Scenario, demo_raycluster
 from kuberay_standins.harness import DaemonProcess, LocalCluster
 from kuberay_standins.ray_local import RayDriver

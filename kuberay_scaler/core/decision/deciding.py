@@ -15,9 +15,10 @@ from kuberay_scaler.core.model.plan import Memory, Snapshot, mono_of
 from kuberay_scaler.core.model.ray import RayObservation, RayState
 from kuberay_scaler.core.model.reasons import PlanProblem, ProblemKind
 from kuberay_scaler.core.patch.ops import PatchError
-from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.gate import evidence_for
 from kuberay_scaler.core.planner.memo import FrameMemo
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 
 
 def decide(

@@ -16,7 +16,8 @@ import scenario  # noqa: E402
 
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state  # noqa: E402
 from kuberay_scaler.core.model.plan import Memory  # noqa: E402
-from kuberay_scaler.core.planner.core import Policy, plan  # noqa: E402
+from kuberay_scaler.core.planner.pipeline import plan  # noqa: E402
+from kuberay_scaler.core.planner.policy import Policy  # noqa: E402
 from tests.factories import NOW_MS  # noqa: E402
 
 TINY = scenario.Scale(slices=0.05, demand=0.05)

@@ -16,7 +16,7 @@ from kuberay_scaler.cli.offline import InputError, plan_capture, plan_files
 from kuberay_scaler.core.defaults import JOIN_SETTLE_S
 from kuberay_scaler.core.parse.pods import slim_pod
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION as DRAINING
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from tests.control.fakes import reply_of
 from tests.factories import NOW, cluster, cpu_nodes, group, head_node, pod, state, tasks
 

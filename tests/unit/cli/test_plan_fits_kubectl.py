@@ -13,7 +13,7 @@ from google.protobuf import json_format
 
 from kuberay_scaler.cli import offline
 from kuberay_scaler.cli.main import main
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from tests.control.fakes import reply_of
 from tests.factories import (
     NOW,

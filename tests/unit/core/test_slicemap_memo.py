@@ -19,8 +19,8 @@ from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode, RayObservation, RayState, epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.memo import FrameMemo
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.core.slicemap import SliceMemo, SliceTimeouts, build_slice_map
 from tests.factories import (
     NOW,

@@ -16,8 +16,8 @@ from kuberay_scaler.core.model.reasons import HoldKind, Keep, KeepKind, Replace,
 from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     cluster,

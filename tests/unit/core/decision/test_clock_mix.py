@@ -27,8 +27,8 @@ from kuberay_scaler.core.model.plan import GroupDecision, Memory, Plan
 from kuberay_scaler.core.model.ray import NodeStatus, RayObservation, RayState
 from kuberay_scaler.core.model.reasons import DisruptionKind, Keep, KeepKind
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     NOW,

@@ -21,8 +21,8 @@ from kuberay_scaler.core.model.ray import RayObservation
 from kuberay_scaler.core.model.reasons import ProblemKind, ScaleDown, ScaleDownKind
 from kuberay_scaler.core.patch.intent import DRAINING_ANNOTATION
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     NOW_MS,

@@ -18,8 +18,8 @@ from kuberay_scaler.adapters.ray_gcs.poller import NodeEntries, observation_of
 from kuberay_scaler.core.decision import Decision, Observation, decide
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import RayObservation, RayState
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.memo import FrameMemo
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop import reconciler as reconciler_module
 from tests.control.fakes import make_loop, read_now
 from tests.control.worlds import drain_busy_and_scale_up

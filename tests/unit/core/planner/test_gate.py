@@ -26,8 +26,8 @@ from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDo
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.gate import evidence_for, pod_blocker
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     NOW_S,

@@ -38,8 +38,9 @@ from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
 from kuberay_scaler.core.parse.pods import parse_pod, parse_pods, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.gate import evidence_for, pod_blocker
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     NOW_MS,

@@ -27,9 +27,10 @@ from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan
 from kuberay_scaler.core.model.ray import RayState, TaskDemand
 from kuberay_scaler.core.model.reasons import FellBack, ScaleUp
 from kuberay_scaler.core.model.signals import CapacityEvent, CapacitySignal
-from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.gate import evidence_for, gate, pod_blocker
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     NOW_MS,

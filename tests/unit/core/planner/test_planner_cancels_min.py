@@ -4,8 +4,8 @@ minReplicas together, not only each alone (found by test_targets_stay_within_min
 from __future__ import annotations
 
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     KUEUE_ELASTIC_GATE,
     cluster,

@@ -23,8 +23,8 @@ from kuberay_scaler.core.model.reasons import (
 from kuberay_scaler.core.parse.pods import parse_pod, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch import ops as json_patch
-from kuberay_scaler.core.planner.core import Policy
-from kuberay_scaler.core.planner.core import plan as plan_fn
+from kuberay_scaler.core.planner.pipeline import plan as plan_fn
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     NOW_S,

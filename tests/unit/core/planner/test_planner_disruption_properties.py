@@ -23,9 +23,10 @@ from kuberay_scaler.core.model.cluster import parse_budget
 from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.reasons import ScaleDown
 from kuberay_scaler.core.model.signals import NodeMaintenance
-from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.deadlines import Deadlines
 from kuberay_scaler.core.planner.disruption import VOLUNTARY
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import NOW, cluster, cpu_nodes, group, head_node, pod, snapshot_of, state
 
 BUDGETS = st.one_of(

@@ -9,8 +9,8 @@ import pytest
 from kuberay_scaler.adapters.ray_gcs.state import parse_ray_state
 from kuberay_scaler.core.model.ray import RayState
 from kuberay_scaler.core.model.reasons import InfeasibleKind, ProblemKind
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     FIXTURES,
     NOW_MS,

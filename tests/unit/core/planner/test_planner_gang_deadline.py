@@ -17,7 +17,7 @@ from kuberay_scaler.core.model.labels import ANNOTATION_MAX_PROVISION
 from kuberay_scaler.core.model.plan import DeleteKind, Memory, Plan
 from kuberay_scaler.core.model.ray import GangStrategy, RayNode, RayObservation, TaskDemand
 from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.report import report_from_plan
 from tests.factories import (
     KUEUE_ELASTIC_GATE,

@@ -15,7 +15,7 @@ from kuberay_scaler.core.model.plan import Memory
 from kuberay_scaler.core.model.ray import GangStrategy, RayObservation, TaskDemand
 from kuberay_scaler.core.model.reasons import ScaleUp
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     cluster,

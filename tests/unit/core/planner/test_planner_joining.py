@@ -12,8 +12,8 @@ from kuberay_scaler.core.defaults import JOIN_SETTLE_S
 from kuberay_scaler.core.model.ray import GangStrategy, RayNode
 from kuberay_scaler.core.model.reasons import Hold, HoldKind
 from kuberay_scaler.core.model.slices import SliceState
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     bundle,

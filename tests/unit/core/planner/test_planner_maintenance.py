@@ -20,8 +20,8 @@ from kuberay_scaler.core.model.signals import (
     NodeMaintenance,
 )
 from kuberay_scaler.core.parse.nodes import node_maintenance, slim_node
-from kuberay_scaler.core.planner.core import Policy
-from kuberay_scaler.core.planner.core import plan as plan_fn
+from kuberay_scaler.core.planner.pipeline import plan as plan_fn
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     NOW_S,

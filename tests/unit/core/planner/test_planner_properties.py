@@ -34,8 +34,8 @@ from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import build_patch, ops_json
 from kuberay_scaler.core.planner import pipeline
 from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.core.planner.pool import Pool
 from tests.factories import (
     KUEUE_ELASTIC_GATE,

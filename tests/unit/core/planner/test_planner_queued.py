@@ -31,8 +31,9 @@ from kuberay_scaler.core.model.slices import SliceState
 from kuberay_scaler.core.parse.pods import parse_pod, parse_pods, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
 from kuberay_scaler.core.patch.ops import ops_json
-from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.gate import evidence_for, gate
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.loop.report import report_from_plan
 from tests.factories import (
     KUEUE_ELASTIC_GATE,

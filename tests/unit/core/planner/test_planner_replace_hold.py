@@ -20,8 +20,8 @@ from kuberay_scaler.core.model.reasons import (
     SliceFault,
     Waiting,
 )
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW_S,
     cluster,

@@ -18,8 +18,9 @@ from kuberay_scaler.core.model.ray import RayNode, RayState
 from kuberay_scaler.core.model.reasons import Keep, KeepKind
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.core.planner.reservations import reservation_head, reservation_marks
 from kuberay_scaler.core.planner.shapes import slice_shape
 from kuberay_scaler.core.slicemap import build_slice_map

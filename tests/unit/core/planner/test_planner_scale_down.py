@@ -10,8 +10,8 @@ import pytest
 from kuberay_scaler.core.model.plan import DeleteKind
 from kuberay_scaler.core.model.ray import NodeStatus, RayNode
 from kuberay_scaler.core.model.reasons import Keep, KeepKind, ScaleDown, ScaleDownKind
-from kuberay_scaler.core.planner.core import Policy
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     cluster,
     cpu_nodes,

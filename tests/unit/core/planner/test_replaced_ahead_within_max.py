@@ -13,7 +13,8 @@ from kuberay_scaler.core.model.plan import GroupDecision, Memory, Plan
 from kuberay_scaler.core.model.ray import GangDemand, GangStrategy, RayNode, TaskDemand
 from kuberay_scaler.core.model.reasons import Disruption, DisruptionKind
 from kuberay_scaler.core.model.signals import NodeMaintenance
-from kuberay_scaler.core.planner.core import Policy, plan
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     bundle,

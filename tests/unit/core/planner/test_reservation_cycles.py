@@ -24,8 +24,9 @@ from kuberay_scaler.core.model.plan import Memory, Snapshot
 from kuberay_scaler.core.model.ray import RayNode, TaskDemand, epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
-from kuberay_scaler.core.planner.core import Policy, plan
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.pipeline import plan
+from kuberay_scaler.core.planner.policy import Policy
 from tests.factories import (
     NOW,
     cluster,
