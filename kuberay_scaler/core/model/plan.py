@@ -14,7 +14,7 @@ from kuberay_scaler.core.model.availability import (
     GroupAvailability,
     said_by,
 )
-from kuberay_scaler.core.model.cluster import ClusterSpec, Problem
+from kuberay_scaler.core.model.cluster import ClusterSpec, Problem, WorkerGroup
 from kuberay_scaler.core.model.gangs import GangLine
 from kuberay_scaler.core.model.hosts import Host, HostClock
 from kuberay_scaler.core.model.ray import GangDemand, TaskDemand, epoch_ms
@@ -140,6 +140,20 @@ class GroupDecision:
     # once drained or past their deadline (never in this one).
     preempt: tuple[SliceDeletion, ...] = ()
     rules: GroupRules | None = None  # the group's disruption rules (None: not planned at all)
+
+    @classmethod
+    def unchanged(cls, group: WorkerGroup, held: Hold | None = None) -> GroupDecision:
+        """The group as it stands (target = replicas), held by `held` if given (its reason
+        too): what every decision starts from."""
+        return cls(
+            group=group.name,
+            index=group.index,
+            num_of_hosts=group.num_of_hosts,
+            current=group.replicas,
+            target=group.replicas,
+            held=held,
+            reasons=(held,) if held is not None else (),
+        )
 
     @property
     def changes(self) -> bool:

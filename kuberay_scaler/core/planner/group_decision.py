@@ -96,14 +96,7 @@ def decide_group(
 
 
 def _base(g: GroupNotes) -> GroupDecision:
-    group = g.slices.group
-    return GroupDecision(
-        group=group.name,
-        index=group.index,
-        num_of_hosts=group.num_of_hosts,
-        current=group.replicas,
-        target=group.replicas,
-    )
+    return GroupDecision.unchanged(g.slices.group)
 
 
 def _above_max(g: GroupNotes, judging: Judging) -> Surplus | None:

@@ -4,6 +4,7 @@ group held, with its rules shown and a workersToDelete clean-up still written.""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kuberay_scaler.core.model.cluster import ClusterSpec, WorkerGroup
 from kuberay_scaler.core.model.plan import GroupDecision, Memory, Plan
@@ -55,14 +56,9 @@ def _held(
         else None
     )
     clear = bool(note and note.clear_wtd and not note.hold_all)
-    return GroupDecision(
-        group=group.name,
-        index=group.index,
-        num_of_hosts=group.num_of_hosts,
-        current=group.replicas,
-        target=group.replicas,
+    return replace(
+        GroupDecision.unchanged(group, why),
         clear_workers_to_delete=clear,
-        held=why,
         reasons=(*(note.reasons if clear and note else ()), why),
         rules=rules,
     )

@@ -46,15 +46,7 @@ def without_groups(frame: PlanFrame, snapshot: Snapshot, failed: Mapping[str, st
     )
     result = frame(skip_groups(snapshot, tuple(failed), problems), None)
     held = [
-        GroupDecision(
-            group=g.name,
-            index=g.index,
-            num_of_hosts=g.num_of_hosts,
-            current=g.replicas,
-            target=g.replicas,
-            held=Hold(HoldKind.PLAN_FAILED, g.name, detail=failed[g.name]),
-            reasons=(Hold(HoldKind.PLAN_FAILED, g.name, detail=failed[g.name]),),
-        )
+        GroupDecision.unchanged(g, Hold(HoldKind.PLAN_FAILED, g.name, detail=failed[g.name]))
         for g in snapshot.spec.groups
         if g.name in failed
     ]
