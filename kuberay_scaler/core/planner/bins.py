@@ -147,6 +147,16 @@ def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[s
     return copies
 
 
+def hosts_that_fit(
+    bundle: Bundle, slices: Sequence[Sequence[HostShape]]
+) -> list[tuple[HostShape, ...]]:
+    """Per slice shape, its hosts that fit at least one copy of `bundle`."""
+    return [
+        tuple(h for h in hosts if copies_that_fit(bundle, h.resources, h.labels))
+        for hosts in slices
+    ]
+
+
 def _whole_copies(ratio: float) -> int:
     # ±inf (a subnormal need, an overdrawn bin) and NaN must not reach math.floor.
     if ratio >= UNBOUNDED:

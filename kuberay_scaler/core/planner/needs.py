@@ -12,15 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from kuberay_scaler.core.model.ray import Bundle
+from kuberay_scaler.core.model.cluster import WorkerGroup
+from kuberay_scaler.core.model.ray import Bundle, GangDemand
 from kuberay_scaler.core.planner.bins import (
     bundle_key,
     bundle_size,
-    copies_that_fit,
+    gang_units,
+    hosts_that_fit,
     needs_accelerator,
     signature,
 )
-from kuberay_scaler.core.planner.shapes import HostShape
+from kuberay_scaler.core.planner.shapes import HostShape, SliceShape
 
 _NO_RANKS: Mapping[str, int] = MappingProxyType({})
 
@@ -53,7 +55,19 @@ class Need:
     spares_accelerators: bool = False
 
 
-def need_of(bundle: Bundle, offers: Sequence[Offer] = ()) -> Need:
+def offer_of(group: WorkerGroup, shape: SliceShape | None, availability_rank: int) -> Offer:
+    """A group's offer; preference among groups: higher priority, then the smaller slice, then
+    spec order."""
+    hosts = shape.hosts if shape is not None else ()
+    size = sum(sum(h.resources.values()) for h in hosts)
+    accelerators = bool(shape and shape.accelerators)
+    order = (-group.priority, size, group.index)
+    return Offer(group.name, hosts, accelerators, availability_rank, order)
+
+
+def need_of(
+    bundle: Bundle, offers: Sequence[Offer] = (), key: tuple[object, ...] | None = None
+) -> Need:
     """The bundle's facts, with its options among `offers`.
 
     Demand that needs no accelerator never gets an accelerator group while some plain group can
@@ -62,15 +76,17 @@ def need_of(bundle: Bundle, offers: Sequence[Offer] = ()) -> Need:
     (an unavailable group after the others), then the group's `order`.
     """
     accelerator = needs_accelerator(bundle)
-    able = [o for o in offers if any(_fits(bundle, h) for h in o.hosts)]
+    fits = hosts_that_fit(bundle, [o.hosts for o in offers])
+    fitting = {o.group: hosts for o, hosts in zip(offers, fits, strict=True)}
+    able = [o for o in offers if fitting[o.group]]
     spares = not accelerator and any(not o.accelerators for o in able)
     if spares:
         able = [o for o in able if not o.accelerators]
-    ranks = {o.group: _selector_rank(bundle, o.hosts) for o in able}
+    ranks = {o.group: _selector_rank(bundle, fitting[o.group]) for o in able}
     able.sort(key=lambda o: (ranks[o.group], o.availability_rank, *o.order))
     return Need(
         bundle=bundle,
-        key=bundle_key(bundle),
+        key=bundle_key(bundle) if key is None else key,
         signature=signature(bundle),
         accelerator=accelerator,
         size=bundle_size(bundle),
@@ -80,17 +96,12 @@ def need_of(bundle: Bundle, offers: Sequence[Offer] = ()) -> Need:
     )
 
 
-def _fits(bundle: Bundle, host: HostShape) -> bool:
-    return bool(copies_that_fit(bundle, host.resources, host.labels))
-
-
-def _selector_rank(bundle: Bundle, hosts: Sequence[HostShape]) -> int:
-    """Which of the bundle's label selectors a fresh host matches first (Ray v2's scheduler
-    ranks that above group priority: the selectors of a `fallback_strategy` arrive in order,
-    primary first); 0 without selectors."""
+def _selector_rank(bundle: Bundle, fitting: Sequence[HostShape]) -> int:
+    """Which of the bundle's label selectors a fresh host that fits it matches first (Ray v2's
+    scheduler ranks that above group priority: the selectors of a `fallback_strategy` arrive in
+    order, primary first); 0 without selectors."""
     if len(bundle.selectors) < 2:
         return 0
-    fitting = [h for h in hosts if _fits(bundle, h)]
     for i, selector in enumerate(bundle.selectors):
         if any(selector.matches(h.labels) for h in fitting):
             return i
@@ -109,5 +120,9 @@ class NeedBook:
         key = bundle_key(bundle)
         found = self._needs.get(key)
         if found is None:
-            found = self._needs[key] = need_of(bundle, self._offers)
+            found = self._needs[key] = need_of(bundle, self._offers, key)
         return found
+
+    def units(self, gang: GangDemand) -> list[tuple[Bundle, Need]]:
+        """The gang's units (bins.gang_units), in its order, each with its need."""
+        return [(unit, self.of(unit)) for unit in gang_units(gang)]

@@ -28,7 +28,7 @@ from kuberay_scaler.core.planner.bins import Bin, bins_for_new_slice
 from kuberay_scaler.core.planner.capacity import Capacity
 from kuberay_scaler.core.planner.frame import At, News
 from kuberay_scaler.core.planner.groups import GroupNotes, Notes
-from kuberay_scaler.core.planner.needs import NeedBook
+from kuberay_scaler.core.planner.needs import NeedBook, offer_of
 from kuberay_scaler.core.planner.pool import Pool
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 
@@ -206,10 +206,10 @@ def _room_of(g: GroupNotes, limit: RoomLimit) -> GroupRoom:
         group=g.slices.group,
         shape=g.shape,
         room=limit.room,
+        offer=offer_of(g.slices.group, g.shape, limit.availability_rank),
         blocked=limit.blocked,
         exhausted=limit.exhausted,
         holds_demand=limit.holds_demand,
-        availability_rank=limit.availability_rank,
         unavailable_cause=limit.unavailable_cause,
     )
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from kuberay_scaler.core.model.cluster import WorkerGroup
 from kuberay_scaler.core.model.plan import Infeasible
@@ -17,7 +16,6 @@ from kuberay_scaler.core.planner.bins import (
     bins_for_new_slice,
     bundle_key,
     copies_that_fit,
-    gang_units,
     give_back,
     place_copies,
     take,
@@ -34,6 +32,7 @@ class GroupRoom:
     group: WorkerGroup
     shape: SliceShape | None
     room: int
+    offer: Offer  # what a fresh slice of it is to demand (needs.offer_of), fixed for the fit
     blocked: Hold | None = None  # why room is 0, for "waiting" reasons
     exhausted: Hold = field(default_factory=lambda: Hold(HoldKind.NO_ROOM))  # what limits room
     # Blocked only for now (its own write in flight, rate limit): demand it would serve waits
@@ -42,23 +41,14 @@ class GroupRoom:
     added: int = 0
     reasons: Counter[Demand] = field(default_factory=Counter)  # demand → units served
     waiting: Counter[tuple[Demand, Hold]] = field(default_factory=Counter)
-    # Availability (core/planner/availability.py): 0 available, suspect or probing (its one
-    # slice comes first), 1 unavailable; the cause while it is unavailable (probing or not).
-    availability_rank: int = 0
+    # Availability (core/planner/availability.py): the cause while the group is unavailable
+    # (probing or not); its rank among groups is the offer's.
     unavailable_cause: str | None = None
     # Slices added here for demand whose better group is unavailable: (from, cause, demand) → n.
     fell_back: Counter[tuple[str, str, Demand]] = field(default_factory=Counter)
     _filled: dict[object, tuple[int, list[tuple[dict[str, float], bool]]]] = field(
         default_factory=dict, repr=False
     )
-
-    @cached_property
-    def offer(self) -> Offer:
-        """What a fresh slice of this group is to demand (fixed while its room changes)."""
-        hosts = self.shape.hosts if self.shape else ()
-        order = self.order if self.shape else (-self.group.priority, 0.0, self.group.index)
-        accelerators = bool(self.shape and self.shape.accelerators)
-        return Offer(self.group.name, hosts, accelerators, self.availability_rank, order)
 
     def filled_hosts(self, need: Need) -> tuple[int, list[tuple[dict[str, float], bool]]]:
         """Copies of `need` a fresh slice takes, and per host what is left and if it is used."""
@@ -69,13 +59,6 @@ class GroupRoom:
             placed = place_copies(need.bundle, UNBOUNDED, scratch)
             found = self._filled[need.key] = (placed, [(b.free, b.used) for b in scratch])
         return found
-
-    @cached_property
-    def order(self) -> tuple[int, float, int]:
-        """Preference among groups: higher priority, then the smaller slice, then spec order."""
-        assert self.shape is not None
-        size = sum(sum(h.resources.values()) for h in self.shape.hosts)
-        return (-self.group.priority, size, self.group.index)
 
     def next_key(self, offset: int = 0) -> str:
         return f"new:{self.group.name}:{self.added + offset}"
@@ -108,14 +91,14 @@ def _fell_back_from(
     options: Sequence[GroupRoom], chosen: GroupRoom, need: Need
 ) -> GroupRoom | None:
     """The unavailable group the demand would have gone to before `chosen`, if any."""
-    mine = (need.ranks[chosen.group.name], *chosen.order)
+    mine = (need.ranks[chosen.group.name], *chosen.offer.order)
     return next(
         (
             r
             for r in options
             if r is not chosen
             and r.unavailable_cause is not None
-            and (need.ranks[r.group.name], *r.order) < mine
+            and (need.ranks[r.group.name], *r.offer.order) < mine
         ),
         None,
     )
@@ -226,7 +209,7 @@ def fit_gangs(
         if again is not None:
             again()
             continue
-        units = _units(gang, book)
+        units = book.units(gang)
         if _place_gang_with_new_slices(gang, units, pool, rooms):
             unserved.clear()  # what it took or opened may change what first fit does next
             continue
@@ -240,11 +223,6 @@ def fit_gangs(
 def gang_key(gang: GangDemand) -> tuple[object, ...]:
     """Equal for gangs the planner cannot tell apart."""
     return (gang.strategy, tuple(bundle_key(b) for b in gang.bundles))
-
-
-def _units(gang: GangDemand, book: NeedBook) -> list[tuple[Bundle, Need]]:
-    """The gang's units (bins.gang_units), in its order, with their needs."""
-    return [(unit, book.of(unit)) for unit in gang_units(gang)]
 
 
 def _largest_first(units: Sequence[tuple[Bundle, Need]]) -> list[tuple[Bundle, Need]]:

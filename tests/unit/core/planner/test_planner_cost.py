@@ -12,7 +12,7 @@ import pytest
 from kuberay_scaler.core.model.cluster import MAX_GROUP_HOSTS
 from kuberay_scaler.core.model.ray import Bundle, GangStrategy
 from kuberay_scaler.core.model.reasons import HoldKind, ProblemKind, Waiting
-from kuberay_scaler.core.planner import bins, needs, pool, scale_up
+from kuberay_scaler.core.planner import bins, pool, scale_up
 from kuberay_scaler.core.planner import groups as planner_groups
 from tests.factories import (
     bundle,
@@ -97,9 +97,8 @@ class FitCounter:
             self.calls += 1
             real_take(bin_, bundle, copies)
 
-        for module in (bins, needs, pool, scale_up):
-            monkeypatch.setattr(module, "copies_that_fit", fit)
         for module in (bins, pool, scale_up):
+            monkeypatch.setattr(module, "copies_that_fit", fit)
             monkeypatch.setattr(module, "take", take)
 
 
