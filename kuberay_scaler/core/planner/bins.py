@@ -147,14 +147,14 @@ def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[s
     return copies
 
 
-def hosts_that_fit(
-    bundle: Bundle, slices: Sequence[Sequence[HostShape]]
-) -> list[tuple[HostShape, ...]]:
-    """Per slice shape, its hosts that fit at least one copy of `bundle`."""
-    return [
-        tuple(h for h in hosts if copies_that_fit(bundle, h.resources, h.labels))
-        for hosts in slices
-    ]
+def slices_that_host(bundle: Bundle, slices: Sequence[Sequence[HostShape]]) -> list[bool]:
+    """Per slice shape, whether some host of it fits a copy of `bundle`."""
+    return [any(copies_that_fit(bundle, h.resources, h.labels) for h in hosts) for hosts in slices]
+
+
+def hosts_that_fit(bundle: Bundle, hosts: Sequence[HostShape]) -> list[HostShape]:
+    """The hosts (of one slice shape) that fit a copy of `bundle`."""
+    return [h for h in hosts if copies_that_fit(bundle, h.resources, h.labels)]
 
 
 def _whole_copies(ratio: float) -> int:

@@ -21,6 +21,7 @@ from kuberay_scaler.core.planner.bins import (
     hosts_that_fit,
     needs_accelerator,
     signature,
+    slices_that_host,
 )
 from kuberay_scaler.core.planner.shapes import HostShape, SliceShape
 
@@ -76,13 +77,12 @@ def need_of(
     (an unavailable group after the others), then the group's `order`.
     """
     accelerator = needs_accelerator(bundle)
-    fits = hosts_that_fit(bundle, [o.hosts for o in offers])
-    fitting = {o.group: hosts for o, hosts in zip(offers, fits, strict=True)}
-    able = [o for o in offers if fitting[o.group]]
+    hosts = slices_that_host(bundle, [o.hosts for o in offers])
+    able = [o for o, hosted in zip(offers, hosts, strict=True) if hosted]
     spares = not accelerator and any(not o.accelerators for o in able)
     if spares:
         able = [o for o in able if not o.accelerators]
-    ranks = {o.group: _selector_rank(bundle, fitting[o.group]) for o in able}
+    ranks = {o.group: _selector_rank(bundle, o.hosts) for o in able}
     able.sort(key=lambda o: (ranks[o.group], o.availability_rank, *o.order))
     return Need(
         bundle=bundle,
@@ -96,12 +96,13 @@ def need_of(
     )
 
 
-def _selector_rank(bundle: Bundle, fitting: Sequence[HostShape]) -> int:
+def _selector_rank(bundle: Bundle, hosts: Sequence[HostShape]) -> int:
     """Which of the bundle's label selectors a fresh host that fits it matches first (Ray v2's
     scheduler ranks that above group priority: the selectors of a `fallback_strategy` arrive in
     order, primary first); 0 without selectors."""
     if len(bundle.selectors) < 2:
         return 0
+    fitting = hosts_that_fit(bundle, hosts)
     for i, selector in enumerate(bundle.selectors):
         if any(selector.matches(h.labels) for h in fitting):
             return i
