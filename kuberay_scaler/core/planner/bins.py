@@ -147,6 +147,16 @@ def copies_that_fit(bundle: Bundle, free: Mapping[str, float], labels: Mapping[s
     return copies
 
 
+def slices_that_host(bundle: Bundle, slices: Sequence[Sequence[HostShape]]) -> list[bool]:
+    """Per slice shape, whether some host of it fits a copy of `bundle`."""
+    return [any(copies_that_fit(bundle, h.resources, h.labels) for h in hosts) for hosts in slices]
+
+
+def hosts_that_fit(bundle: Bundle, hosts: Sequence[HostShape]) -> list[HostShape]:
+    """The hosts (of one slice shape) that fit a copy of `bundle`."""
+    return [h for h in hosts if copies_that_fit(bundle, h.resources, h.labels)]
+
+
 def _whole_copies(ratio: float) -> int:
     # ±inf (a subnormal need, an overdrawn bin) and NaN must not reach math.floor.
     if ratio >= UNBOUNDED:

@@ -27,11 +27,10 @@ from kuberay_scaler.core.planner.bins import (
     Bin,
     copies_that_fit,
     free_amount,
-    needs_accelerator,
     preference,
-    signature,
     take,
 )
+from kuberay_scaler.core.planner.needs import Need
 
 _OrderKey = tuple[bool, bool]
 _NOTHING = float("-inf")  # (demand wants an accelerator, spare new accelerator hosts)
@@ -65,9 +64,10 @@ class Pool:
             self._orders[key] = sorted(usable, key=preference(wants_accelerator))
         return self._orders[key]
 
-    def place(self, bundle: Bundle, count: int, spare_new_accelerators: bool) -> int:
+    def place(self, need: Need, count: int, spare_new_accelerators: bool) -> int:
         """Place up to `count` copies, first fit; returns how many were placed."""
-        view, key = self._view_of(bundle, spare_new_accelerators)
+        view, key = self._view_of(need, spare_new_accelerators)
+        bundle = need.bundle
         needs = view.needs(bundle)
         index, left = self._cursors.get(key, 0), count
         while left:
@@ -88,10 +88,11 @@ class Pool:
         return count - left
 
     def first_fit(
-        self, unit: Bundle, spare_new_accelerators: bool, exclude: Collection[int] = ()
+        self, need: Need, spare_new_accelerators: bool, exclude: Collection[int] = ()
     ) -> Bin | None:
-        """The first bin that fits `unit` and whose id is not in `exclude`."""
-        view, key = self._view_of(unit, spare_new_accelerators)
+        """The first bin that fits `need` and whose id is not in `exclude`."""
+        view, key = self._view_of(need, spare_new_accelerators)
+        unit = need.bundle
         needs = view.needs(unit)
         index = start = self._cursors.get(key, 0)
         advancing = True
@@ -121,18 +122,18 @@ class Pool:
         for view in self._views.values():
             view.raised(back)
 
-    def _view_of(self, bundle: Bundle, spare: bool) -> tuple[_View, tuple[_OrderKey, str]]:
-        order_key = (needs_accelerator(bundle), spare)
-        view_key = (order_key, bundle.selectors)
+    def _view_of(self, need: Need, spare: bool) -> tuple[_View, tuple[_OrderKey, str]]:
+        order_key = (need.accelerator, spare)
+        view_key = (order_key, need.bundle.selectors)
         view = self._views.get(view_key)
         if view is None:
             order = self.ordered(*order_key)
             index = self._indexes.get(order_key)
             if index is None:
                 index = self._indexes[order_key] = _LabelIndex(order)
-            view = self._views[view_key] = _View(order, bundle.selectors, index)
+            view = self._views[view_key] = _View(order, need.bundle.selectors, index)
         view.sync()
-        return view, (order_key, signature(bundle))
+        return view, (order_key, need.signature)
 
 
 def new_accelerator(bin_: Bin) -> bool:

@@ -27,6 +27,7 @@ from kuberay_scaler.core.model.reasons import (
 from kuberay_scaler.core.planner.bins import Bin, bins_for_new_slice
 from kuberay_scaler.core.planner.capacity import Capacity
 from kuberay_scaler.core.planner.groups import GroupNotes, Notes
+from kuberay_scaler.core.planner.needs import NeedBook, offer_of
 from kuberay_scaler.core.planner.pool import Pool
 from kuberay_scaler.core.planner.scale_up import DemandFit, GroupRoom, fit_gangs, fit_tasks
 
@@ -177,18 +178,19 @@ def fit_demand(
     private to this call (the groups' rooms, the pools over this frame's capacity bins, which
     `build_capacity` made for this frame alone); the Capacity itself is not reassigned."""
     rooms = {n: _room_of(groups[n], limit) for n, limit in limits.items()}
+    book = NeedBook([room.offer for room in rooms.values()])  # each bundle's facts, once
     fit = DemandFit()
     alive = list(ray.alive_nodes())
     # The request_resources floor counts whole hosts; slices it adds also serve pending demand.
     total = Pool(cap.total)
     available = Pool(cap.available)
-    fit_tasks(ray.constraint, total, rooms, alive, fit, what=DemandKind.REQUEST_RESOURCES)
+    fit_tasks(ray.constraint, total, rooms, book, alive, fit, what=DemandKind.REQUEST_RESOURCES)
     for name, room in rooms.items():
         for i in range(room.added):
             assert room.shape is not None
             available.add(bins_for_new_slice(name, f"new:{name}:{i}", room.shape.hosts))
-    fit_gangs(ray.gangs, available, rooms, alive, fit)
-    fit_tasks(ray.tasks, available, rooms, alive, fit)
+    fit_gangs(ray.gangs, available, rooms, book, alive, fit)
+    fit_tasks(ray.tasks, available, rooms, book, alive, fit)
     return Fitted(
         MappingProxyType({n: _group_fit(r) for n, r in rooms.items()}),
         tuple(fit.infeasible),
@@ -202,10 +204,10 @@ def _room_of(g: GroupNotes, limit: RoomLimit) -> GroupRoom:
         group=g.slices.group,
         shape=g.shape,
         room=limit.room,
+        offer=offer_of(g.slices.group, g.shape, limit.availability_rank),
         blocked=limit.blocked,
         exhausted=limit.exhausted,
         holds_demand=limit.holds_demand,
-        availability_rank=limit.availability_rank,
         unavailable_cause=limit.unavailable_cause,
     )
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from kuberay_scaler.core.model.cluster import WorkerGroup
 from kuberay_scaler.core.model.plan import Infeasible
@@ -16,15 +15,12 @@ from kuberay_scaler.core.planner.bins import (
     Bin,
     bins_for_new_slice,
     bundle_key,
-    bundle_size,
     copies_that_fit,
-    gang_units,
     give_back,
-    needs_accelerator,
     place_copies,
-    signature,
     take,
 )
+from kuberay_scaler.core.planner.needs import Need, NeedBook, Offer
 from kuberay_scaler.core.planner.pool import Pool
 from kuberay_scaler.core.planner.shapes import SliceShape
 
@@ -36,6 +32,7 @@ class GroupRoom:
     group: WorkerGroup
     shape: SliceShape | None
     room: int
+    offer: Offer  # what a fresh slice of it is to demand (needs.offer_of), fixed for the fit
     blocked: Hold | None = None  # why room is 0, for "waiting" reasons
     exhausted: Hold = field(default_factory=lambda: Hold(HoldKind.NO_ROOM))  # what limits room
     # Blocked only for now (its own write in flight, rate limit): demand it would serve waits
@@ -44,60 +41,24 @@ class GroupRoom:
     added: int = 0
     reasons: Counter[Demand] = field(default_factory=Counter)  # demand → units served
     waiting: Counter[tuple[Demand, Hold]] = field(default_factory=Counter)
-    # Availability (core/planner/availability.py): 0 available, suspect or probing (its one
-    # slice comes first), 1 unavailable; the cause while it is unavailable (probing or not).
-    availability_rank: int = 0
+    # Availability (core/planner/availability.py): the cause while the group is unavailable
+    # (probing or not); its rank among groups is the offer's.
     unavailable_cause: str | None = None
     # Slices added here for demand whose better group is unavailable: (from, cause, demand) → n.
     fell_back: Counter[tuple[str, str, Demand]] = field(default_factory=Counter)
-    _hosts_shape: dict[str, bool] = field(default_factory=dict, repr=False)
     _filled: dict[object, tuple[int, list[tuple[dict[str, float], bool]]]] = field(
         default_factory=dict, repr=False
     )
 
-    @property
-    def has_accelerators(self) -> bool:
-        return bool(self.shape and self.shape.accelerators)
-
-    def can_host(self, bundle: Bundle, key: str | None = None) -> bool:
-        """Whether some host of a fresh slice fits `bundle` (`key`: its signature, if known)."""
-        key = signature(bundle) if key is None else key
-        if key not in self._hosts_shape:
-            hosts = self.shape.hosts if self.shape else ()
-            self._hosts_shape[key] = any(
-                copies_that_fit(bundle, h.resources, h.labels) for h in hosts
-            )
-        return self._hosts_shape[key]
-
-    def selector_rank(self, bundle: Bundle) -> int:
-        """Which of the bundle's label selectors a fresh host of this group matches first (Ray
-        v2's scheduler ranks that above group priority: the selectors of a `fallback_strategy`
-        arrive in order, primary first); 0 without selectors."""
-        if len(bundle.selectors) < 2 or self.shape is None:
-            return 0
-        hosts = [h for h in self.shape.hosts if copies_that_fit(bundle, h.resources, h.labels)]
-        for i, selector in enumerate(bundle.selectors):
-            if any(selector.matches(h.labels) for h in hosts):
-                return i
-        return len(bundle.selectors)
-
-    def filled_hosts(self, bundle: Bundle) -> tuple[int, list[tuple[dict[str, float], bool]]]:
-        """Copies of `bundle` a fresh slice takes, and per host what is left and if it is used."""
-        key = bundle_key(bundle)
-        found = self._filled.get(key)
+    def filled_hosts(self, need: Need) -> tuple[int, list[tuple[dict[str, float], bool]]]:
+        """Copies of `need` a fresh slice takes, and per host what is left and if it is used."""
+        found = self._filled.get(need.key)
         if found is None:
             hosts = self.shape.hosts if self.shape else ()
             scratch = bins_for_new_slice(self.group.name, "scratch", hosts)
-            placed = place_copies(bundle, UNBOUNDED, scratch)
-            found = self._filled[key] = (placed, [(b.free, b.used) for b in scratch])
+            placed = place_copies(need.bundle, UNBOUNDED, scratch)
+            found = self._filled[need.key] = (placed, [(b.free, b.used) for b in scratch])
         return found
-
-    @cached_property
-    def order(self) -> tuple[int, float, int]:
-        """Preference among groups: higher priority, then the smaller slice, then spec order."""
-        assert self.shape is not None
-        size = sum(sum(h.resources.values()) for h in self.shape.hosts)
-        return (-self.group.priority, size, self.group.index)
 
     def next_key(self, offset: int = 0) -> str:
         return f"new:{self.group.name}:{self.added + offset}"
@@ -121,43 +82,32 @@ class DemandFit:
     waiting_on_existing: Counter[Demand] = field(default_factory=Counter)
 
 
-def candidates(bundle: Bundle, rooms: Iterable[GroupRoom]) -> list[GroupRoom]:
-    """Groups whose fresh slice can host `bundle`, best first.
-
-    Demand that needs no accelerator never gets an accelerator group while some plain group can
-    host it, whatever that group's state (contract §6: accelerators are conserved). Then, in
-    Ray's order: the first of the bundle's label selectors a group matches, then availability
-    (an unavailable group after the others), then higher `priority`, then the smaller slice,
-    then spec order.
-    """
-    key = signature(bundle)
-    able = [r for r in rooms if r.can_host(bundle, key)]
-    if not needs_accelerator(bundle) and any(not r.has_accelerators for r in able):
-        able = [r for r in able if not r.has_accelerators]
-    return sorted(able, key=lambda r: (r.selector_rank(bundle), r.availability_rank, *r.order))
+def options_of(need: Need, rooms: Mapping[str, GroupRoom]) -> list[GroupRoom]:
+    """The groups whose fresh slice can host `need`, best first (needs.need_of)."""
+    return [rooms[name] for name in need.options]
 
 
 def _fell_back_from(
-    options: Sequence[GroupRoom], chosen: GroupRoom, bundle: Bundle
+    options: Sequence[GroupRoom], chosen: GroupRoom, need: Need
 ) -> GroupRoom | None:
     """The unavailable group the demand would have gone to before `chosen`, if any."""
-    mine = (chosen.selector_rank(bundle), *chosen.order)
+    mine = (need.ranks[chosen.group.name], *chosen.offer.order)
     return next(
         (
             r
             for r in options
             if r is not chosen
             and r.unavailable_cause is not None
-            and (r.selector_rank(bundle), *r.order) < mine
+            and (need.ranks[r.group.name], *r.offer.order) < mine
         ),
         None,
     )
 
 
 def _note_fallback(
-    options: Sequence[GroupRoom], chosen: GroupRoom, bundle: Bundle, demand: Demand, slices: int
+    options: Sequence[GroupRoom], chosen: GroupRoom, need: Need, demand: Demand, slices: int
 ) -> None:
-    skipped = _fell_back_from(options, chosen, bundle) if slices > 0 else None
+    skipped = _fell_back_from(options, chosen, need) if slices > 0 else None
     if skipped is not None:
         cause = skipped.unavailable_cause or ""
         chosen.fell_back[(skipped.group.name, cause, demand)] += slices
@@ -173,23 +123,19 @@ def _first_with_room(options: Sequence[GroupRoom]) -> GroupRoom | None:
     return None
 
 
-def _spares_accelerators(bundle: Bundle, options: Sequence[GroupRoom]) -> bool:
-    """Plain demand a plain group can host stays off accelerator slices this plan adds."""
-    return not needs_accelerator(bundle) and any(not r.has_accelerators for r in options)
-
-
 def fit_tasks(
     tasks: Sequence[TaskDemand],
     pool: Pool,
     rooms: Mapping[str, GroupRoom],
+    book: NeedBook,
     nodes: Sequence[RayNode],
     fit: DemandFit,
     what: DemandKind = DemandKind.TASK,
 ) -> None:
-    for demand in sorted(merge_tasks(tasks), key=lambda d: bundle_size(d.bundle), reverse=True):
-        options = candidates(demand.bundle, rooms.values())
-        spare = _spares_accelerators(demand.bundle, options)
-        left = demand.count - pool.place(demand.bundle, demand.count, spare)
+    needs = [(demand, book.of(demand.bundle)) for demand in merge_tasks(tasks)]
+    for demand, need in sorted(needs, key=lambda dn: dn[1].size, reverse=True):
+        options = options_of(need, rooms)
+        left = demand.count - pool.place(need, demand.count, need.spares_accelerators)
         label = Demand(what, demand.bundle.describe()) if left > 0 else None
         while left > 0 and label is not None:
             room = _first_with_room(options)
@@ -197,27 +143,27 @@ def fit_tasks(
                 _unserved(demand.bundle, left, options, nodes, fit, what)
                 break
             opened = room.added
-            placed = _fill_new_slices(room, demand.bundle, left, pool)
-            _note_fallback(options, room, demand.bundle, label, room.added - opened)
+            placed = _fill_new_slices(room, need, left, pool)
+            _note_fallback(options, room, need, label, room.added - opened)
             room.reasons[label] += placed
             left -= placed
             if placed == 0:  # cannot happen for a candidate; guard against looping forever
                 break
 
 
-def _fill_new_slices(room: GroupRoom, bundle: Bundle, left: int, pool: Pool) -> int:
+def _fill_new_slices(room: GroupRoom, need: Need, left: int, pool: Pool) -> int:
     """Open new slices of `room` for up to `left` copies; returns how many were placed.
 
     First fit gives every slice the demand fills the same copies on each host, so those slices
     are built with their resources already taken (the same bins slice-by-slice fitting would
     leave, at a fraction of the cost); only a last, partly filled slice is fitted copy by copy.
     """
-    per_slice, filled = room.filled_hosts(bundle)
+    per_slice, filled = room.filled_hosts(need)
     full = min(room.room, left // per_slice) if per_slice else 0
     if full == 0:
         new_bins = room.new_slice()
         pool.add(new_bins)
-        return place_copies(bundle, left, new_bins)
+        return place_copies(need.bundle, left, new_bins)
     opened: list[Bin] = []
     for _ in range(full):
         opened += room.new_slice(filled)
@@ -248,6 +194,7 @@ def fit_gangs(
     gangs: Sequence[GangDemand],
     pool: Pool,
     rooms: Mapping[str, GroupRoom],
+    book: NeedBook,
     nodes: Sequence[RayNode],
     fit: DemandFit,
 ) -> None:
@@ -262,14 +209,15 @@ def fit_gangs(
         if again is not None:
             again()
             continue
-        if _place_gang_with_new_slices(gang, pool, rooms):
+        units = book.units(gang)
+        if _place_gang_with_new_slices(gang, units, pool, rooms):
             unserved.clear()  # what it took or opened may change what first fit does next
             continue
-        record, waits = _unserved_gang(gang, rooms, live, fit)
+        record, waits = _unserved_gang(gang, units, rooms, live, fit)
         unserved[key] = record
         record()
         if waits:
-            _keep_for_waiting_gang(gang, pool)
+            _keep_for_waiting_gang(gang, units, pool)
 
 
 def gang_key(gang: GangDemand) -> tuple[object, ...]:
@@ -277,7 +225,13 @@ def gang_key(gang: GangDemand) -> tuple[object, ...]:
     return (gang.strategy, tuple(bundle_key(b) for b in gang.bundles))
 
 
-def _keep_for_waiting_gang(gang: GangDemand, pool: Pool) -> None:
+def _largest_first(units: Sequence[tuple[Bundle, Need]]) -> list[tuple[Bundle, Need]]:
+    return sorted(units, key=lambda un: un[1].size, reverse=True)
+
+
+def _keep_for_waiting_gang(
+    gang: GangDemand, units: Sequence[tuple[Bundle, Need]], pool: Pool
+) -> None:
     """Mark the existing bins a waiting gang would use as needed, without taking them.
 
     The gang still needs them once the rest of its room appears; scaling them down meanwhile
@@ -285,9 +239,9 @@ def _keep_for_waiting_gang(gang: GangDemand, pool: Pool) -> None:
     """
     trial = _GangTrial()
     distinct = gang.strategy is GangStrategy.STRICT_SPREAD
-    for unit in sorted(gang_units(gang), key=bundle_size, reverse=True):
+    for unit, need in _largest_first(units):
         used = _hosts_taken(trial) if distinct else set()
-        target = pool.first_fit(unit, False, used)
+        target = pool.first_fit(need, False, used)
         if target is not None:
             take(target, unit)
             trial.taken.append((target, unit))
@@ -301,7 +255,7 @@ class _GangTrial:
 
     taken: list[tuple[Bin, Bundle]] = field(default_factory=list)
     opened: list[tuple[GroupRoom, list[Bin]]] = field(default_factory=list)
-    passed_over: list[tuple[Sequence[GroupRoom], GroupRoom, Bundle]] = field(default_factory=list)
+    passed_over: list[tuple[Sequence[GroupRoom], GroupRoom, Need]] = field(default_factory=list)
 
     def opened_by(self, room: GroupRoom) -> int:
         return sum(1 for r, _ in self.opened if r is room)
@@ -318,7 +272,10 @@ class _GangTrial:
 
 
 def _place_gang_with_new_slices(
-    gang: GangDemand, pool: Pool, rooms: Mapping[str, GroupRoom]
+    gang: GangDemand,
+    units: Sequence[tuple[Bundle, Need]],
+    pool: Pool,
+    rooms: Mapping[str, GroupRoom],
 ) -> bool:
     """All units on existing bins or on new slices (of any groups), or nothing at all.
 
@@ -327,14 +284,14 @@ def _place_gang_with_new_slices(
     """
     trial = _GangTrial()
     distinct = gang.strategy is GangStrategy.STRICT_SPREAD
-    for unit in sorted(gang_units(gang), key=bundle_size, reverse=True):
+    for unit, need in _largest_first(units):
         used = _hosts_taken(trial) if distinct else set()
-        options = candidates(unit, rooms.values())
-        target = pool.first_fit(unit, _spares_accelerators(unit, options), used)
+        options = options_of(need, rooms)
+        target = pool.first_fit(need, need.spares_accelerators, used)
         if target is None:
             target = _first_fit(unit, trial.new_bins(), used)
         if target is None:
-            target = _open_slice_for(unit, options, trial, used)
+            target = _open_slice_for(need, options, trial, used)
         if target is None:
             trial.undo()
             pool.released(trial.bins())
@@ -360,7 +317,7 @@ def _first_fit(unit: Bundle, bins: Iterable[Bin], used: set[int]) -> Bin | None:
 
 
 def _open_slice_for(
-    unit: Bundle, options: Sequence[GroupRoom], trial: _GangTrial, used: set[int]
+    need: Need, options: Sequence[GroupRoom], trial: _GangTrial, used: set[int]
 ) -> Bin | None:
     for room in options:
         if room.room - trial.opened_by(room) > 0:
@@ -368,8 +325,8 @@ def _open_slice_for(
             key = room.next_key(trial.opened_by(room))
             bins = bins_for_new_slice(room.group.name, key, room.shape.hosts)
             trial.opened.append((room, bins))
-            trial.passed_over.append((options, room, unit))
-            return _first_fit(unit, bins, used)
+            trial.passed_over.append((options, room, need))
+            return _first_fit(need.bundle, bins, used)
         if room.holds_demand:
             return None
     return None
@@ -381,8 +338,8 @@ def _commit(gang: GangDemand, trial: _GangTrial, pool: Pool) -> None:
         room.adopt()  # slices are adopted in the order their keys were given out
         pool.add(planned)
         room.reasons[demand] += 1
-    for options, room, unit in trial.passed_over:
-        _note_fallback(options, room, unit, demand, 1)
+    for options, room, need in trial.passed_over:
+        _note_fallback(options, room, need, demand, 1)
 
 
 def _gang_order(gang: GangDemand) -> tuple[int, int]:
@@ -417,13 +374,16 @@ def _unserved(
 
 
 def _unserved_gang(
-    gang: GangDemand, rooms: Mapping[str, GroupRoom], live: _LiveNodes, fit: DemandFit
+    gang: GangDemand,
+    units: Sequence[tuple[Bundle, Need]],
+    rooms: Mapping[str, GroupRoom],
+    live: _LiveNodes,
+    fit: DemandFit,
 ) -> tuple[Callable[[], None], bool]:
     """What records one gang like this as waiting (True) or as never placeable (False)."""
     demand = _gang_demand(gang)
-    units = gang_units(gang)
-    options = [candidates(u, rooms.values()) for u in units]
-    unservable = [u for u, o in zip(units, options, strict=True) if not o and not live.fit(u)]
+    options = [options_of(n, rooms) for _, n in units]
+    unservable = [u for (u, n), o in zip(units, options, strict=True) if not o and not live.fit(n)]
     missing = unservable[0] if unservable else None
     if missing is not None:
         kind = (
@@ -454,11 +414,11 @@ class _LiveNodes:
         self._fits: dict[tuple[object, ...], bool] = {}
         self._by_label: dict[str, dict[str | None, list[RayNode]]] = {}
 
-    def fit(self, bundle: Bundle) -> bool:
-        key = bundle_key(bundle)
-        found = self._fits.get(key)
+    def fit(self, need: Need) -> bool:
+        found = self._fits.get(need.key)
         if found is None:
-            found = self._fits[key] = _fits_a_live_node(bundle, self._candidates(bundle))
+            bundle = need.bundle
+            found = self._fits[need.key] = _fits_a_live_node(bundle, self._candidates(bundle))
         return found
 
     def _candidates(self, bundle: Bundle) -> Sequence[RayNode]:

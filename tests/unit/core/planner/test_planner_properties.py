@@ -35,6 +35,7 @@ from kuberay_scaler.core.patch.ops import build_patch, ops_json
 from kuberay_scaler.core.planner import pipeline
 from kuberay_scaler.core.planner.bins import Bin, copies_that_fit, give_back, place_copies, take
 from kuberay_scaler.core.planner.deadlines import Deadlines
+from kuberay_scaler.core.planner.needs import need_of
 from kuberay_scaler.core.planner.policy import Policy
 from kuberay_scaler.core.planner.pool import Pool
 from tests.factories import (
@@ -476,9 +477,9 @@ def test_pool_shortcuts_choose_the_bins_a_plain_scan_would(
     for op, resources, pool_label, count in ops:
         unit = selector_bundle(resources, {"pool": pool_label}) if pool_label else bundle(resources)
         if op == "place":
-            assert fast.place(unit, count, False) == place_copies(unit, count, slow)
+            assert fast.place(need_of(unit), count, False) == place_copies(unit, count, slow)
         elif op == "fit":
-            got = fast.first_fit(unit, False)
+            got = fast.first_fit(need_of(unit), False)
             want = next((b for b in slow if copies_that_fit(unit, b.free, b.labels)), None)
             assert (got and got.name) == (want and want.name)
             if got is not None and want is not None:
