@@ -358,27 +358,43 @@ def test_a_queued_slice_is_only_ever_cancelled_undrained_never_replaced(sc: Scen
         assert all(x.slice_key not in sc.queued for x in d.preempt)
 
 
-def _more_of_the_same(sc: Scenario, data: st.DataObject) -> Scenario:
-    """The same demand, with some counts raised and some placement groups repeated."""
+def _more_of_the_same(sc: Scenario, data: st.DataObject) -> tuple[Scenario, bool]:
+    """The same demand, with some counts raised and some placement groups repeated (and
+    whether a placement group was repeated)."""
     extra = st.sampled_from([0, 1, 5, 20])
-    return replace(
+    repeated = [g for g in sc.gangs if data.draw(st.booleans())]
+    more = replace(
         sc,
         tasks=[replace(t, count=t.count + data.draw(extra)) for t in sc.tasks],
-        gangs=sc.gangs + [g for g in sc.gangs if data.draw(st.booleans())],
+        gangs=sc.gangs + repeated,
         constraint=[replace(t, count=t.count + data.draw(extra)) for t in sc.constraint],
     )
+    return more, bool(repeated)
+
+
+def _hosts_asked(result: Plan) -> int:
+    return sum(g.target * g.num_of_hosts for g in result.groups)
 
 
 @given(scenarios(), st.data())
 @PROPERTY_SETTINGS
 def test_more_demand_never_yields_fewer_replicas(sc: Scenario, data: st.DataObject) -> None:
-    """More of the demand already pending never lowers a group's target.
+    """More of the demand already pending never lowers the hosts asked for, and never a
+    group's target when only task counts rose.
 
     Demand of a *new* shape is left out on purpose: first-fit-decreasing packing is not
-    monotone in that case (see test_known_packing_anomaly_with_a_new_shape).
+    monotone in that case (see test_known_packing_anomaly_with_a_new_shape). A repeated
+    placement group is such a case for one group: it may take the idle slices another task
+    used, so that task's new slice opens in another group beside the placement group's (found
+    by hypothesis: g0's one 1-CPU host went to a new slice of g2, which 8-CPU tasks needed);
+    the hosts asked for in all still never drop.
     """
     before = sc.plan()
-    after = _more_of_the_same(sc, data).plan()
+    more, repeated = _more_of_the_same(sc, data)
+    after = more.plan()
+    assert _hosts_asked(after) >= _hosts_asked(before), (before.groups, after.groups)
+    if repeated:
+        return
     for b, a in zip(before.groups, after.groups, strict=True):
         assert a.target >= b.target, (b, a)
 
