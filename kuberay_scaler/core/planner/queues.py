@@ -1,5 +1,6 @@
-"""The queue stage (issue 32): the reservation marks after this reply, and per group what the
-reservation grace keeps and which queued slices no demand wants. Pure, one frozen result."""
+"""The queue stage (Kueue-gated slices, slice reservations): the reservation marks after this
+reply, and per group what the reservation grace keeps and which queued slices no demand wants.
+Pure, one frozen result."""
 
 from __future__ import annotations
 
