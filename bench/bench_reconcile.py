@@ -30,6 +30,7 @@ from kuberay_scaler.core.model.plan import Memory, Snapshot
 from kuberay_scaler.core.model.ray import epoch_ms
 from kuberay_scaler.core.parse.pods import parse_pods, slim_pod
 from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.planner.memo import FrameMemo
 from kuberay_scaler.core.planner.pipeline import Policy, plan
 
 HOSTS_AT_SCALE_1 = 1950
@@ -79,12 +80,13 @@ def _daemon_path(sc: scenario.Scenario, reply: Any) -> dict[str, Any]:
     cache.hosts(store, spec)
     state = parse_ray_state(reply, read_at_ms=epoch_ms(NOW))
     changed = sc.pods[len(sc.pods) // 2]["metadata"]["name"]
+    memo = FrameMemo()  # the observer's, carried across its reconciles as the daemon does
 
     def daemon() -> None:
         store[changed] = copy.deepcopy(store[changed])  # one watch event since the last reconcile
         hosts, problems = cache.hosts(store, spec)
         snapshot = Snapshot(spec, hosts, True, problems)
-        plan(snapshot, state, Memory(), Policy(), NOW)
+        plan(snapshot, state, Memory(), Policy(), NOW, memo=memo)
 
     gc.collect()
     return {"daemon_ms": _median_ms(daemon)}
