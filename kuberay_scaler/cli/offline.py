@@ -18,8 +18,7 @@ from kuberay_scaler.core.model.ray import RayObservation, RayState, epoch_ms
 from kuberay_scaler.core.model.signals import CapacityEvent, NodeMaintenance
 from kuberay_scaler.core.parse.events import capacity_events, worker_group_names
 from kuberay_scaler.core.parse.nodes import node_maintenance
-from kuberay_scaler.core.parse.pods import parse_pods, pod_items
-from kuberay_scaler.core.parse.raycluster import parse_raycluster
+from kuberay_scaler.core.parse.pods import pod_items
 from kuberay_scaler.core.planner.policy import Policy
 
 
@@ -345,15 +344,8 @@ def plan_files(
     capacity = load_events(events, rc, pod_list)
     windows = load_nodes(nodes)
     # Parsed as the daemon parses them (loop/observe.py): decide() takes only parsed input.
-    spec = parse_raycluster(rc)
-    hosts, pod_problems = parse_pods(pod_list, spec)
-    observed = Observation(
-        spec=spec,
-        hosts=tuple(hosts),
-        pod_problems=tuple(pod_problems),
-        gcs=gcs,
-        capacity_events=capacity,
-        node_maintenance=windows,
+    observed = Observation.parse(
+        rc, pod_list, gcs, capacity_events=capacity, node_maintenance=windows
     )
     decision = decide(observed, Memory(), policy, now)
     if decision.error is not None:  # cannot happen for a plan made from this very object
